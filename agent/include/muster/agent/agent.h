@@ -1,0 +1,67 @@
+// The per-node elastic agent: joins a round through the rendezvous server, spawns this
+// node's workers, watches them, and restarts, fails or finishes as the server says.
+//
+// Threads: everything runs on the io_context given to the constructor, which run() drives
+// on the calling thread. That must be the main thread: workers' PR_SET_PDEATHSIG follows
+// the thread that forked them. Child exits (pidfd), output pipes, signals and rendezvous
+// messages are all events on that loop; nothing polls.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+namespace muster::agent {
+
+struct AgentOptions {
+  // Rendezvous
+  std::string rdzv_target;  // host:port of the rendezvous server
+  bool wait_for_server = false;
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  std::string token;
+  std::string run_id;
+  std::string node_id;
+  std::string host;  // this node's address for MASTER_ADDR and the summary
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int requested_rank = -1;
+  int max_restarts = 0;
+  std::string store_addr;  // MUSTER_STORE_ADDR as workers should reach it
+
+  // Workers
+  int nproc_per_node = 1;
+  std::string role = "default";
+  std::string program_path;        // resolved executable
+  std::vector<std::string> argv;   // argv[0] included
+  std::string entrypoint_name;     // what the failure summary calls the job
+  std::map<std::string, std::string> base_env;
+  std::string prefix_template;     // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, or the default
+  std::string error_dir;           // per-attempt error files go under here
+  std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  // Output sinks (the console).
+  int stdout_fd = 1;
+  int stderr_fd = 2;
+};
+
+class Agent {
+ public:
+  Agent(boost::asio::io_context& io, AgentOptions options);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Runs the job to its end and returns launch's exit code: 0 when every worker succeeded,
+  // 1 on worker failure with no restarts left or a rendezvous error, 128+N when stopped by
+  // signal N. Blocks; drives the io_context.
+  int run();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace muster::agent

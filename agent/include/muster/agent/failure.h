@@ -1,0 +1,40 @@
+// Worker failures: reading torch's error file and printing torchrun's failure summary.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "muster/v1/rendezvous.pb.h"
+
+namespace muster::agent {
+
+// Fills `f.message` and `f.traceback` from the worker's TORCHELASTIC_ERROR_FILE when it wrote
+// one in torch's @record format:
+//   {"message": {"message": "ValueError: x", "extraInfo": {"py_callstack": "...", ...}}}
+// or {"message": "text"}. Leaves `f` as it was when the file is absent or unreadable.
+void read_error_file(const std::string& path, v1::WorkerFailure& f);
+
+// "SIGKILL" for 9; "signal 70" for numbers without a name.
+std::string signal_name(int sig);
+
+// torchrun's ChildFailedError text, root cause first:
+//   ============================================================
+//   <entrypoint> FAILED
+//   ------------------------------------------------------------
+//   Failures:
+//     <NO_OTHER_FAILURES>
+//   ------------------------------------------------------------
+//   Root Cause (first observed failure):
+//   [0]:
+//     time      : 2026-11-30_02:00:00
+//     host      : node0
+//     rank      : 3 (local_rank: 1)
+//     exitcode  : -9 (pid: 1234)   <- minus the signal number when killed by one
+//     error_file: <N/A>
+//     traceback : Signal 9 (SIGKILL) received by PID 1234
+//   ============================================================
+std::string format_failure_summary(std::string_view entrypoint, const v1::WorkerFailure& root,
+                                   const std::vector<v1::WorkerFailure>& others);
+
+}  // namespace muster::agent

@@ -1,0 +1,36 @@
+// Starting one worker process.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace muster::agent {
+
+struct SpawnRequest {
+  std::string path;               // resolved executable
+  std::vector<std::string> argv;  // argv[0] included
+  std::vector<std::string> envp;  // "KEY=VALUE"
+};
+
+// A started worker. The caller owns the three descriptors (all close-on-exec).
+struct ChildProcess {
+  pid_t pid = -1;
+  int pidfd = -1;   // readable once the child has exited (pidfd_open)
+  int out_fd = -1;  // read end of the child's stdout
+  int err_fd = -1;  // read end of the child's stderr
+};
+
+// Forks and execs the worker: in its own process group (pgid == pid), with
+// PR_SET_PDEATHSIG(SIGKILL) set in the child and the parent re-checked afterwards, stdout
+// and stderr on pipes, SIGPIPE reset to default. Only async-signal-safe calls run between
+// fork and exec; everything is prepared before the fork.
+//
+// REQUIRES: called from the thread that lives as long as the process (the main thread):
+// PR_SET_PDEATHSIG fires when the forking *thread* ends.
+absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& request);
+
+}  // namespace muster::agent

@@ -1,0 +1,43 @@
+// The worker environment: the contract with user programs (DESIGN.md "Worker environment").
+// Values are exactly what torchrun computes.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace muster::agent {
+
+// Everything that varies between workers and rounds.
+struct WorkerEnvSpec {
+  int local_rank = 0;
+  int local_world_size = 1;
+  int rank_offset = 0;  // global rank of local rank 0 on this node
+  int world_size = 1;
+  int group_rank = 0;
+  int group_world_size = 1;
+  std::string role = "default";
+  std::string master_addr;
+  int master_port = 0;
+  int restart_count = 0;
+  int max_restarts = 0;
+  std::string run_id;
+  std::string error_file;
+  std::string store_addr;  // host:port of the rendezvous/store service
+  int round = 0;
+};
+
+// The launcher's own environment as a map (from `environ`).
+std::map<std::string, std::string> current_environment();
+
+// Returns the worker's environment: `base` with the contract's variables set (they replace
+// any inherited value), plus the variables torchrun only sets when they are unset
+// (OMP_NUM_THREADS=1 when local_world_size > 1, TORCH_NCCL_ASYNC_ERROR_HANDLING=1,
+// NCCL_ASYNC_ERROR_HANDLING=1 for torch < 2).
+std::map<std::string, std::string> build_worker_env(const std::map<std::string, std::string>& base,
+                                                    const WorkerEnvSpec& spec);
+
+// "KEY=VALUE" strings, for execve.
+std::vector<std::string> to_envp(const std::map<std::string, std::string>& env);
+
+}  // namespace muster::agent

@@ -1,0 +1,458 @@
+#include "muster/agent/agent.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <filesystem>
+#include <optional>
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <spdlog/spdlog.h>
+
+#include "muster/agent/failure.h"
+#include "muster/agent/line_splitter.h"
+#include "muster/agent/process.h"
+#include "muster/agent/worker_env.h"
+#include "muster/rendezvous/client.h"
+
+namespace muster::agent {
+namespace {
+
+namespace asio = boost::asio;
+using Descriptor = asio::posix::stream_descriptor;
+
+// Once every worker is reaped and its group killed, a pipe still open belongs to a process
+// that left the group; stop waiting for it after this long.
+constexpr auto kPipeDrainLimit = std::chrono::seconds(2);
+
+void write_all(int fd, const std::string& data) {
+  const char* p = data.data();
+  std::size_t left = data.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // console gone (EPIPE): nothing left to show it to
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+}
+
+// A free TCP port on this host, for MASTER_PORT (as torchrun: bind port 0, then release).
+int pick_free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+std::int64_t wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+class Agent::Impl {
+ public:
+  Impl(asio::io_context& io, AgentOptions opts)
+      : io_(io),
+        opts_(std::move(opts)),
+        signals_(io, SIGINT, SIGTERM, SIGHUP),
+        grace_timer_(io),
+        drain_timer_(io),
+        client_(
+            io, [this](const v1::ServerMsg& m) { on_server_message(m); },
+            [this](const absl::Status& s) { on_session_closed(s); }) {
+    signals_.add(SIGQUIT);
+  }
+
+  int run() {
+    wait_for_signal();
+    client_.open(opts_.rdzv_target, opts_.wait_for_server, opts_.connect_timeout);
+    send_join();
+    io_.run();
+    client_.close();
+    return exit_code_;
+  }
+
+ private:
+  struct Pipe {
+    explicit Pipe(asio::io_context& io, int fd, std::string prefix, int sink)
+        : sd(io, fd), splitter(std::move(prefix)), sink(sink) {}
+    Descriptor sd;
+    LineSplitter splitter;
+    int sink;
+    std::array<char, 64 * 1024> buf;
+    std::string out;
+  };
+  struct Worker {
+    int local_rank = 0;
+    int rank = 0;
+    pid_t pid = -1;
+    std::string error_file;
+    std::unique_ptr<Descriptor> pidfd;
+    std::unique_ptr<Pipe> out, err;
+    bool reaped = false;
+  };
+  enum class Phase { kJoining, kRunning, kStopping, kAwaitingDone, kExiting };
+  // What to do once the stopping group has fully exited.
+  enum class After { kNone, kRejoin, kFail, kExit };
+
+  // --- rendezvous ---------------------------------------------------------------------
+
+  void send_join() {
+    phase_ = Phase::kJoining;
+    v1::AgentMsg msg;
+    v1::Join* j = msg.mutable_join();
+    j->set_run_id(opts_.run_id);
+    j->set_node_id(opts_.node_id);
+    j->set_host(opts_.host);
+    j->set_local_world_size(opts_.nproc_per_node);
+    j->set_min_nodes(opts_.min_nodes);
+    j->set_max_nodes(opts_.max_nodes);
+    j->set_master_port_candidate(pick_free_port());
+    j->set_token(opts_.token);
+    j->set_requested_rank(opts_.requested_rank);
+    j->set_max_restarts(opts_.max_restarts);
+    client_.send(msg);  // a dead stream reports itself through on_session_closed
+  }
+
+  void on_server_message(const v1::ServerMsg& m) {
+    if (phase_ == Phase::kExiting) return;
+    if (m.has_assignment()) {
+      if (phase_ != Phase::kJoining) return;
+      start_workers(m.assignment());
+    } else if (m.has_restart()) {
+      spdlog::warn("restarting workers: {}", m.restart().reason());
+      if (after_ != After::kExit) after_ = After::kRejoin;
+      stop_group(SIGTERM);
+    } else if (m.has_fail()) {
+      fail_ = m.fail();
+      if (after_ != After::kExit) after_ = After::kFail;
+      stop_group(SIGTERM);
+    } else if (m.has_done()) {
+      if (phase_ == Phase::kAwaitingDone) finish(0);
+    }
+  }
+
+  void on_session_closed(const absl::Status& status) {
+    if (phase_ == Phase::kExiting || after_ == After::kExit || after_ == After::kFail) return;
+    spdlog::error("rendezvous: {}",
+                  status.ok() ? std::string("the server ended the session unexpectedly")
+                              : std::string(status.message()));
+    exit_code_ = 1;
+    after_ = After::kExit;
+    stop_group(SIGTERM);
+  }
+
+  // --- workers ------------------------------------------------------------------------
+
+  void start_workers(const v1::Assignment& a) {
+    assignment_ = a;
+    phase_ = Phase::kRunning;
+    after_ = After::kNone;
+    failure_reported_ = false;
+    workers_.clear();
+    const std::string tmpl =
+        opts_.prefix_template.empty() ? std::string(kDefaultPrefixTemplate) : opts_.prefix_template;
+    for (int lr = 0; lr < opts_.nproc_per_node; ++lr) {
+      auto w = std::make_unique<Worker>();
+      w->local_rank = lr;
+      w->rank = a.rank_offset() + lr;
+      std::filesystem::path dir = std::filesystem::path(opts_.error_dir) /
+                                  ("attempt_" + std::to_string(a.restart_count())) /
+                                  std::to_string(lr);
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      w->error_file = (dir / "error.json").string();
+      WorkerEnvSpec spec;
+      spec.local_rank = lr;
+      spec.local_world_size = opts_.nproc_per_node;
+      spec.rank_offset = a.rank_offset();
+      spec.world_size = a.world_size();
+      spec.group_rank = a.group_rank();
+      spec.group_world_size = a.group_world_size();
+      spec.role = opts_.role;
+      spec.master_addr = a.master_addr();
+      spec.master_port = a.master_port();
+      spec.restart_count = a.restart_count();
+      spec.max_restarts = opts_.max_restarts;
+      spec.run_id = opts_.run_id;
+      spec.error_file = w->error_file;
+      spec.store_addr = opts_.store_addr;
+      spec.round = a.round();
+      SpawnRequest req{opts_.program_path, opts_.argv,
+                       to_envp(build_worker_env(opts_.base_env, spec))};
+      absl::StatusOr<ChildProcess> child = spawn_worker(req);
+      if (!child.ok()) {
+        spdlog::error("cannot start worker local rank {}: {}", lr, std::string(child.status().message()));
+        workers_.push_back(std::move(w));
+        v1::WorkerFailure f = describe(*workers_.back());
+        f.set_exit_code(127);
+        f.set_message(std::string(child.status().message()));
+        report_failure(f);
+        stop_group(SIGTERM);
+        return;
+      }
+      w->pid = child->pid;
+      std::string prefix = expand_prefix_template(tmpl, opts_.role, w->rank, lr);
+      w->out = std::make_unique<Pipe>(io_, child->out_fd, prefix, opts_.stdout_fd);
+      w->err = std::make_unique<Pipe>(io_, child->err_fd, prefix, opts_.stderr_fd);
+      w->pidfd = std::make_unique<Descriptor>(io_, child->pidfd);
+      Worker* raw = w.get();
+      workers_.push_back(std::move(w));
+      read_pipe(raw, raw->out.get());
+      read_pipe(raw, raw->err.get());
+      watch_exit(raw);
+    }
+    spdlog::info("round {}: group rank {}/{}, ranks {}..{} of {}, restart {}", a.round(),
+                 a.group_rank(), a.group_world_size(), a.rank_offset(),
+                 a.rank_offset() + opts_.nproc_per_node - 1, a.world_size(), a.restart_count());
+  }
+
+  void read_pipe(Worker* w, Pipe* p) {
+    p->sd.async_read_some(asio::buffer(p->buf), [this, w, p](const boost::system::error_code& ec,
+                                                              std::size_t n) {
+      if (ec == asio::error::operation_aborted && phase_ == Phase::kExiting) return;
+      p->out.clear();
+      if (!ec) {
+        p->splitter.feed(std::string_view(p->buf.data(), n), p->out);
+        write_all(p->sink, p->out);
+        read_pipe(w, p);
+        return;
+      }
+      p->splitter.finish(p->out);  // EOF or forced close: flush the partial line
+      write_all(p->sink, p->out);
+      boost::system::error_code ignored;
+      p->sd.close(ignored);
+      advance();
+    });
+  }
+
+  void watch_exit(Worker* w) {
+    w->pidfd->async_wait(Descriptor::wait_read, [this, w](const boost::system::error_code& ec) {
+      if (ec) return;
+      int status = 0;
+      pid_t r = ::waitpid(w->pid, &status, WNOHANG);
+      if (r == 0) {
+        watch_exit(w);
+        return;
+      }
+      w->reaped = true;
+      w->pidfd->close();
+      on_worker_exit(*w, status);
+    });
+  }
+
+  v1::WorkerFailure describe(const Worker& w) const {
+    v1::WorkerFailure f;
+    f.set_host(opts_.host);
+    f.set_rank(w.rank);
+    f.set_local_rank(w.local_rank);
+    f.set_group_rank(assignment_.group_rank());
+    f.set_pid(w.pid);
+    f.set_timestamp_ms(wall_ms());
+    f.set_error_file(w.error_file);
+    return f;
+  }
+
+  void on_worker_exit(Worker& w, int status) {
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok && phase_ == Phase::kRunning) {
+      v1::WorkerFailure f = describe(w);
+      if (WIFSIGNALED(status)) {
+        f.set_signal(WTERMSIG(status));
+      } else {
+        f.set_exit_code(WEXITSTATUS(status));
+      }
+      read_error_file(w.error_file, f);
+      spdlog::warn("worker rank {} (local rank {}, pid {}) failed: {}", f.rank(), f.local_rank(),
+                   f.pid(),
+                   f.signal() > 0 ? signal_name(f.signal())
+                                  : "exit code " + std::to_string(f.exit_code()));
+      report_failure(f);
+      stop_group(SIGTERM);
+      return;
+    }
+    if (all_reaped()) {
+      // Whatever is left in the workers' process groups must not outlive them.
+      signal_groups(SIGKILL);
+      arm_drain_timer();
+    }
+    advance();
+  }
+
+  void report_failure(const v1::WorkerFailure& f) {
+    if (failure_reported_) return;
+    failure_reported_ = true;
+    v1::AgentMsg msg;
+    msg.mutable_failure()->set_round(assignment_.round());
+    *msg.mutable_failure()->mutable_root_cause() = f;
+    client_.send(msg);
+  }
+
+  bool all_reaped() const {
+    for (const auto& w : workers_) {
+      if (w->pid > 0 && !w->reaped) return false;
+    }
+    return true;
+  }
+
+  bool group_gone() const {
+    if (!all_reaped()) return false;
+    for (const auto& w : workers_) {
+      if ((w->out && w->out->sd.is_open()) || (w->err && w->err->sd.is_open())) return false;
+    }
+    return true;
+  }
+
+  void signal_groups(int sig) {
+    for (const auto& w : workers_) {
+      if (w->pid > 0) ::kill(-w->pid, sig);
+    }
+  }
+
+  // Sends `sig` to every worker's process group; SIGKILL follows after the grace.
+  void stop_group(int sig) {
+    if (phase_ == Phase::kJoining || workers_.empty()) {
+      phase_ = Phase::kStopping;
+      advance();
+      return;
+    }
+    const bool first = phase_ != Phase::kStopping;
+    phase_ = Phase::kStopping;
+    if (!all_reaped()) signal_groups(sig);
+    if (first) {
+      grace_timer_.expires_after(opts_.shutdown_timeout);
+      grace_timer_.async_wait([this](const boost::system::error_code& ec) {
+        if (ec) return;
+        if (!all_reaped()) {
+          spdlog::warn("workers still running after the {} ms grace; killing them",
+                       opts_.shutdown_timeout.count());
+        }
+        signal_groups(SIGKILL);
+        arm_drain_timer();
+      });
+    }
+    advance();
+  }
+
+  void arm_drain_timer() {
+    drain_timer_.expires_after(kPipeDrainLimit);
+    drain_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || !all_reaped()) return;
+      for (const auto& w : workers_) {
+        for (Pipe* p : {w->out.get(), w->err.get()}) {
+          if (p != nullptr && p->sd.is_open()) p->sd.cancel();  // read handler closes it
+        }
+      }
+    });
+  }
+
+  // Moves on once the group has fully exited: report success, rejoin, fail or exit.
+  void advance() {
+    if (!group_gone()) return;
+    grace_timer_.cancel();
+    drain_timer_.cancel();
+    if (phase_ == Phase::kRunning) {
+      phase_ = Phase::kAwaitingDone;
+      v1::AgentMsg msg;
+      msg.mutable_success()->set_round(assignment_.round());
+      client_.send(msg);
+      return;
+    }
+    if (phase_ != Phase::kStopping) return;
+    switch (after_) {
+      case After::kNone:
+        return;  // the server decides: Restart or Fail
+      case After::kRejoin:
+        workers_.clear();
+        send_join();
+        return;
+      case After::kFail: {
+        std::vector<v1::WorkerFailure> others(fail_.others().begin(), fail_.others().end());
+        std::string summary =
+            format_failure_summary(opts_.entrypoint_name, fail_.root_cause(), others);
+        write_all(opts_.stderr_fd, summary);
+        finish(1);
+        return;
+      }
+      case After::kExit:
+        finish(exit_code_);
+        return;
+    }
+  }
+
+  void finish(int code) {
+    exit_code_ = code;
+    phase_ = Phase::kExiting;
+    grace_timer_.cancel();
+    drain_timer_.cancel();
+    boost::system::error_code ignored;
+    signals_.cancel(ignored);
+    io_.stop();
+  }
+
+  // --- signals ------------------------------------------------------------------------
+
+  void wait_for_signal() {
+    signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      if (signal_ != 0) {  // a second signal: no more grace
+        signal_groups(SIGKILL);
+      } else {
+        signal_ = sig;
+        exit_code_ = 128 + sig;
+        spdlog::warn("received {}; stopping workers", signal_name(sig));
+        after_ = After::kExit;
+        client_.close();  // leave the run: the server sees this node go
+        stop_group(sig);
+      }
+      wait_for_signal();
+    });
+  }
+
+  asio::io_context& io_;
+  AgentOptions opts_;
+  asio::signal_set signals_;
+  asio::steady_timer grace_timer_;
+  asio::steady_timer drain_timer_;
+  rendezvous::SessionClient client_;
+  Phase phase_ = Phase::kJoining;
+  After after_ = After::kNone;
+  v1::Assignment assignment_;
+  v1::Fail fail_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  bool failure_reported_ = false;
+  int signal_ = 0;
+  int exit_code_ = 1;
+};
+
+Agent::Agent(asio::io_context& io, AgentOptions options)
+    : impl_(std::make_unique<Impl>(io, std::move(options))) {}
+
+Agent::~Agent() = default;
+
+int Agent::run() { return impl_->run(); }
+
+}  // namespace muster::agent

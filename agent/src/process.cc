@@ -1,0 +1,86 @@
+#include "muster/agent/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace muster::agent {
+namespace {
+
+void write_str(int fd, const char* s) {
+  ssize_t unused = ::write(fd, s, std::strlen(s));
+  (void)unused;
+}
+
+}  // namespace
+
+absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
+  std::vector<char*> argv, envp;
+  for (const auto& a : req.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (const auto& e : req.envp) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return absl::ErrnoToStatus(errno, "pipe2");
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    int e = errno;
+    ::close(out[0]);
+    ::close(out[1]);
+    return absl::ErrnoToStatus(e, "pipe2");
+  }
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    int e = errno;
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    return absl::ErrnoToStatus(e, "fork");
+  }
+  if (pid == 0) {
+    // Child: async-signal-safe calls only.
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);  // the agent died before prctl took effect
+    ::dup2(out[1], STDOUT_FILENO);
+    ::dup2(err[1], STDERR_FILENO);
+    ::signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve(req.path.c_str(), argv.data(), envp.data());
+    write_str(STDERR_FILENO, "launch: cannot execute ");
+    write_str(STDERR_FILENO, req.path.c_str());
+    write_str(STDERR_FILENO, ": ");
+    write_str(STDERR_FILENO, strerror(errno));
+    write_str(STDERR_FILENO, "\n");
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also in the parent, so signalling the group never races the child
+  ::close(out[1]);
+  ::close(err[1]);
+  ChildProcess child;
+  child.pid = pid;
+  child.out_fd = out[0];
+  child.err_fd = err[0];
+  child.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (child.pidfd < 0) {
+    int e = errno;
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    ::close(child.out_fd);
+    ::close(child.err_fd);
+    return absl::ErrnoToStatus(e, "pidfd_open (Linux 5.3 or later is required)");
+  }
+  ::fcntl(child.pidfd, F_SETFD, FD_CLOEXEC);
+  return child;
+}
+
+}  // namespace muster::agent

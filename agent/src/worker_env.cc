@@ -1,0 +1,60 @@
+#include "muster/agent/worker_env.h"
+
+#include <string>
+
+extern char** environ;
+
+namespace muster::agent {
+
+std::map<std::string, std::string> current_environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return env;
+}
+
+std::map<std::string, std::string> build_worker_env(const std::map<std::string, std::string>& base,
+                                                    const WorkerEnvSpec& s) {
+  std::map<std::string, std::string> env = base;
+  const int rank = s.rank_offset + s.local_rank;
+  auto set = [&env](const char* k, const std::string& v) { env[k] = v; };
+  auto set_if_unset = [&env](const char* k, const std::string& v) { env.emplace(k, v); };
+  set("RANK", std::to_string(rank));
+  set("LOCAL_RANK", std::to_string(s.local_rank));
+  set("WORLD_SIZE", std::to_string(s.world_size));
+  set("LOCAL_WORLD_SIZE", std::to_string(s.local_world_size));
+  set("GROUP_RANK", std::to_string(s.group_rank));
+  set("GROUP_WORLD_SIZE", std::to_string(s.group_world_size));
+  // One role per job: role ranks are the global ranks.
+  set("ROLE_RANK", std::to_string(rank));
+  set("ROLE_NAME", s.role);
+  set("ROLE_WORLD_SIZE", std::to_string(s.world_size));
+  set("MASTER_ADDR", s.master_addr);
+  set("MASTER_PORT", std::to_string(s.master_port));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(s.restart_count));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(s.max_restarts));
+  set("TORCHELASTIC_RUN_ID", s.run_id);
+  // Our store is not a c10d TCPStore on MASTER_PORT: workers must create their own.
+  set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  set("TORCHELASTIC_ERROR_FILE", s.error_file);
+  set_if_unset("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  set_if_unset("NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (s.local_world_size > 1) set_if_unset("OMP_NUM_THREADS", "1");
+  set("MUSTER_STORE_ADDR", s.store_addr);
+  set("MUSTER_RUN_ID", s.run_id);
+  set("MUSTER_ROUND", std::to_string(s.round));
+  return env;
+}
+
+std::vector<std::string> to_envp(const std::map<std::string, std::string>& env) {
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+}  // namespace muster::agent

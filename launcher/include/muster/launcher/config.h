@@ -1,0 +1,72 @@
+// `launch`'s command line -> LaunchConfig, validated once.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace muster::launcher {
+
+// Every flag's default lives here.
+struct LaunchConfig {
+  bool standalone = false;
+  int min_nodes = 1;
+  int max_nodes = 1;
+  std::string nproc_spec = "1";  // as given: an int, "cpu", "gpu" or "auto"
+  int nproc_per_node = 1;        // resolved
+  int max_restarts = 0;
+  double monitor_interval = 0.1;  // accepted for torchrun compatibility; exits are events here
+  std::string start_method = "spawn";  // accepted; workers are always fork+exec'd
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  std::string rdzv_id = "none";
+  std::string role = "default";
+  bool module = false;     // -m: run the program as `python3 -u -m <module>`
+  bool no_python = false;  // run the program directly, never through python
+  std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  std::string program;
+  std::vector<std::string> program_args;
+};
+
+// What parsing needs to know about this host (injected so tests can fake it).
+struct HostInfo {
+  int cpu_count = 1;
+  std::function<int()> gpu_count = [] { return 0; };  // called only for gpu/auto
+};
+
+struct ParseResult {
+  std::optional<LaunchConfig> config;  // set on success
+  std::string help;                    // set when --help was asked for (exit 0)
+  absl::Status error;                  // usage error: print one line, exit 2
+};
+
+// `args` excludes argv[0]. Everything after the program is the program's own arguments.
+ParseResult parse_launch_args(const std::vector<std::string>& args, const HostInfo& host);
+
+// How the program is started.
+struct Entrypoint {
+  std::string path;               // the executable actually exec'd
+  std::vector<std::string> argv;  // argv[0] included
+  std::string name;               // what summaries call the job (the program as given)
+};
+
+// Resolves the program: `--no_python` or a non-.py program: an executable path, or a name
+// looked up on PATH; `x.py`: `$PYTHON_EXEC -u x.py` (python3 from PATH when PYTHON_EXEC is
+// unset); `-m mod`: `$PYTHON_EXEC -u -m mod`. Fails with a usage error when the program or
+// the interpreter is missing or not executable.
+absl::StatusOr<Entrypoint> resolve_entrypoint(const LaunchConfig& config,
+                                              const std::map<std::string, std::string>& env);
+
+// Looks `name` up as execvp would (a name with a slash is taken as a path).
+absl::StatusOr<std::string> find_executable(const std::string& name, const std::string& path_var);
+
+// Number of CUDA devices visible to this process (0 without a driver or a GPU).
+int detect_gpu_count();
+
+}  // namespace muster::launcher

@@ -1,0 +1,149 @@
+// launch: parse flags, host the rendezvous server when standalone, run the agent.
+#include <netdb.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include <boost/asio/io_context.hpp>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "muster/agent/agent.h"
+#include "muster/agent/worker_env.h"
+#include "muster/launcher/config.h"
+#include "muster/rendezvous/server.h"
+
+namespace {
+
+using muster::launcher::LaunchConfig;
+
+int usage_error(const absl::Status& status) {
+  std::fprintf(stderr, "launch: error: %s\n", std::string(status.message()).c_str());
+  return 2;
+}
+
+// socket.getfqdn() as torchrun uses it for MASTER_ADDR: the canonical name of this host.
+std::string fq_hostname() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_flags = AI_CANONNAME;
+  addrinfo* res = nullptr;
+  std::string out = name;
+  if (::getaddrinfo(name, nullptr, &hints, &res) == 0 && res != nullptr) {
+    char host[NI_MAXHOST];
+    if (::getnameinfo(res->ai_addr, res->ai_addrlen, host, sizeof host, nullptr, 0,
+                      NI_NAMEREQD) == 0) {
+      out = host;
+    } else if (res->ai_canonname != nullptr) {
+      out = res->ai_canonname;
+    }
+    ::freeaddrinfo(res);
+  }
+  return out;
+}
+
+std::string random_uuid() {
+  std::random_device rd;
+  std::uint32_t w[4] = {rd(), rd(), rd(), rd()};
+  w[1] = (w[1] & 0xffff0fffu) | 0x00004000u;  // version 4
+  w[2] = (w[2] & 0x3fffffffu) | 0x80000000u;  // variant 1
+  return absl::StrFormat("%08x-%04x-%04x-%04x-%04x%08x", w[0], w[1] >> 16, w[1] & 0xffff,
+                         w[2] >> 16, w[2] & 0xffff, w[3]);
+}
+
+void setup_logging() {
+  auto logger = spdlog::stderr_logger_st("launch");
+  logger->set_pattern("[launch] %l: %v");
+  spdlog::level::level_enum level = spdlog::level::warn;
+  if (const char* v = std::getenv("MUSTER_LOG_LEVEL"); v != nullptr) {
+    level = spdlog::level::from_str(v);
+  }
+  logger->set_level(level);
+  spdlog::set_default_logger(logger);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::signal(SIGPIPE, SIG_IGN);
+  setup_logging();
+
+  muster::launcher::HostInfo host;
+  host.cpu_count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  host.gpu_count = muster::launcher::detect_gpu_count;
+  muster::launcher::ParseResult parsed =
+      muster::launcher::parse_launch_args(std::vector<std::string>(argv + 1, argv + argc), host);
+  if (!parsed.help.empty()) {
+    std::fputs(parsed.help.c_str(), stdout);
+    return 0;
+  }
+  if (!parsed.error.ok()) return usage_error(parsed.error);
+  const LaunchConfig& cfg = *parsed.config;
+
+  std::map<std::string, std::string> env = muster::agent::current_environment();
+  auto entry = muster::launcher::resolve_entrypoint(cfg, env);
+  if (!entry.ok()) return usage_error(entry.status());
+
+  boost::asio::io_context io(1);
+  muster::rendezvous::ServerOptions server_opts;
+  server_opts.listen_address = "127.0.0.1:0";
+  auto server = muster::rendezvous::RendezvousServer::start(io, server_opts);
+  if (!server.ok()) {
+    std::fprintf(stderr, "launch: error: %s\n", std::string(server.status().message()).c_str());
+    return 1;
+  }
+  const std::string rdzv_addr = absl::StrCat("127.0.0.1:", (*server)->port());
+
+  // Per-attempt error files live in a private temporary folder, removed at exit.
+  const char* tmp = std::getenv("TMPDIR");
+  std::string tmpl = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/muster_XXXXXX");
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    std::fprintf(stderr, "launch: error: cannot create a folder under %s\n",
+                 tmp != nullptr ? tmp : "/tmp");
+    return 1;
+  }
+
+  muster::agent::AgentOptions opts;
+  opts.rdzv_target = rdzv_addr;
+  opts.store_addr = rdzv_addr;
+  opts.run_id = (cfg.standalone || cfg.rdzv_id == "none") ? random_uuid() : cfg.rdzv_id;
+  opts.host = fq_hostname();
+  opts.node_id = absl::StrCat(opts.host, ":", ::getpid());
+  opts.min_nodes = cfg.min_nodes;
+  opts.max_nodes = cfg.max_nodes;
+  opts.max_restarts = cfg.max_restarts;
+  opts.nproc_per_node = cfg.nproc_per_node;
+  opts.role = cfg.role;
+  opts.program_path = entry->path;
+  opts.argv = entry->argv;
+  opts.entrypoint_name = entry->name;
+  opts.shutdown_timeout = cfg.shutdown_timeout;
+  opts.error_dir = absl::StrCat(tmpl, "/", opts.run_id);
+  if (auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); it != env.end()) {
+    opts.prefix_template = it->second;
+  }
+  if (cfg.nproc_per_node > 1 && env.count("OMP_NUM_THREADS") == 0) {
+    spdlog::info("setting OMP_NUM_THREADS=1 for each worker (it was unset)");
+  }
+  opts.base_env = std::move(env);
+
+  int code = 0;
+  {
+    muster::agent::Agent agent(io, std::move(opts));
+    code = agent.run();
+  }
+  (*server)->shutdown();
+  std::error_code ec;
+  std::filesystem::remove_all(tmpl, ec);
+  return code;
+}

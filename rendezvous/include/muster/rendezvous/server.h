@@ -1,0 +1,50 @@
+// The rendezvous server: the gRPC `Rendezvous` service around a StateMachine.
+//
+// Threads: the state machine and the session table live on the io_context passed to
+// start(); gRPC's callback threads only post events onto it. The same server runs embedded
+// in `launch` (sharing the agent's io_context) and on its own in `rdzvd`.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+
+#include "absl/status/statusor.h"
+#include "muster/rendezvous/state_machine.h"
+
+namespace muster::rendezvous {
+
+struct ServerOptions {
+  // host:port; port 0 picks a free port (see RendezvousServer::port()).
+  std::string listen_address = "127.0.0.1:0";
+  // When non-empty, a Join must carry this token or its stream ends with PERMISSION_DENIED.
+  std::string token;
+  RendezvousTimeouts timeouts;
+  // Cap on one incoming message; a Join is a few hundred bytes.
+  int max_message_bytes = 64 * 1024;
+};
+
+class RendezvousServer {
+ public:
+  // Binds and starts serving. Fails (with the address in the message) when it cannot bind.
+  static absl::StatusOr<std::unique_ptr<RendezvousServer>> start(boost::asio::io_context& io,
+                                                                 ServerOptions options);
+  ~RendezvousServer();
+  RendezvousServer(const RendezvousServer&) = delete;
+  RendezvousServer& operator=(const RendezvousServer&) = delete;
+
+  int port() const;
+
+  // Ends every stream and stops listening; waits at most `grace` for in-flight calls.
+  // Safe to call twice. Must not be called from a gRPC callback thread.
+  void shutdown(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
+
+  class Impl;
+
+ private:
+  explicit RendezvousServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace muster::rendezvous

@@ -1,0 +1,54 @@
+// rdzvd: the rendezvous server as a daemon serving many runs (by rdzv_id) at once.
+#include <signal.h>
+
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include "muster/rendezvous/server.h"
+
+int main(int argc, char** argv) {
+  std::string listen = "0.0.0.0:29400";
+  std::string token;
+  double join_timeout = 600, last_call = 30;
+  CLI::App app{"rdzvd: muster's rendezvous server for many runs", "rdzvd"};
+  app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)");
+  app.add_option("--token", token, "Shared secret every join must carry (or $MUSTER_RDZV_TOKEN)")
+      ->envname("MUSTER_RDZV_TOKEN");
+  app.add_option("--join_timeout,--join-timeout", join_timeout, "Seconds")->check(CLI::PositiveNumber);
+  app.add_option("--last_call_timeout,--last-call-timeout", last_call, "Seconds")
+      ->check(CLI::NonNegativeNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "rdzvd: error: %s\n", e.what());
+    return 2;
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  boost::asio::io_context io(1);
+  muster::rendezvous::ServerOptions opts;
+  opts.listen_address = listen;
+  opts.token = token;
+  opts.timeouts.join_timeout = std::chrono::milliseconds(static_cast<long long>(join_timeout * 1000));
+  opts.timeouts.last_call_timeout = std::chrono::milliseconds(static_cast<long long>(last_call * 1000));
+  auto server = muster::rendezvous::RendezvousServer::start(io, opts);
+  if (!server.ok()) {
+    std::fprintf(stderr, "rdzvd: error: %s\n", std::string(server.status().message()).c_str());
+    return 1;
+  }
+  // The bound port, for callers that asked for port 0.
+  std::printf("rdzvd listening on port %d\n", (*server)->port());
+  std::fflush(stdout);
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&io](const boost::system::error_code&, int) {
+    io.stop();
+  });
+  auto guard = boost::asio::make_work_guard(io);
+  io.run();
+  (*server)->shutdown();
+  return 0;  // a stop by SIGINT or SIGTERM is the normal way to end a daemon
+}

@@ -1,0 +1,278 @@
+#include "muster/rendezvous/server.h"
+
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "muster/v1/rendezvous.grpc.pb.h"
+
+namespace muster::rendezvous {
+namespace {
+
+grpc::Status to_grpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+class SessionReactor;
+
+// What the io thread holds for a session: a handle that outlives the reactor.
+struct SessionLink {
+  std::mutex mu;
+  SessionReactor* reactor = nullptr;  // null once the reactor is done; guarded by mu
+};
+
+}  // namespace
+
+// State owned by the io thread: the state machine, the session table and the timer.
+class Core : public std::enable_shared_from_this<Core> {
+ public:
+  Core(boost::asio::io_context& io, ServerOptions opts)
+      : io_(io), opts_(std::move(opts)), machine_(opts_.timeouts), timer_(io) {}
+
+  boost::asio::io_context& io() { return io_; }
+  const std::string& token() const { return opts_.token; }
+
+  // io thread only.
+  void on_open(SessionId id, std::shared_ptr<SessionLink> link) { links_[id] = std::move(link); }
+  void on_message(SessionId id, const v1::AgentMsg& msg);
+  void on_closed(SessionId id);
+  void apply(std::vector<Outgoing> out);
+  void close_all();
+
+ private:
+  void arm_timer();
+
+  boost::asio::io_context& io_;
+  ServerOptions opts_;
+  StateMachine machine_;
+  boost::asio::steady_timer timer_;
+  std::optional<TimePoint> armed_for_;
+  std::unordered_map<SessionId, std::shared_ptr<SessionLink>> links_;
+};
+
+namespace {
+
+// One agent's stream. Reactions run on gRPC threads; no lock is held across a Start* call
+// because a reaction may run on another thread before the call returns.
+class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMsg> {
+ public:
+  SessionReactor(std::shared_ptr<Core> core, SessionId id)
+      : core_(std::move(core)), id_(id), link_(std::make_shared<SessionLink>()) {
+    link_->reactor = this;
+    boost::asio::post(core_->io(), [core = core_, id = id_, link = link_] {
+      core->on_open(id, link);
+    });
+    StartRead(&in_);
+  }
+
+  // Called from the io thread through the link, under link->mu.
+  void enqueue(v1::ServerMsg msg) {
+    v1::ServerMsg* start = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finishing_) return;
+      queue_.push_back(std::move(msg));
+      if (!writing_) {
+        writing_ = true;
+        start = &queue_.front();
+      }
+    }
+    if (start != nullptr) StartWrite(start);
+  }
+
+  void finish(grpc::Status status) {
+    bool now = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finishing_) return;
+      finishing_ = true;
+      final_ = std::move(status);
+      now = !writing_;
+    }
+    if (now) Finish(final_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the agent half-closed or the stream broke
+      post_closed();
+      finish(grpc::Status::OK);
+      return;
+    }
+    if (in_.has_join() && !core_->token().empty() && in_.join().token() != core_->token()) {
+      post_closed();
+      finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          "rendezvous refused the join: wrong or missing token"));
+      return;
+    }
+    boost::asio::post(core_->io(), [core = core_, id = id_, msg = in_] {
+      core->on_message(id, msg);
+    });
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    v1::ServerMsg* next = nullptr;
+    bool finish_now = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.pop_front();
+      if (ok && !queue_.empty()) {
+        next = &queue_.front();
+      } else {
+        writing_ = false;
+        finish_now = finishing_;
+      }
+    }
+    if (next != nullptr) {
+      StartWrite(next);
+    } else if (finish_now) {
+      Finish(final_);
+    } else if (!ok) {
+      finish(grpc::Status::OK);
+    }
+  }
+
+  void OnDone() override {
+    post_closed();
+    {
+      std::lock_guard<std::mutex> lock(link_->mu);
+      link_->reactor = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  void post_closed() {
+    if (closed_posted_.exchange(true)) return;
+    boost::asio::post(core_->io(), [core = core_, id = id_] { core->on_closed(id); });
+  }
+
+  std::shared_ptr<Core> core_;
+  const SessionId id_;
+  std::shared_ptr<SessionLink> link_;
+  v1::AgentMsg in_;
+  std::atomic<bool> closed_posted_{false};
+  std::mutex mu_;
+  std::deque<v1::ServerMsg> queue_;  // guarded by mu_; front() is being written
+  bool writing_ = false;             // guarded by mu_
+  bool finishing_ = false;           // guarded by mu_
+  grpc::Status final_;
+};
+
+class Service final : public v1::Rendezvous::CallbackService {
+ public:
+  explicit Service(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMsg>* Session(
+      grpc::CallbackServerContext*) override {
+    return new SessionReactor(core_, next_id_.fetch_add(1));
+  }
+
+ private:
+  std::shared_ptr<Core> core_;
+  std::atomic<SessionId> next_id_{1};
+};
+
+}  // namespace
+
+void Core::on_message(SessionId id, const v1::AgentMsg& msg) {
+  apply(machine_.on_message(id, msg, Clock::now()));
+}
+
+void Core::on_closed(SessionId id) {
+  links_.erase(id);
+  apply(machine_.on_stream_closed(id, Clock::now()));
+}
+
+void Core::apply(std::vector<Outgoing> out) {
+  for (Outgoing& o : out) {
+    auto it = links_.find(o.session);
+    if (it == links_.end()) continue;
+    std::lock_guard<std::mutex> lock(it->second->mu);
+    SessionReactor* r = it->second->reactor;
+    if (r == nullptr) continue;
+    if (o.msg) r->enqueue(std::move(*o.msg));
+    if (o.close) r->finish(to_grpc(o.status));
+  }
+  arm_timer();
+}
+
+void Core::close_all() {
+  timer_.cancel();
+  for (auto& [id, link] : links_) {
+    std::lock_guard<std::mutex> lock(link->mu);
+    if (link->reactor != nullptr) {
+      link->reactor->finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                         "rendezvous server is shutting down"));
+    }
+  }
+}
+
+void Core::arm_timer() {
+  std::optional<TimePoint> when = machine_.next_deadline();
+  if (when == armed_for_) return;
+  armed_for_ = when;
+  timer_.cancel();
+  if (!when) return;
+  timer_.expires_at(*when);
+  timer_.async_wait([self = weak_from_this(), when](const boost::system::error_code& ec) {
+    auto core = self.lock();
+    if (ec || !core || core->armed_for_ != when) return;
+    core->armed_for_.reset();
+    core->apply(core->machine_.on_tick(Clock::now()));
+  });
+}
+
+class RendezvousServer::Impl {
+ public:
+  std::shared_ptr<Core> core;
+  std::unique_ptr<Service> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  bool stopped = false;
+};
+
+absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
+    boost::asio::io_context& io, ServerOptions options) {
+  auto impl = std::make_unique<Impl>();
+  std::string address = options.listen_address;
+  int max_bytes = options.max_message_bytes;
+  impl->core = std::make_shared<Core>(io, std::move(options));
+  impl->service = std::make_unique<Service>(impl->core);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
+  builder.RegisterService(impl->service.get());
+  builder.SetMaxReceiveMessageSize(max_bytes);
+  // Notice silent peers: ping idle connections (a dead agent's socket usually closes at once).
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  impl->server = builder.BuildAndStart();
+  if (!impl->server || impl->port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("rendezvous server cannot listen on ", address));
+  }
+  return std::unique_ptr<RendezvousServer>(new RendezvousServer(std::move(impl)));
+}
+
+RendezvousServer::RendezvousServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+RendezvousServer::~RendezvousServer() { shutdown(); }
+
+int RendezvousServer::port() const { return impl_->port; }
+
+void RendezvousServer::shutdown(std::chrono::milliseconds grace) {
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  impl_->server->Shutdown(std::chrono::system_clock::now() + grace);
+  impl_->server->Wait();
+}
+
+}  // namespace muster::rendezvous

@@ -1,0 +1,124 @@
+// The worker program of the integration tests; argv[1] picks what it does.
+//   env DIR              write the environment to DIR/env.<RANK>, exit 0
+//   exit CODE RANK       rank RANK exits with CODE at once; the others wait to be stopped
+//   restart DIR UNTIL    append TORCHELASTIC_RESTART_COUNT to DIR/restarts.<RANK>; while the
+//                        count is below UNTIL rank 0 exits 3 and the others wait to be stopped
+//   term DIR handle      print "ready <pid>"; on SIGTERM write DIR/term.<RANK> and exit 0
+//   term DIR ignore      print "ready <pid>"; ignore SIGTERM (only SIGKILL ends it)
+//   wait                 print "ready <pid>" and wait to be stopped
+//   spew BYTES           write BYTES of numbered lines to stdout, exit 0
+//   partial              write a line without its newline, then die by SIGKILL
+//   errfile MESSAGE      write torch's @record error file with MESSAGE, exit 1
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+extern char** environ;
+
+namespace {
+
+std::string env(const char* k) {
+  const char* v = std::getenv(k);
+  return v != nullptr ? v : "";
+}
+int rank() { return std::atoi(env("RANK").c_str()); }
+
+volatile sig_atomic_t got_term = 0;
+void on_term(int) { got_term = 1; }
+
+[[noreturn]] void wait_forever() {
+  for (;;) ::pause();
+}
+
+void ready() {
+  std::printf("ready %d\n", static_cast<int>(::getpid()));
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return 64;
+  const std::string mode = argv[1];
+  if (mode == "env" && argc == 3) {
+    std::ofstream out(std::string(argv[2]) + "/env." + env("RANK"));
+    for (char** e = environ; *e != nullptr; ++e) out << *e << "\n";
+    return 0;
+  }
+  if (mode == "exit" && argc == 4) {
+    if (rank() == std::atoi(argv[3])) {
+      std::printf("rank %d exiting with %s\n", rank(), argv[2]);
+      return std::atoi(argv[2]);
+    }
+    ready();
+    wait_forever();
+  }
+  if (mode == "restart" && argc == 4) {
+    const int count = std::atoi(env("TORCHELASTIC_RESTART_COUNT").c_str());
+    {
+      std::ofstream out(std::string(argv[2]) + "/restarts." + env("RANK"), std::ios::app);
+      out << count << "\n";
+    }
+    if (count >= std::atoi(argv[3])) return 0;
+    if (rank() == 0) return 3;
+    ready();
+    wait_forever();
+  }
+  if (mode == "term" && argc == 4) {
+    if (std::strcmp(argv[3], "ignore") == 0) {
+      ::signal(SIGTERM, SIG_IGN);
+      ready();
+      wait_forever();
+    }
+    struct sigaction sa{};
+    sa.sa_handler = on_term;
+    ::sigaction(SIGTERM, &sa, nullptr);
+    ready();
+    while (!got_term) ::pause();
+    std::ofstream(std::string(argv[2]) + "/term." + env("RANK")) << "SIGTERM\n";
+    return 0;
+  }
+  if (mode == "wait") {
+    ready();
+    wait_forever();
+  }
+  if (mode == "spew" && argc == 3) {
+    const long total = std::atol(argv[2]);
+    std::string payload(80, 'x');
+    long written = 0;
+    std::string buf;
+    for (long i = 0; written < total; ++i) {
+      std::string line = "R" + env("RANK") + " L" + std::to_string(i) + " " + payload + "\n";
+      written += static_cast<long>(line.size());
+      buf += line;
+      if (buf.size() > 4000) {  // odd-sized writes, so lines straddle pipe reads
+        std::fwrite(buf.data(), 1, buf.size(), stdout);
+        buf.clear();
+      }
+    }
+    std::fwrite(buf.data(), 1, buf.size(), stdout);
+    return 0;
+  }
+  if (mode == "partial") {
+    const char msg[] = "no newline at the end";
+    ssize_t n = ::write(1, msg, sizeof msg - 1);
+    (void)n;
+    ::kill(::getpid(), SIGKILL);
+  }
+  if (mode == "errfile" && argc == 3) {
+    std::ofstream out(env("TORCHELASTIC_ERROR_FILE"));
+    out << R"({"message": {"message": ")" << argv[2]
+        << R"(", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"train.py\", line 1\n)"
+        << argv[2] << R"(\n", "timestamp": "1700000000"}}})";
+    out.close();
+    return 1;
+  }
+  std::fprintf(stderr, "test_worker: bad arguments\n");
+  return 64;
+}

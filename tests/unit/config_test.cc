@@ -1,0 +1,180 @@
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include <catch2/catch.hpp>
+
+#include "muster/launcher/config.h"
+#include "proc.h"
+
+using muster::launcher::HostInfo;
+using muster::launcher::LaunchConfig;
+using muster::launcher::parse_launch_args;
+
+namespace {
+
+HostInfo fake_host(int cpus, int gpus) {
+  HostInfo h;
+  h.cpu_count = cpus;
+  h.gpu_count = [gpus] { return gpus; };
+  return h;
+}
+
+LaunchConfig parse_ok(const std::vector<std::string>& args, HostInfo host = fake_host(8, 0)) {
+  auto r = parse_launch_args(args, host);
+  INFO(r.error.message());
+  REQUIRE(r.error.ok());
+  REQUIRE(r.config.has_value());
+  return *r.config;
+}
+
+std::string parse_err(const std::vector<std::string>& args, HostInfo host = fake_host(8, 0)) {
+  auto r = parse_launch_args(args, host);
+  REQUIRE_FALSE(r.config.has_value());
+  REQUIRE_FALSE(r.error.ok());
+  return std::string(r.error.message());
+}
+
+}  // namespace
+
+TEST_CASE("flags: both spellings give the same configuration", "[config]") {
+  LaunchConfig a = parse_ok({"--standalone", "--nproc_per_node=4", "--max_restarts=3",
+                             "--shutdown_timeout=2.5", "--monitor_interval=1", "prog", "x"});
+  LaunchConfig b = parse_ok({"--standalone", "--nproc-per-node", "4", "--max-restarts", "3",
+                             "--shutdown-timeout", "2.5", "--monitor-interval=1", "prog", "x"});
+  for (const LaunchConfig* c : {&a, &b}) {
+    CHECK(c->standalone);
+    CHECK(c->nproc_per_node == 4);
+    CHECK(c->max_restarts == 3);
+    CHECK(c->shutdown_timeout == std::chrono::milliseconds(2500));
+    CHECK(c->monitor_interval == 1.0);
+    CHECK(c->program == "prog");
+    CHECK(c->program_args == std::vector<std::string>{"x"});
+  }
+}
+
+TEST_CASE("flags: defaults are torchrun's", "[config]") {
+  LaunchConfig c = parse_ok({"--standalone", "prog"});
+  CHECK(c.nproc_per_node == 1);
+  CHECK(c.max_restarts == 0);
+  CHECK(c.min_nodes == 1);
+  CHECK(c.max_nodes == 1);
+  CHECK(c.role == "default");
+  CHECK(c.shutdown_timeout == std::chrono::seconds(30));
+  CHECK_FALSE(c.module);
+  CHECK_FALSE(c.no_python);
+}
+
+TEST_CASE("flags: everything after the program belongs to the program", "[config]") {
+  LaunchConfig c =
+      parse_ok({"--standalone", "--nproc_per_node=2", "train", "--nproc_per_node=9", "-m", "--"});
+  CHECK(c.nproc_per_node == 2);
+  CHECK_FALSE(c.module);
+  CHECK(c.program == "train");
+  CHECK(c.program_args == std::vector<std::string>{"--nproc_per_node=9", "-m", "--"});
+}
+
+TEST_CASE("flags: nproc_per_node takes an int, cpu, gpu or auto", "[config]") {
+  CHECK(parse_ok({"--standalone", "--nproc_per_node=cpu", "p"}, fake_host(6, 0)).nproc_per_node == 6);
+  CHECK(parse_ok({"--standalone", "--nproc_per_node=auto", "p"}, fake_host(6, 0)).nproc_per_node == 6);
+  CHECK(parse_ok({"--standalone", "--nproc_per_node=auto", "p"}, fake_host(6, 2)).nproc_per_node == 2);
+  CHECK(parse_ok({"--standalone", "--nproc_per_node=gpu", "p"}, fake_host(6, 3)).nproc_per_node == 3);
+  CHECK_THAT(parse_err({"--standalone", "--nproc_per_node=gpu", "p"}, fake_host(6, 0)),
+             Catch::Contains("no CUDA device"));
+}
+
+TEST_CASE("flags: -m and --no_python", "[config]") {
+  CHECK(parse_ok({"--standalone", "-m", "pkg.mod"}).module);
+  CHECK(parse_ok({"--standalone", "--module", "pkg.mod"}).module);
+  CHECK(parse_ok({"--standalone", "--no_python", "prog"}).no_python);
+  CHECK(parse_ok({"--standalone", "--no-python", "prog"}).no_python);
+  CHECK_THAT(parse_err({"--standalone", "-m", "--no_python", "x"}), Catch::Contains("cannot be combined"));
+}
+
+TEST_CASE("flags: nnodes", "[config]") {
+  LaunchConfig c = parse_ok({"--standalone", "--nnodes=1:1", "p"});
+  CHECK(c.min_nodes == 1);
+  CHECK(c.max_nodes == 1);
+  CHECK_THAT(parse_err({"--nnodes=3:2", "p"}), Catch::Contains("MIN 3 is greater than MAX 2"));
+  CHECK_THAT(parse_err({"--nnodes=x", "p"}), Catch::Contains("--nnodes"));
+  CHECK_THAT(parse_err({"--nnodes=1:2:3", "p"}), Catch::Contains("MIN:MAX"));
+  CHECK_THAT(parse_err({"--standalone", "--nnodes=2", "p"}), Catch::Contains("one node"));
+}
+
+TEST_CASE("flags: bad input is one clear error", "[config]") {
+  CHECK_THAT(parse_err({"--standalone", "--nproc_per_node=0", "p"}), Catch::Contains("--nproc_per_node"));
+  CHECK_THAT(parse_err({"--standalone", "--nproc_per_node=-2", "p"}), Catch::Contains("--nproc_per_node"));
+  CHECK_THAT(parse_err({"--standalone", "--nproc_per_node=abc", "p"}), Catch::Contains("'abc'"));
+  CHECK_THAT(parse_err({"--standalone", "--bogus", "p"}), Catch::Contains("--bogus"));
+  CHECK_THAT(parse_err({"--standalone", "--max_restarts=x", "p"}), Catch::Contains("max_restarts"));
+  CHECK_THAT(parse_err({"--standalone", "--max_restarts=-1", "p"}), Catch::Contains("max_restarts"));
+  CHECK_THAT(parse_err({"--standalone", "--shutdown_timeout=-1", "p"}), Catch::Contains("shutdown_timeout"));
+  CHECK_THAT(parse_err({"--standalone"}), Catch::Contains("missing the program"));
+  for (const auto& args : {std::vector<std::string>{"--nproc_per_node=0", "p"},
+                           std::vector<std::string>{"--bogus", "p"}}) {
+    CHECK(parse_err(args).find('\n') == std::string::npos);
+  }
+}
+
+TEST_CASE("flags: --help", "[config]") {
+  auto r = parse_launch_args({"--help"}, fake_host(1, 0));
+  CHECK_FALSE(r.config.has_value());
+  CHECK(r.error.ok());
+  CHECK_THAT(r.help, Catch::Contains("--nproc_per_node"));
+}
+
+TEST_CASE("entrypoint: executables, scripts and modules", "[config]") {
+  muster::testing::TempDir dir;
+  const std::string exe = dir.file("tool");
+  std::ofstream(exe) << "#!/bin/sh\n";
+  ::chmod(exe.c_str(), 0755);
+  const std::string plain = dir.file("plain");
+  std::ofstream(plain) << "data\n";
+  const std::string script = dir.file("train.py");
+  std::ofstream(script) << "print(1)\n";
+  const std::string python = dir.file("python3");
+  std::ofstream(python) << "#!/bin/sh\n";
+  ::chmod(python.c_str(), 0755);
+  std::map<std::string, std::string> env{{"PATH", dir.path() + ":/nonexistent"}};
+
+  auto resolve = [&](const std::vector<std::string>& args) {
+    return muster::launcher::resolve_entrypoint(parse_ok(args), env);
+  };
+  auto by_path = resolve({"--standalone", exe, "a"});
+  REQUIRE(by_path.ok());
+  CHECK(by_path->path == exe);
+  CHECK(by_path->argv == std::vector<std::string>{exe, "a"});
+
+  auto by_name = resolve({"--standalone", "tool", "a"});
+  REQUIRE(by_name.ok());
+  CHECK(by_name->path == exe);
+  CHECK(by_name->argv == std::vector<std::string>{"tool", "a"});
+
+  auto py = resolve({"--standalone", script, "--lr", "1"});
+  REQUIRE(py.ok());
+  CHECK(py->path == python);
+  CHECK(py->argv == std::vector<std::string>{python, "-u", script, "--lr", "1"});
+  CHECK(py->name == script);
+
+  auto mod = resolve({"--standalone", "-m", "pkg.train", "x"});
+  REQUIRE(mod.ok());
+  CHECK(mod->argv == std::vector<std::string>{python, "-u", "-m", "pkg.train", "x"});
+
+  auto nopy = resolve({"--standalone", "--no_python", "tool"});
+  REQUIRE(nopy.ok());
+  CHECK(nopy->path == exe);
+
+  env["PYTHON_EXEC"] = exe;
+  auto custom = resolve({"--standalone", script});
+  REQUIRE(custom.ok());
+  CHECK(custom->path == exe);
+
+  CHECK_THAT(std::string(resolve({"--standalone", plain}).status().message()),
+             Catch::Contains("not executable"));
+  CHECK_THAT(std::string(resolve({"--standalone", dir.file("missing")}).status().message()),
+             Catch::Contains("does not exist"));
+  CHECK_THAT(std::string(resolve({"--standalone", "no-such-tool"}).status().message()),
+             Catch::Contains("not found on PATH"));
+  CHECK_THAT(std::string(resolve({"--standalone", dir.file("missing.py")}).status().message()),
+             Catch::Contains("does not exist"));
+}

@@ -1,0 +1,73 @@
+#include <catch2/catch.hpp>
+
+#include "muster/agent/worker_env.h"
+
+using muster::agent::build_worker_env;
+using muster::agent::WorkerEnvSpec;
+
+TEST_CASE("worker env: every contract variable, as torchrun computes it", "[env]") {
+  WorkerEnvSpec s;
+  s.local_rank = 2;
+  s.local_world_size = 4;
+  s.rank_offset = 8;
+  s.world_size = 16;
+  s.group_rank = 2;
+  s.group_world_size = 4;
+  s.role = "trainer";
+  s.master_addr = "node0";
+  s.master_port = 29501;
+  s.restart_count = 1;
+  s.max_restarts = 3;
+  s.run_id = "job42";
+  s.error_file = "/tmp/x/attempt_1/2/error.json";
+  s.store_addr = "127.0.0.1:4000";
+  s.round = 5;
+  auto env = build_worker_env({{"PATH", "/bin"}, {"RANK", "stale"}}, s);
+  const std::map<std::string, std::string> expected{
+      {"PATH", "/bin"},
+      {"RANK", "10"},
+      {"LOCAL_RANK", "2"},
+      {"WORLD_SIZE", "16"},
+      {"LOCAL_WORLD_SIZE", "4"},
+      {"GROUP_RANK", "2"},
+      {"GROUP_WORLD_SIZE", "4"},
+      {"ROLE_RANK", "10"},
+      {"ROLE_NAME", "trainer"},
+      {"ROLE_WORLD_SIZE", "16"},
+      {"MASTER_ADDR", "node0"},
+      {"MASTER_PORT", "29501"},
+      {"TORCHELASTIC_RESTART_COUNT", "1"},
+      {"TORCHELASTIC_MAX_RESTARTS", "3"},
+      {"TORCHELASTIC_RUN_ID", "job42"},
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      {"TORCHELASTIC_ERROR_FILE", "/tmp/x/attempt_1/2/error.json"},
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+      {"NCCL_ASYNC_ERROR_HANDLING", "1"},
+      {"OMP_NUM_THREADS", "1"},
+      {"MUSTER_STORE_ADDR", "127.0.0.1:4000"},
+      {"MUSTER_RUN_ID", "job42"},
+      {"MUSTER_ROUND", "5"},
+  };
+  CHECK(env == expected);
+}
+
+TEST_CASE("worker env: user settings of the if-unset variables are kept", "[env]") {
+  WorkerEnvSpec s;
+  s.local_world_size = 4;
+  auto env = build_worker_env(
+      {{"OMP_NUM_THREADS", "7"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}}, s);
+  CHECK(env["OMP_NUM_THREADS"] == "7");
+  CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0");
+}
+
+TEST_CASE("worker env: a single worker gets no OMP_NUM_THREADS", "[env]") {
+  WorkerEnvSpec s;
+  s.local_world_size = 1;
+  auto env = build_worker_env({}, s);
+  CHECK(env.count("OMP_NUM_THREADS") == 0);
+}
+
+TEST_CASE("worker env: envp strings", "[env]") {
+  CHECK(muster::agent::to_envp({{"A", "1"}, {"B", "x=y"}}) ==
+        std::vector<std::string>{"A=1", "B=x=y"});
+}
