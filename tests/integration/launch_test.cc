@@ -1,0 +1,331 @@
+// The real `launch` binary with real worker processes, on 127.0.0.1.
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <catch2/catch.hpp>
+
+#include "proc.h"
+
+using namespace muster::testing;
+using Env = std::map<std::string, std::optional<std::string>>;
+
+namespace {
+
+const std::string kLaunch = LAUNCH_BIN;
+const std::string kWorker = TEST_WORKER_BIN;
+
+std::vector<std::string> launch_args(std::vector<std::string> flags,
+                                     const std::vector<std::string>& worker_args) {
+  std::vector<std::string> argv{kLaunch};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back(kWorker);
+  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  return argv;
+}
+
+std::map<std::string, std::string> read_env_file(const std::string& path) {
+  std::map<std::string, std::string> env;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    auto eq = line.find('=');
+    if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return env;
+}
+
+// The pids printed by workers as "ready <pid>" (behind the launcher's prefix).
+std::vector<pid_t> ready_pids(const std::string& out) {
+  std::vector<pid_t> pids;
+  std::regex re(R"(\]:ready (\d+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
+    pids.push_back(static_cast<pid_t>(std::stoi((*it)[1])));
+  }
+  return pids;
+}
+
+auto has_ready(int n) {
+  return [n](const std::string& out, const std::string&) {
+    return count_lines_with(out, "]:ready ") >= n;
+  };
+}
+
+bool alive(pid_t pid) {
+  // A zombie that init has yet to reap counts as dead.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string s;
+  if (!std::getline(stat, s)) return false;
+  auto close = s.rfind(')');
+  return close != std::string::npos && close + 2 < s.size() && s[close + 2] != 'Z';
+}
+
+}  // namespace
+
+TEST_CASE("launch: every worker gets torchrun's environment (N=4)", "[launch]") {
+  TempDir dir;
+  Proc p(launch_args({"--standalone", "--nproc_per_node=4", "--max_restarts=2"}, {"env", dir.path()}),
+         Env{{"OMP_NUM_THREADS", std::nullopt}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", std::nullopt},
+             {"RANK", "99"}});
+  REQUIRE(p.wait() == 0);
+  std::set<std::string> run_ids, masters, error_files;
+  for (int r = 0; r < 4; ++r) {
+    auto env = read_env_file(dir.file("env." + std::to_string(r)));
+    INFO("rank " << r);
+    CHECK(env["RANK"] == std::to_string(r));
+    CHECK(env["LOCAL_RANK"] == std::to_string(r));
+    CHECK(env["WORLD_SIZE"] == "4");
+    CHECK(env["LOCAL_WORLD_SIZE"] == "4");
+    CHECK(env["GROUP_RANK"] == "0");
+    CHECK(env["GROUP_WORLD_SIZE"] == "1");
+    CHECK(env["ROLE_RANK"] == std::to_string(r));
+    CHECK(env["ROLE_NAME"] == "default");
+    CHECK(env["ROLE_WORLD_SIZE"] == "4");
+    CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "0");
+    CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "2");
+    CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");
+    CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
+    CHECK(env["OMP_NUM_THREADS"] == "1");
+    CHECK(std::regex_match(env["TORCHELASTIC_RUN_ID"],
+                           std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")));
+    CHECK(env["MUSTER_RUN_ID"] == env["TORCHELASTIC_RUN_ID"]);
+    CHECK(env["MUSTER_ROUND"] == "1");
+    CHECK(std::regex_match(env["MUSTER_STORE_ADDR"], std::regex(R"(127\.0\.0\.1:\d+)")));
+    const int port = std::stoi(env["MASTER_PORT"]);
+    CHECK(port > 0);
+    CHECK(port < 65536);
+    CHECK_FALSE(env["MASTER_ADDR"].empty());
+    CHECK_THAT(env["TORCHELASTIC_ERROR_FILE"],
+               Catch::EndsWith("/attempt_0/" + std::to_string(r) + "/error.json"));
+    run_ids.insert(env["TORCHELASTIC_RUN_ID"]);
+    masters.insert(env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]);
+    error_files.insert(env["TORCHELASTIC_ERROR_FILE"]);
+  }
+  CHECK(run_ids.size() == 1);
+  CHECK(masters.size() == 1);
+  CHECK(error_files.size() == 4);
+}
+
+TEST_CASE("launch: a user's OMP_NUM_THREADS is kept", "[launch]") {
+  TempDir dir;
+  Proc p(launch_args({"--standalone", "--nproc_per_node=2"}, {"env", dir.path()}),
+         Env{{"OMP_NUM_THREADS", "3"}});
+  REQUIRE(p.wait() == 0);
+  CHECK(read_env_file(dir.file("env.1"))["OMP_NUM_THREADS"] == "3");
+}
+
+TEST_CASE("launch: a failing worker stops the group; launch exits 1 with the root cause", "[launch]") {
+  Proc p(launch_args({"--standalone", "--nproc_per_node=3"}, {"exit", "3", "1"}));
+  REQUIRE(p.wait() == 1);
+  CHECK_THAT(p.err(), Catch::Contains(kWorker + " FAILED"));
+  CHECK_THAT(p.err(), Catch::Contains("Root Cause (first observed failure):"));
+  CHECK_THAT(p.err(), Catch::Contains("  rank      : 1 (local_rank: 1)\n"));
+  CHECK_THAT(p.err(), Catch::Contains("  exitcode  : 3 (pid: "));
+  CHECK_THAT(p.out(), Catch::Contains("[default1]:rank 1 exiting with 3\n"));
+}
+
+TEST_CASE("launch: a worker killed by a signal is named in the summary", "[launch]") {
+  Proc p(launch_args({"--standalone", "--nproc_per_node=1"}, {"partial"}));
+  REQUIRE(p.wait() == 1);
+  // The line it was writing when it died still arrives, whole and prefixed.
+  CHECK_THAT(p.out(), Catch::Contains("[default0]:no newline at the end\n"));
+  CHECK_THAT(p.err(), Catch::Contains("  exitcode  : -9 (pid: "));
+  CHECK_THAT(p.err(), Catch::Contains("Signal 9 (SIGKILL) received by PID"));
+}
+
+TEST_CASE("launch: the worker's error file message is in the summary", "[launch]") {
+  Proc p(launch_args({"--standalone", "--nproc_per_node=2"}, {"errfile", "ValueError: loss is NaN"}));
+  REQUIRE(p.wait() == 1);
+  CHECK_THAT(p.err(), Catch::Contains("  message   : ValueError: loss is NaN\n"));
+  CHECK_THAT(p.err(), Catch::Contains("  traceback : Traceback (most recent call last):\n"));
+}
+
+TEST_CASE("launch: restarts count up to --max_restarts", "[launch]") {
+  SECTION("the job succeeds on the last allowed restart") {
+    TempDir dir;
+    Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--max_restarts=2"},
+                       {"restart", dir.path(), "2"}));
+    REQUIRE(p.wait() == 0);
+    CHECK(read_file(dir.file("restarts.0")) == "0\n1\n2\n");
+    // Rank 1 may be stopped before it starts in a failing attempt; the last one it saw.
+    CHECK_THAT(read_file(dir.file("restarts.1")), Catch::EndsWith("2\n"));
+  }
+  SECTION("the budget runs out first") {
+    TempDir dir;
+    Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--max_restarts=1"},
+                       {"restart", dir.path(), "2"}));
+    REQUIRE(p.wait() == 1);
+    CHECK(read_file(dir.file("restarts.0")) == "0\n1\n");
+    CHECK_THAT(p.err(), Catch::Contains("  exitcode  : 3 (pid: "));
+  }
+}
+
+TEST_CASE("launch: SIGTERM is forwarded to every worker; launch exits 143", "[launch]") {
+  TempDir dir;
+  Proc p(launch_args({"--standalone", "--nproc_per_node=3"}, {"term", dir.path(), "handle"}));
+  REQUIRE(p.wait_output(has_ready(3), 30s));
+  ::kill(p.pid(), SIGTERM);
+  REQUIRE(p.wait() == 143);
+  for (int r = 0; r < 3; ++r) {
+    CHECK(read_file(dir.file("term." + std::to_string(r))) == "SIGTERM\n");
+  }
+}
+
+TEST_CASE("launch: workers that ignore SIGTERM are killed after the grace", "[launch]") {
+  TempDir dir;
+  Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--shutdown_timeout=1"},
+                     {"term", dir.path(), "ignore"}));
+  REQUIRE(p.wait_output(has_ready(2), 30s));
+  std::vector<pid_t> pids = ready_pids(p.out());
+  REQUIRE(pids.size() == 2);
+  std::vector<int> fds;
+  for (pid_t pid : pids) fds.push_back(open_pidfd(pid));
+  auto t0 = std::chrono::steady_clock::now();
+  ::kill(p.pid(), SIGTERM);
+  REQUIRE(p.wait() == 143);
+  CHECK(std::chrono::steady_clock::now() - t0 >= 900ms);  // the grace was honoured
+  for (int fd : fds) {
+    CHECK(wait_pidfd(fd, 0ms));
+    ::close(fd);
+  }
+  for (pid_t pid : pids) CHECK_FALSE(alive(pid));
+}
+
+TEST_CASE("launch: kill -9 of launch leaves no worker behind", "[launch]") {
+  Proc p(launch_args({"--standalone", "--nproc_per_node=4"}, {"wait"}));
+  REQUIRE(p.wait_output(has_ready(4), 30s));
+  std::vector<pid_t> pids = ready_pids(p.out());
+  REQUIRE(pids.size() == 4);
+  std::vector<int> fds;
+  for (pid_t pid : pids) {
+    fds.push_back(open_pidfd(pid));
+    REQUIRE(fds.back() >= 0);
+  }
+  ::kill(p.pid(), SIGKILL);
+  REQUIRE(p.wait() == 128 + SIGKILL);
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    bool gone = wait_pidfd(fds[i], 10s);
+    CHECK(gone);
+    if (!gone) ::kill(pids[i], SIGKILL);  // never leave one behind, even when failing
+    ::close(fds[i]);
+  }
+}
+
+TEST_CASE("launch: two standalone jobs started together both run", "[launch]") {
+  TempDir a, b;
+  Proc pa(launch_args({"--standalone", "--nproc_per_node=4"}, {"env", a.path()}));
+  Proc pb(launch_args({"--standalone", "--nproc_per_node=4"}, {"env", b.path()}));
+  REQUIRE(pa.wait() == 0);
+  REQUIRE(pb.wait() == 0);
+  std::set<std::string> stores_a, stores_b, runs;
+  for (int r = 0; r < 4; ++r) {
+    auto ea = read_env_file(a.file("env." + std::to_string(r)));
+    auto eb = read_env_file(b.file("env." + std::to_string(r)));
+    CHECK(ea["RANK"] == std::to_string(r));
+    CHECK(eb["RANK"] == std::to_string(r));
+    stores_a.insert(ea["MUSTER_STORE_ADDR"]);
+    stores_b.insert(eb["MUSTER_STORE_ADDR"]);
+    runs.insert(ea["TORCHELASTIC_RUN_ID"]);
+    runs.insert(eb["TORCHELASTIC_RUN_ID"]);
+  }
+  REQUIRE(stores_a.size() == 1);
+  REQUIRE(stores_b.size() == 1);
+  CHECK(*stores_a.begin() != *stores_b.begin());  // each job has its own rendezvous server
+  CHECK(runs.size() == 2);
+}
+
+TEST_CASE("launch: 10 MB from each of 4 workers arrives complete and prefixed", "[launch]") {
+  const long bytes = 10L * 1024 * 1024;
+  Proc p(launch_args({"--standalone", "--nproc_per_node=4"}, {"spew", std::to_string(bytes)}));
+  REQUIRE(p.wait(120s) == 0);
+  const std::string payload(80, 'x');
+  std::vector<long> next(4, 0), got(4, 0);
+  std::istringstream in(p.out());
+  long bad = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    static const std::regex re(R"(\[default(\d)\]:R(\d) L(\d+) (x+))");
+    if (!std::regex_match(line, m, re) || m[1] != m[2] || m[4] != payload) {
+      ++bad;
+      continue;
+    }
+    int r = std::stoi(m[1]);
+    if (std::stol(m[3]) != next[r]) ++bad;  // every line, in order, once
+    next[r] = std::stol(m[3]) + 1;
+    got[r] += static_cast<long>(line.size()) - 11 + 1;  // minus "[defaultN]:", plus "\n"
+  }
+  CHECK(bad == 0);
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(got[r] >= bytes);
+    CHECK(got[r] < bytes + 200);
+  }
+}
+
+TEST_CASE("launch: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE sets the prefix", "[launch]") {
+  Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--role=trainer"}, {"exit", "0", "1"}),
+         Env{{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "<${role_name}|${rank}|${local_rank}> "}});
+  REQUIRE(p.wait_output([](const std::string& out, const std::string&) {
+    return out.find("<trainer|1|1> rank 1 exiting with 0\n") != std::string::npos;
+  }, 30s));
+  // Rank 0 waits to be stopped: end the job.
+  REQUIRE(p.wait_output([](const std::string& out, const std::string&) {
+    return out.find("<trainer|0|0> ready ") != std::string::npos;
+  }, 30s));
+  ::kill(p.pid(), SIGTERM);
+  CHECK(p.wait() == 143);
+}
+
+TEST_CASE("launch: bad usage is one line on stderr, exit 2, nothing spawned", "[launch]") {
+  TempDir dir;
+  const std::string plain = dir.file("not-executable");
+  std::ofstream(plain) << "x\n";
+  const std::vector<std::vector<std::string>> cases{
+      {kLaunch, "--standalone", "--bogus", kWorker, "env", dir.path()},
+      {kLaunch, "--standalone", "--nproc_per_node=0", kWorker, "env", dir.path()},
+      {kLaunch, "--standalone", "--nproc_per_node=many", kWorker, "env", dir.path()},
+      {kLaunch, "--standalone", "--max_restarts=x", kWorker, "env", dir.path()},
+      {kLaunch, "--standalone", dir.file("missing"), "env", dir.path()},
+      {kLaunch, "--standalone", plain},
+      {kLaunch, "--standalone", "no-such-program-anywhere"},
+      {kLaunch, "--standalone"},
+  };
+  for (const auto& argv : cases) {
+    Proc p(argv);
+    INFO(argv.back());
+    CHECK(p.wait() == 2);
+    CHECK_THAT(p.err(), Catch::StartsWith("launch: error: "));
+    CHECK(std::count(p.err().begin(), p.err().end(), '\n') == 1);
+    CHECK(p.out().empty());
+  }
+  CHECK(std::filesystem::is_empty(dir.path()) == false);  // only the file we made
+  CHECK_FALSE(std::filesystem::exists(dir.file("env.0")));
+}
+
+TEST_CASE("launch: --help", "[launch]") {
+  Proc p({kLaunch, "--help"});
+  REQUIRE(p.wait() == 0);
+  CHECK_THAT(p.out(), Catch::Contains("--nproc_per_node"));
+  CHECK_THAT(p.out(), Catch::Contains("--max_restarts"));
+}
+
+TEST_CASE("launch: python scripts and modules run under python3 -u", "[launch]") {
+  TempDir dir;
+  std::ofstream(dir.file("job.py")) << "import os, sys\nprint('script', os.environ['RANK'], sys.argv[1:])\n";
+  std::filesystem::create_directories(dir.file("pkg"));
+  std::ofstream(dir.file("pkg/__init__.py")) << "";
+  std::ofstream(dir.file("pkg/mod.py")) << "import os\nprint('module', os.environ['RANK'])\n";
+  Proc script({kLaunch, "--standalone", "--nproc_per_node=2", dir.file("job.py"), "--lr", "1"});
+  REQUIRE(script.wait() == 0);
+  CHECK_THAT(script.out(), Catch::Contains("[default1]:script 1 ['--lr', '1']\n"));
+  Proc module({kLaunch, "--standalone", "--nproc_per_node=2", "-m", "pkg.mod"},
+              Env{{"PYTHONPATH", dir.path()}});
+  REQUIRE(module.wait() == 0);
+  CHECK_THAT(module.out(), Catch::Contains("[default0]:module 0\n"));
+  Proc nopy({kLaunch, "--standalone", "--no_python", "true"});
+  CHECK(nopy.wait() == 0);
+}

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -77,6 +78,7 @@ bool Proc::pump(std::chrono::steady_clock::time_point deadline, bool want_exit) 
   if (left.count() < 0) return false;
   if (n == 0) return false;
   int r = ::poll(fds, n, static_cast<int>(left.count()));
+  if (r < 0 && errno == EINTR) return true;
   if (r <= 0) return false;
   char buf[65536];
   auto drain = [&](int idx, int& fd, std::string& into) {
