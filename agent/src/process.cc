@@ -38,7 +38,14 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
     return absl::ErrnoToStatus(e, "pipe2");
   }
   const pid_t parent = ::getpid();
+  // Signals stay blocked from before the fork until the child has put every handler back to
+  // default: a signal sent to a child that has not exec'd yet must not run the agent's
+  // handlers there (asio's would write into the agent's own self-pipe).
+  sigset_t all, saved;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &saved);
   const pid_t pid = ::fork();
+  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
   if (pid < 0) {
     int e = errno;
     for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
@@ -46,12 +53,18 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
   }
   if (pid == 0) {
     // Child: async-signal-safe calls only.
+    for (int sig = 1; sig < NSIG; ++sig) {
+      struct sigaction sa;
+      if (::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler != SIG_DFL &&
+          (sa.sa_handler != SIG_IGN || sig == SIGPIPE)) {
+        ::signal(sig, SIG_DFL);
+      }
+    }
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);  // the agent died before prctl took effect
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);
-    ::signal(SIGPIPE, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);

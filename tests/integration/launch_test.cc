@@ -329,3 +329,13 @@ TEST_CASE("launch: python scripts and modules run under python3 -u", "[launch]")
   Proc nopy({kLaunch, "--standalone", "--no_python", "true"});
   CHECK(nopy.wait() == 0);
 }
+
+TEST_CASE("launch: stopping workers that are still starting does not signal launch", "[launch]") {
+  // Regression: a SIGTERM that reached a worker between fork and exec ran the agent's own
+  // signal handler in the child, and launch then acted as if it had been sent SIGTERM.
+  for (int i = 0; i < 20; ++i) {
+    Proc p(launch_args({"--standalone", "--nproc_per_node=8"}, {"exit", "3", "0"}));
+    REQUIRE(p.wait() == 1);
+    CHECK(p.err().find("received SIGTERM") == std::string::npos);
+  }
+}
