@@ -80,6 +80,7 @@ class Agent::Impl {
         signals_(io, SIGINT, SIGTERM, SIGHUP),
         grace_timer_(io),
         drain_timer_(io),
+        keep_alive_timer_(io),
         client_(
             io, [this](const v1::ServerMsg& m) { on_server_message(m); },
             [this](const absl::Status& s) { on_session_closed(s); }) {
@@ -90,6 +91,7 @@ class Agent::Impl {
     wait_for_signal();
     client_.open(opts_.rdzv_target, opts_.wait_for_server, opts_.connect_timeout);
     send_join();
+    keep_alive();
     io_.run();
     client_.close();
     return exit_code_;
@@ -134,7 +136,23 @@ class Agent::Impl {
     j->set_token(opts_.token);
     j->set_requested_rank(opts_.requested_rank);
     j->set_max_restarts(opts_.max_restarts);
+    const auto& t = opts_.rdzv_timeouts;
+    j->set_join_timeout_ms(t.join_timeout.count());
+    j->set_last_call_timeout_ms(t.last_call_timeout.count());
+    j->set_keep_alive_interval_ms(t.keep_alive_interval.count());
+    j->set_keep_alive_max_attempt(t.keep_alive_max_attempt);
     client_.send(msg);  // a dead stream reports itself through on_session_closed
+  }
+
+  void keep_alive() {
+    keep_alive_timer_.expires_after(opts_.rdzv_timeouts.keep_alive_interval);
+    keep_alive_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || phase_ == Phase::kExiting) return;
+      v1::AgentMsg msg;
+      msg.mutable_keep_alive();
+      client_.send(msg);
+      keep_alive();
+    });
   }
 
   void on_server_message(const v1::ServerMsg& m) {
@@ -193,8 +211,8 @@ class Agent::Impl {
       spec.group_rank = a.group_rank();
       spec.group_world_size = a.group_world_size();
       spec.role = opts_.role;
-      spec.master_addr = a.master_addr();
-      spec.master_port = a.master_port();
+      spec.master_addr = opts_.master_addr.empty() ? a.master_addr() : opts_.master_addr;
+      spec.master_port = opts_.master_addr.empty() ? a.master_port() : opts_.master_port;
       spec.restart_count = a.restart_count();
       spec.max_restarts = opts_.max_restarts;
       spec.run_id = opts_.run_id;
@@ -408,6 +426,7 @@ class Agent::Impl {
     phase_ = Phase::kExiting;
     grace_timer_.cancel();
     drain_timer_.cancel();
+    keep_alive_timer_.cancel();
     boost::system::error_code ignored;
     signals_.cancel(ignored);
     io_.stop();
@@ -437,6 +456,7 @@ class Agent::Impl {
   asio::signal_set signals_;
   asio::steady_timer grace_timer_;
   asio::steady_timer drain_timer_;
+  asio::steady_timer keep_alive_timer_;
   rendezvous::SessionClient client_;
   Phase phase_ = Phase::kJoining;
   After after_ = After::kNone;

@@ -1,14 +1,20 @@
 #include "muster/launcher/config.h"
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/numbers.h"
@@ -80,6 +86,208 @@ bool is_executable_file(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
 }
 
+absl::Status resolve_rendezvous(LaunchConfig& c);
+
+absl::StatusOr<std::chrono::milliseconds> parse_seconds(absl::string_view key,
+                                                         absl::string_view v) {
+  double secs = 0;
+  if (!absl::SimpleAtod(v, &secs) || !(secs >= 0) || !std::isfinite(secs)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rdzv_conf ", key, ": expected seconds, got '", v, "'"));
+  }
+  return std::chrono::milliseconds(static_cast<long long>(secs * 1000));
+}
+
+constexpr int kDefaultRdzvPort = 29400;
+constexpr int kDefaultMasterPort = 29500;
+
+}  // namespace
+
+std::string Endpoint::to_string() const {
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
+                                              : absl::StrCat(host, ":", port);
+}
+
+absl::StatusOr<Endpoint> parse_endpoint(const std::string& text, int default_port) {
+  auto bad = [&text](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rdzv_endpoint: '", text, "' ", why, " (expected HOST[:PORT])"));
+  };
+  Endpoint e;
+  std::string port;
+  if (!text.empty() && text[0] == '[') {
+    auto close = text.find(']');
+    if (close == std::string::npos) return bad("has no closing bracket");
+    e.host = text.substr(1, close - 1);
+    std::string rest = text.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest[0] != ':') return bad("has text after the bracket");
+      port = rest.substr(1);
+      if (port.empty()) return bad("has an empty port");
+    }
+  } else {
+    auto colon = text.rfind(':');
+    if (colon != std::string::npos && text.find(':') != colon) {
+      return bad("is an IPv6 address without brackets");
+    }
+    e.host = text.substr(0, colon);
+    if (colon != std::string::npos) {
+      port = text.substr(colon + 1);
+      if (port.empty()) return bad("has an empty port");
+    }
+  }
+  if (e.host.empty()) return bad("has no host");
+  e.port = default_port;
+  if (!port.empty() && (!absl::SimpleAtoi(port, &e.port) || e.port < 1 || e.port > 65535)) {
+    return bad("has a bad port");
+  }
+  return e;
+}
+
+absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
+  RdzvConf c;
+  if (text.empty()) return c;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    if (item.empty()) continue;
+    auto eq = item.find('=');
+    if (eq == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rdzv_conf: '", item, "' is not key=value"));
+    }
+    absl::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
+    auto seconds = [&](std::chrono::milliseconds& into) -> absl::Status {
+      auto v = parse_seconds(key, value);
+      if (!v.ok()) return v.status();
+      into = *v;
+      return absl::OkStatus();
+    };
+    absl::Status st;
+    if (key == "join_timeout") {
+      st = seconds(c.timeouts.join_timeout);
+    } else if (key == "last_call_timeout") {
+      st = seconds(c.timeouts.last_call_timeout);
+    } else if (key == "close_timeout") {
+      st = seconds(c.close_timeout);
+    } else if (key == "read_timeout") {
+      st = seconds(c.read_timeout);
+    } else if (key == "keep_alive_interval") {
+      st = seconds(c.timeouts.keep_alive_interval);
+      if (st.ok() && c.timeouts.keep_alive_interval.count() == 0) {
+        st = absl::InvalidArgumentError("--rdzv_conf keep_alive_interval: must be above 0");
+      }
+    } else if (key == "keep_alive_max_attempt") {
+      if (!absl::SimpleAtoi(value, &c.timeouts.keep_alive_max_attempt) ||
+          c.timeouts.keep_alive_max_attempt < 1) {
+        st = absl::InvalidArgumentError(absl::StrCat(
+            "--rdzv_conf keep_alive_max_attempt: expected a positive integer, got '", value, "'"));
+      }
+    } else if (key == "token") {
+      c.token = std::string(value);
+    } else if (key == "is_host") {
+      std::string v = absl::AsciiStrToLower(value);
+      if (v == "1" || v == "true" || v == "yes") c.is_host = true;
+      else if (v == "0" || v == "false" || v == "no") c.is_host = false;
+      else st = absl::InvalidArgumentError(absl::StrCat("--rdzv_conf is_host: expected true or false, got '", value, "'"));
+    } else {
+      st = absl::InvalidArgumentError(absl::StrCat(
+          "--rdzv_conf: unknown key '", key,
+          "' (known: join_timeout, last_call_timeout, close_timeout, keep_alive_interval, "
+          "keep_alive_max_attempt, read_timeout, token, is_host)"));
+    }
+    if (!st.ok()) return st;
+  }
+  return c;
+}
+
+bool is_local_host(const std::string& host) {
+  if (host == "localhost") return true;
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) == 0 && host == name) return true;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  ifaddrs* ifs = nullptr;
+  bool local = false;
+  if (::getifaddrs(&ifs) == 0) {
+    for (addrinfo* a = res; a != nullptr && !local; a = a->ai_next) {
+      for (ifaddrs* i = ifs; i != nullptr && !local; i = i->ifa_next) {
+        if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != a->ai_family) continue;
+        if (a->ai_family == AF_INET) {
+          local = reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr ==
+                  reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
+        } else if (a->ai_family == AF_INET6) {
+          local = std::memcmp(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr,
+                              &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                              sizeof(in6_addr)) == 0;
+        }
+      }
+    }
+    ::freeifaddrs(ifs);
+  }
+  ::freeaddrinfo(res);
+  return local;
+}
+
+namespace {
+
+absl::Status resolve_rendezvous(LaunchConfig& c) {
+  auto conf = parse_rdzv_conf(c.rdzv_conf_text);
+  if (!conf.ok()) return conf.status();
+  c.rdzv_conf = *conf;
+  if (c.rdzv_conf.token.empty()) {
+    if (const char* t = std::getenv("MUSTER_RDZV_TOKEN"); t != nullptr) c.rdzv_conf.token = t;
+  }
+  if (c.master_port < 0 || c.master_port > 65535) {
+    return absl::InvalidArgumentError("--master_port: must be a port number");
+  }
+  if (c.standalone) {
+    c.mode = RdzvMode::kEmbedded;
+    return absl::OkStatus();
+  }
+  if (c.rdzv_backend == "static") {
+    if (c.min_nodes != c.max_nodes) {
+      return absl::InvalidArgumentError(
+          "--rdzv_backend=static needs a fixed --nnodes (MIN:MAX is for c10d)");
+    }
+    if (c.node_rank < 0) c.node_rank = 0;
+    if (c.node_rank >= c.max_nodes) {
+      return absl::InvalidArgumentError(absl::StrCat("--node_rank: ", c.node_rank,
+                                                     " is not below --nnodes=", c.max_nodes));
+    }
+    if (c.master_addr.empty()) c.master_addr = "127.0.0.1";
+    if (c.master_port == 0) c.master_port = kDefaultMasterPort;
+    if (c.max_nodes == 1 && c.rdzv_endpoint.empty()) {
+      c.mode = RdzvMode::kEmbedded;  // nobody else to meet: the server stays private
+      return absl::OkStatus();
+    }
+    c.mode = RdzvMode::kStatic;
+    if (c.rdzv_endpoint.empty()) {
+      // MASTER_PORT belongs to the workers (torch's TCPStore); the server takes the next one.
+      c.endpoint = Endpoint{c.master_addr, c.master_port + 1};
+      if (c.endpoint.port > 65535) return absl::InvalidArgumentError("--master_port: too high");
+      return absl::OkStatus();
+    }
+  } else if (c.rdzv_backend == "c10d") {
+    c.mode = RdzvMode::kC10d;
+    if (c.rdzv_endpoint.empty()) {
+      if (c.max_nodes == 1) {
+        c.mode = RdzvMode::kEmbedded;
+        return absl::OkStatus();
+      }
+      return absl::InvalidArgumentError("--rdzv_backend=c10d needs --rdzv_endpoint=HOST[:PORT]");
+    }
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rdzv_backend: '", c.rdzv_backend, "' is not supported (use c10d or static)"));
+  }
+  auto ep = parse_endpoint(c.rdzv_endpoint, kDefaultRdzvPort);
+  if (!ep.ok()) return ep.status();
+  c.endpoint = *ep;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 ParseResult parse_launch_args(const std::vector<std::string>& args, const HostInfo& host) {
@@ -107,6 +315,17 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   app.add_option("--rdzv_backend,--rdzv-backend", c.rdzv_backend, "Rendezvous backend");
   app.add_option("--rdzv_endpoint,--rdzv-endpoint", c.rdzv_endpoint, "Rendezvous HOST[:PORT]");
   app.add_option("--rdzv_id,--rdzv-id", c.rdzv_id, "Job id shared by every node");
+  app.add_option("--rdzv_conf,--rdzv-conf", c.rdzv_conf_text,
+                 "key=value,... : join_timeout, last_call_timeout, close_timeout, "
+                 "keep_alive_interval, keep_alive_max_attempt, read_timeout (seconds), token, "
+                 "is_host");
+  app.add_option("--node_rank,--node-rank", c.node_rank, "Static rendezvous: this node's rank");
+  app.add_option("--master_addr,--master-addr", c.master_addr,
+                 "Static rendezvous: workers' MASTER_ADDR (default 127.0.0.1)");
+  app.add_option("--master_port,--master-port", c.master_port,
+                 "Static rendezvous: workers' MASTER_PORT (default 29500)");
+  app.add_option("--local_addr,--local-addr", c.local_addr,
+                 "This node's address as other nodes reach it (default: its FQDN)");
   app.add_option("--role", c.role, "Worker role name (ROLE_NAME)");
   app.add_flag("-m,--module", c.module, "Run PROGRAM as a Python module (python3 -u -m)");
   app.add_flag("--no_python,--no-python", c.no_python, "Run PROGRAM directly, not via python");
@@ -163,10 +382,8 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
     result.error = absl::InvalidArgumentError("--standalone runs one node: use --nnodes=1");
     return result;
   }
-  if (!c.standalone && (c.max_nodes > 1 || !c.rdzv_endpoint.empty())) {
-    result.error = absl::UnimplementedError(
-        "multi-node rendezvous (--nnodes > 1 or --rdzv_endpoint) is not available yet; "
-        "use --standalone");
+  if (absl::Status s = resolve_rendezvous(c); !s.ok()) {
+    result.error = s;
     return result;
   }
   result.config = std::move(c);

@@ -1,4 +1,5 @@
-// launch: parse flags, host the rendezvous server when standalone, run the agent.
+// launch: parse flags, host or reach the rendezvous server, run the agent.
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -24,10 +25,21 @@
 namespace {
 
 using muster::launcher::LaunchConfig;
+using muster::launcher::RdzvMode;
 
 int usage_error(const absl::Status& status) {
   std::fprintf(stderr, "launch: error: %s\n", std::string(status.message()).c_str());
   return 2;
+}
+
+int fatal(const absl::Status& status) {
+  std::fprintf(stderr, "launch: error: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+bool is_ip_literal(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
 }
 
 // socket.getfqdn() as torchrun uses it for MASTER_ADDR: the canonical name of this host.
@@ -95,14 +107,44 @@ int main(int argc, char** argv) {
   if (!entry.ok()) return usage_error(entry.status());
 
   boost::asio::io_context io(1);
+  std::unique_ptr<muster::rendezvous::RendezvousServer> server;
+  std::string rdzv_addr;
+  bool hosting = false;
   muster::rendezvous::ServerOptions server_opts;
-  server_opts.listen_address = "127.0.0.1:0";
-  auto server = muster::rendezvous::RendezvousServer::start(io, server_opts);
-  if (!server.ok()) {
-    std::fprintf(stderr, "launch: error: %s\n", std::string(server.status().message()).c_str());
-    return 1;
+  server_opts.token = cfg.rdzv_conf.token;
+  server_opts.timeouts = cfg.rdzv_conf.timeouts;
+  if (cfg.mode == RdzvMode::kEmbedded) {
+    server_opts.listen_address = "127.0.0.1:0";
+    auto started = muster::rendezvous::RendezvousServer::start(io, server_opts);
+    if (!started.ok()) return fatal(started.status());
+    server = std::move(*started);
+    rdzv_addr = absl::StrCat("127.0.0.1:", server->port());
+    hosting = true;
+  } else {
+    // torchrun's is_host rule: static node 0, or the agent on the endpoint's host that binds
+    // its port first. The others connect.
+    bool try_host = cfg.rdzv_conf.is_host.value_or(
+        cfg.mode == RdzvMode::kStatic ? cfg.node_rank == 0
+                                      : muster::launcher::is_local_host(cfg.endpoint.host));
+    rdzv_addr = cfg.endpoint.to_string();
+    if (try_host) {
+      server_opts.listen_address =
+          is_ip_literal(cfg.endpoint.host)
+              ? rdzv_addr
+              : absl::StrCat("0.0.0.0:", cfg.endpoint.port);
+      auto started = muster::rendezvous::RendezvousServer::start(io, server_opts);
+      if (started.ok()) {
+        server = std::move(*started);
+        hosting = true;
+        spdlog::info("hosting the rendezvous server on {}", server_opts.listen_address);
+      } else if (cfg.mode == RdzvMode::kStatic) {
+        return fatal(started.status());  // node 0 must host
+      } else {
+        spdlog::info("{}; another agent hosts it, connecting",
+                     std::string(started.status().message()));
+      }
+    }
   }
-  const std::string rdzv_addr = absl::StrCat("127.0.0.1:", (*server)->port());
 
   // Per-attempt error files live in a private temporary folder, removed at exit.
   const char* tmp = std::getenv("TMPDIR");
@@ -115,9 +157,18 @@ int main(int argc, char** argv) {
 
   muster::agent::AgentOptions opts;
   opts.rdzv_target = rdzv_addr;
+  opts.wait_for_server = !hosting;
+  opts.connect_timeout = cfg.rdzv_conf.read_timeout;
+  opts.token = cfg.rdzv_conf.token;
+  opts.rdzv_timeouts = cfg.rdzv_conf.timeouts;
   opts.store_addr = rdzv_addr;
-  opts.run_id = (cfg.standalone || cfg.rdzv_id == "none") ? random_uuid() : cfg.rdzv_id;
-  opts.host = fq_hostname();
+  opts.run_id = cfg.standalone ? random_uuid() : cfg.rdzv_id;
+  opts.host = cfg.local_addr.empty() ? fq_hostname() : cfg.local_addr;
+  if (!cfg.standalone && cfg.rdzv_backend == "static") {
+    opts.master_addr = cfg.master_addr;
+    opts.master_port = cfg.master_port;
+    opts.requested_rank = cfg.node_rank;
+  }
   opts.node_id = absl::StrCat(opts.host, ":", ::getpid());
   opts.min_nodes = cfg.min_nodes;
   opts.max_nodes = cfg.max_nodes;
@@ -142,7 +193,12 @@ int main(int argc, char** argv) {
     muster::agent::Agent agent(io, std::move(opts));
     code = agent.run();
   }
-  (*server)->shutdown();
+  if (server) {
+    // A hosting agent stays until every member has been told the run's end (their streams
+    // close once they have read it); after a signal or a rendezvous error it leaves at once.
+    server->shutdown(code == 0 || code == 1 ? cfg.rdzv_conf.close_timeout
+                                            : std::chrono::milliseconds(0));
+  }
   std::error_code ec;
   std::filesystem::remove_all(tmpl, ec);
   return code;

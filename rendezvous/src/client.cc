@@ -83,4 +83,22 @@ void SessionClient::close() {
   if (impl_->reader.joinable()) impl_->reader.join();
 }
 
+absl::StatusOr<v1::StatusReply> get_status(const std::string& target, const std::string& run_id,
+                                           const std::string& token,
+                                           std::chrono::milliseconds timeout) {
+  auto stub = v1::Rendezvous::NewStub(
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  v1::StatusRequest req;
+  req.set_run_id(run_id);
+  req.set_token(token);
+  v1::StatusReply reply;
+  grpc::Status st = stub->GetStatus(&ctx, req, &reply);
+  if (!st.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message());
+  }
+  return reply;
+}
+
 }  // namespace muster::rendezvous

@@ -43,7 +43,9 @@ class Core : public std::enable_shared_from_this<Core> {
   void on_message(SessionId id, const v1::AgentMsg& msg);
   void on_closed(SessionId id);
   void apply(std::vector<Outgoing> out);
-  void close_all();
+  std::vector<v1::RunStatus> status(const std::string& run_id) const {
+    return machine_.status(run_id);
+  }
 
  private:
   void arm_timer();
@@ -173,6 +175,23 @@ class Service final : public v1::Rendezvous::CallbackService {
     return new SessionReactor(core_, next_id_.fetch_add(1));
   }
 
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
+                                      const v1::StatusRequest* request,
+                                      v1::StatusReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (!core_->token().empty() && request->token() != core_->token()) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                                   "rendezvous refused the status call: wrong or missing token"));
+      return reactor;
+    }
+    // request and reply stay valid until Finish.
+    boost::asio::post(core_->io(), [core = core_, request, reply, reactor] {
+      for (auto& run : core->status(request->run_id())) *reply->add_runs() = std::move(run);
+      reactor->Finish(grpc::Status::OK);
+    });
+    return reactor;
+  }
+
  private:
   std::shared_ptr<Core> core_;
   std::atomic<SessionId> next_id_{1};
@@ -200,17 +219,6 @@ void Core::apply(std::vector<Outgoing> out) {
     if (o.close) r->finish(to_grpc(o.status));
   }
   arm_timer();
-}
-
-void Core::close_all() {
-  timer_.cancel();
-  for (auto& [id, link] : links_) {
-    std::lock_guard<std::mutex> lock(link->mu);
-    if (link->reactor != nullptr) {
-      link->reactor->finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                         "rendezvous server is shutting down"));
-    }
-  }
 }
 
 void Core::arm_timer() {
@@ -248,6 +256,8 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
   builder.RegisterService(impl->service.get());
   builder.SetMaxReceiveMessageSize(max_bytes);
+  // Exactly one server per port: a second agent on this host must fail to bind and connect.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Notice silent peers: ping idle connections (a dead agent's socket usually closes at once).
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);

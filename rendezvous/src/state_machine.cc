@@ -72,6 +72,7 @@ std::vector<Outgoing> StateMachine::on_message(SessionId session, const v1::Agen
                                           "protocol error: message before join")));
     return out;
   }
+  if (auto seen = run->last_seen.find(session); seen != run->last_seen.end()) seen->second = now;
   if (msg.has_failure()) {
     on_failure(*run, session, msg.failure(), now, out);
   } else if (msg.has_success()) {
@@ -95,6 +96,18 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
     run.min_nodes = join.min_nodes();
     run.max_nodes = join.max_nodes();
     run.max_restarts = join.max_restarts();
+    run.timeouts = timeouts_;
+    using ms = std::chrono::milliseconds;
+    if (join.join_timeout_ms() > 0) run.timeouts.join_timeout = ms(join.join_timeout_ms());
+    if (join.last_call_timeout_ms() > 0) {
+      run.timeouts.last_call_timeout = ms(join.last_call_timeout_ms());
+    }
+    if (join.keep_alive_interval_ms() > 0) {
+      run.timeouts.keep_alive_interval = ms(join.keep_alive_interval_ms());
+    }
+    if (join.keep_alive_max_attempt() > 0) {
+      run.timeouts.keep_alive_max_attempt = join.keep_alive_max_attempt();
+    }
   }
   if (run.phase == Phase::kFinished) {
     out.push_back(close_with(session, absl::FailedPreconditionError(absl::StrCat(
@@ -118,6 +131,8 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
                     run.waiting.end());
   run.waiting.push_back(Node{session, join});
   session_run_[session] = run.id;
+  run.last_seen[session] = now;
+  if (!run.keep_alive_check) run.keep_alive_check = now + run.timeouts.keep_alive_interval;
 
   if (run.phase == Phase::kRunning) {
     // A newcomer while a round runs: scale up if there is room, else it waits as a spare.
@@ -127,7 +142,7 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
     }
     return out;
   }
-  if (!run.join_deadline) run.join_deadline = now + timeouts_.join_timeout;
+  if (!run.join_deadline) run.join_deadline = now + run.timeouts.join_timeout;
   maybe_close_round(run, now, out);
   return out;
 }
@@ -139,7 +154,18 @@ void StateMachine::maybe_close_round(Run& run, TimePoint now, std::vector<Outgoi
     return;
   }
   if (n >= run.min_nodes) {
-    if (!run.last_call_deadline) run.last_call_deadline = now + timeouts_.last_call_timeout;
+    // After a restart, the round closes as soon as every surviving node is back.
+    if (!run.expected.empty() &&
+        std::all_of(run.expected.begin(), run.expected.end(), [&run](const std::string& id) {
+          return std::any_of(run.waiting.begin(), run.waiting.end(),
+                             [&id](const Node& w) { return w.join.node_id() == id; });
+        })) {
+      close_round(run, now, out);
+      return;
+    }
+    if (!run.last_call_deadline) {
+      run.last_call_deadline = now + run.timeouts.last_call_timeout;
+    }
     if (now >= *run.last_call_deadline) close_round(run, now, out);
   } else {
     run.last_call_deadline.reset();
@@ -184,6 +210,7 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
   run.succeeded.clear();
   run.last_rank.clear();
   run.phase = Phase::kRunning;
+  run.expected.clear();
   run.join_deadline.reset();
   run.last_call_deadline.reset();
 
@@ -215,7 +242,9 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
 void StateMachine::restart(Run& run, const std::string& reason, bool counts, TimePoint now,
                            std::vector<Outgoing>& out) {
   if (counts) ++run.restart_count;
+  run.expected.clear();
   for (const Node& n : run.members) {
+    run.expected.insert(n.join.node_id());
     v1::ServerMsg msg;
     msg.mutable_restart()->set_reason(reason);
     msg.mutable_restart()->set_restart_count(run.restart_count);
@@ -224,7 +253,7 @@ void StateMachine::restart(Run& run, const std::string& reason, bool counts, Tim
   run.members.clear();
   run.succeeded.clear();
   run.phase = Phase::kJoining;
-  run.join_deadline = now + timeouts_.join_timeout;
+  run.join_deadline = now + run.timeouts.join_timeout;
   run.last_call_deadline.reset();
   maybe_close_round(run, now, out);  // spares may already make a round
 }
@@ -241,10 +270,13 @@ void StateMachine::finish(Run& run, const v1::ServerMsg& last, TimePoint now,
   run.members.clear();
   run.waiting.clear();
   run.succeeded.clear();
+  run.expected.clear();
+  run.last_seen.clear();
   run.phase = Phase::kFinished;
   run.join_deadline.reset();
   run.last_call_deadline.reset();
-  run.expires_at = now + timeouts_.finished_run_grace;
+  run.keep_alive_check.reset();
+  run.expires_at = now + run.timeouts.finished_run_grace;
 }
 
 void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailure& f,
@@ -290,22 +322,76 @@ void StateMachine::on_success(Run& run, SessionId session, const v1::ReportSucce
 std::vector<Outgoing> StateMachine::on_stream_closed(SessionId session, TimePoint now) {
   std::vector<Outgoing> out;
   Run* run = run_of(session);
-  session_run_.erase(session);
-  if (run == nullptr) return out;
-  auto same = [session](const Node& n) { return n.session == session; };
-  run->waiting.erase(std::remove_if(run->waiting.begin(), run->waiting.end(), same),
-                     run->waiting.end());
-  auto member = std::find_if(run->members.begin(), run->members.end(), same);
-  if (run->phase == Phase::kRunning && member != run->members.end()) {
-    std::string node = member->join.node_id();
-    run->members.erase(member);
-    restart(*run, absl::StrCat("node ", node, " left the run"), false, now, out);
-  } else if (run->phase == Phase::kJoining) {
-    maybe_close_round(*run, now, out);
+  if (run == nullptr) {
+    session_run_.erase(session);
+    return out;
   }
+  drop_session(*run, session, now, out);
   if (run->phase == Phase::kJoining && run->waiting.empty() && run->members.empty() &&
       run->round == 0) {
     runs_.erase(run->id);  // nobody ever formed a round: forget the run
+  }
+  return out;
+}
+
+void StateMachine::drop_session(Run& run, SessionId session, TimePoint now,
+                                std::vector<Outgoing>& out) {
+  session_run_.erase(session);
+  run.last_seen.erase(session);
+  auto same = [session](const Node& n) { return n.session == session; };
+  auto w = std::find_if(run.waiting.begin(), run.waiting.end(), same);
+  if (w != run.waiting.end()) {
+    run.expected.erase(w->join.node_id());
+    run.waiting.erase(w);
+  }
+  auto member = std::find_if(run.members.begin(), run.members.end(), same);
+  if (run.phase == Phase::kRunning && member != run.members.end()) {
+    std::string node = member->join.node_id();
+    run.members.erase(member);
+    restart(run, absl::StrCat("node ", node, " left the run"), false, now, out);
+  } else if (run.phase == Phase::kJoining) {
+    maybe_close_round(run, now, out);
+  }
+}
+
+void StateMachine::check_keep_alive(Run& run, TimePoint now, std::vector<Outgoing>& out) {
+  const auto limit = run.timeouts.keep_alive_interval * run.timeouts.keep_alive_max_attempt;
+  std::vector<SessionId> silent;
+  for (const auto& [session, seen] : run.last_seen) {
+    if (now - seen >= limit) silent.push_back(session);
+  }
+  for (SessionId s : silent) {
+    out.push_back(close_with(s, absl::UnavailableError(absl::StrCat(
+                                    "no keep-alive from this node for ",
+                                    std::chrono::duration_cast<std::chrono::milliseconds>(limit).count(),
+                                    " ms: it was dropped from run '", run.id, "'"))));
+    drop_session(run, s, now, out);
+  }
+  run.keep_alive_check = now + run.timeouts.keep_alive_interval;
+}
+
+std::vector<v1::RunStatus> StateMachine::status(const std::string& run_id) const {
+  std::vector<v1::RunStatus> out;
+  for (const auto& [id, run] : runs_) {
+    if (!run_id.empty() && id != run_id) continue;
+    v1::RunStatus s;
+    s.set_run_id(id);
+    s.set_phase(run.phase == Phase::kJoining   ? "joining"
+                : run.phase == Phase::kRunning ? "running"
+                                               : "finished");
+    s.set_round(run.round);
+    s.set_restart_count(run.restart_count);
+    s.set_max_restarts(run.max_restarts);
+    s.set_min_nodes(run.min_nodes);
+    s.set_max_nodes(run.max_nodes);
+    int world = 0;
+    for (const Node& n : run.members) {
+      s.add_members(n.join.node_id());
+      world += n.join.local_world_size();
+    }
+    s.set_world_size(world);
+    s.set_waiting(static_cast<int>(run.waiting.size()));
+    out.push_back(std::move(s));
   }
   return out;
 }
@@ -319,7 +405,11 @@ std::vector<Outgoing> StateMachine::on_tick(TimePoint now) {
         it = runs_.erase(it);
         continue;
       }
-    } else if (run.phase == Phase::kJoining) {
+    }
+    if (run.phase != Phase::kFinished && run.keep_alive_check && now >= *run.keep_alive_check) {
+      check_keep_alive(run, now, out);
+    }
+    if (run.phase == Phase::kJoining) {
       if (run.last_call_deadline && now >= *run.last_call_deadline) {
         maybe_close_round(run, now, out);
       } else if (run.join_deadline && now >= *run.join_deadline &&
@@ -349,6 +439,7 @@ std::optional<TimePoint> StateMachine::next_deadline() const {
     consider(run.join_deadline);
     consider(run.last_call_deadline);
     consider(run.expires_at);
+    consider(run.keep_alive_check);
   }
   return best;
 }

@@ -19,7 +19,13 @@ struct Harness {
   TimePoint now{};  // the fake clock
   std::vector<Outgoing> last;
 
-  explicit Harness(muster::rendezvous::RendezvousTimeouts t = {}) : sm(t) {}
+  // Keep-alive has its own tests; elsewhere it is out of the way.
+  static muster::rendezvous::RendezvousTimeouts quiet() {
+    muster::rendezvous::RendezvousTimeouts t;
+    t.keep_alive_interval = std::chrono::hours(1);
+    return t;
+  }
+  explicit Harness(muster::rendezvous::RendezvousTimeouts t = quiet()) : sm(t) {}
 
   static v1::AgentMsg join_msg(const std::string& node, int min, int max, int max_restarts = 0,
                                int nproc = 2, int requested = -1) {
@@ -57,6 +63,11 @@ struct Harness {
     return last = sm.on_tick(now);
   }
   std::vector<Outgoing>& closed(SessionId s) { return last = sm.on_stream_closed(s, now); }
+  std::vector<Outgoing>& keep_alive(SessionId s) {
+    v1::AgentMsg m;
+    m.mutable_keep_alive();
+    return last = sm.on_message(s, m, now);
+  }
 
   // The messages of one kind sent to `s` in the last step.
   std::vector<v1::ServerMsg> to(SessionId s, v1::ServerMsg::MsgCase kind) const {
@@ -152,7 +163,7 @@ TEST_CASE("rendezvous: a round closes when max nodes have joined", "[rdzv]") {
 }
 
 TEST_CASE("rendezvous: last call closes a round above min", "[rdzv]") {
-  muster::rendezvous::RendezvousTimeouts t;
+  auto t = Harness::quiet();
   t.last_call_timeout = 5s;
   Harness h(t);
   h.join(1, "a", 2, 4);
@@ -168,7 +179,7 @@ TEST_CASE("rendezvous: last call closes a round above min", "[rdzv]") {
 }
 
 TEST_CASE("rendezvous: join timeout below min is a clear error", "[rdzv]") {
-  muster::rendezvous::RendezvousTimeouts t;
+  auto t = Harness::quiet();
   t.join_timeout = 10s;
   Harness h(t);
   h.join(1, "a", 2, 2);
@@ -188,9 +199,8 @@ TEST_CASE("rendezvous: a lost node restarts the others without using the budget"
   auto r = h.to(2, kRestart);
   REQUIRE(r.size() == 1);
   CHECK(r[0].restart().restart_count() == 0);
-  muster::rendezvous::RendezvousTimeouts t;
+  // The survivor is all that is expected back: the round closes at once, no last call.
   h.join(2, "b", 1, 2, 0);
-  h.advance(t.last_call_timeout);
   auto a = h.assignment(2);
   CHECK(a.group_world_size() == 1);
   CHECK(a.group_rank() == 0);
@@ -222,8 +232,7 @@ TEST_CASE("rendezvous: a requested node rank is honoured", "[rdzv]") {
 TEST_CASE("rendezvous: a newcomer scales a running round up; beyond max it waits", "[rdzv]") {
   Harness h;
   h.join(1, "a", 1, 2);
-  muster::rendezvous::RendezvousTimeouts t;
-  h.advance(t.last_call_timeout);
+  h.advance(Harness::quiet().last_call_timeout);
   CHECK(h.assignment(1).group_world_size() == 1);
   h.join(2, "b", 1, 2);
   CHECK(h.to(1, kRestart).size() == 1);
@@ -251,9 +260,72 @@ TEST_CASE("rendezvous: a join to a finished run is refused", "[rdzv]") {
   h.succeed(1, 1);
   h.join(2, "b", 1, 1);
   CHECK(h.closed_with(2, absl::StatusCode::kFailedPrecondition));
-  muster::rendezvous::RendezvousTimeouts t;
-  h.advance(t.finished_run_grace);
+  h.advance(Harness::quiet().finished_run_grace);
   CHECK(h.sm.num_runs() == 0);
+}
+
+TEST_CASE("rendezvous: after a restart the round closes once every survivor is back", "[rdzv]") {
+  Harness h;
+  h.join(1, "a", 2, 4, 1);
+  h.join(2, "b", 2, 4, 1);
+  h.join(3, "c", 2, 4, 1);
+  h.advance(Harness::quiet().last_call_timeout);
+  REQUIRE(h.assignment(3).group_world_size() == 3);
+  h.fail(3, 1);
+  h.join(1, "a", 2, 4, 1);
+  h.join(2, "b", 2, 4, 1);
+  CHECK(h.last.empty());  // c is not back yet
+  h.join(3, "c", 2, 4, 1);
+  CHECK(h.assignment(1).group_world_size() == 3);
+  CHECK(h.assignment(1).restart_count() == 1);
+}
+
+TEST_CASE("rendezvous: the first join sets the run's timing", "[rdzv]") {
+  Harness h;
+  auto m = Harness::join_msg("a", 1, 2);
+  m.mutable_join()->set_last_call_timeout_ms(1000);
+  h.last = h.sm.on_message(1, m, h.now);
+  CHECK(h.last.empty());
+  h.advance(999ms);
+  CHECK(h.last.empty());
+  h.advance(1ms);
+  CHECK(h.assignment(1).group_world_size() == 1);
+}
+
+TEST_CASE("rendezvous: a node silent past its keep-alives is dropped", "[rdzv]") {
+  auto t = Harness::quiet();
+  t.keep_alive_interval = 5s;
+  t.keep_alive_max_attempt = 3;
+  Harness h(t);
+  h.join(1, "a", 1, 2);
+  h.join(2, "b", 1, 2);
+  REQUIRE(h.assignment(1).group_world_size() == 2);
+  for (int i = 0; i < 2; ++i) {
+    h.advance(5s);
+    CHECK(h.last.empty());
+    h.keep_alive(1);  // a keeps talking, b is silent
+  }
+  h.advance(5s);  // b has now been silent for 3 intervals
+  CHECK(h.closed_with(2, absl::StatusCode::kUnavailable));
+  CHECK(h.to(1, kRestart).size() == 1);
+  CHECK_FALSE(h.closed_with(1, absl::StatusCode::kUnavailable));
+  auto st = h.sm.status("run");
+  REQUIRE(st.size() == 1);
+  CHECK(st[0].phase() == "joining");
+}
+
+TEST_CASE("rendezvous: status reports each run", "[rdzv]") {
+  Harness h;
+  h.join(1, "a", 1, 1, 2, 3);
+  auto st = h.sm.status("");
+  REQUIRE(st.size() == 1);
+  CHECK(st[0].run_id() == "run");
+  CHECK(st[0].phase() == "running");
+  CHECK(st[0].round() == 1);
+  CHECK(st[0].world_size() == 3);
+  CHECK(st[0].max_restarts() == 2);
+  CHECK(st[0].members().size() == 1);
+  CHECK(h.sm.status("other").empty());
 }
 
 TEST_CASE("rendezvous: random event sequences keep the invariants", "[rdzv]") {

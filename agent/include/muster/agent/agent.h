@@ -15,6 +15,8 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "muster/rendezvous/state_machine.h"
+
 namespace muster::agent {
 
 struct AgentOptions {
@@ -31,6 +33,13 @@ struct AgentOptions {
   int requested_rank = -1;
   int max_restarts = 0;
   std::string store_addr;  // MUSTER_STORE_ADDR as workers should reach it
+  // The run's timing rules, sent with every Join (the first node's hold for the run); the
+  // agent sends a keep-alive every keep_alive_interval.
+  rendezvous::RendezvousTimeouts rdzv_timeouts;
+  // Static rendezvous: the workers' MASTER_ADDR/MASTER_PORT are fixed by flags. When empty,
+  // they come from the round (a free port on the group-rank-0 node).
+  std::string master_addr;
+  int master_port = 0;
 
   // Workers
   int nproc_per_node = 1;

@@ -10,8 +10,34 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "muster/rendezvous/state_machine.h"
 
 namespace muster::launcher {
+
+// HOST:PORT, [V6]:PORT, HOST or [V6] (the port then defaults).
+struct Endpoint {
+  std::string host;  // without brackets
+  int port = 0;
+  std::string to_string() const;  // brackets back around an IPv6 host
+};
+absl::StatusOr<Endpoint> parse_endpoint(const std::string& text, int default_port);
+
+// --rdzv_conf key=value,...: torchrun's keys, in seconds.
+struct RdzvConf {
+  muster::rendezvous::RendezvousTimeouts timeouts;  // join, last_call, keep_alive_*
+  std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};
+  std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
+  std::string token;              // or $MUSTER_RDZV_TOKEN
+  std::optional<bool> is_host;    // override the hosting rule
+};
+absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text);
+
+// How this launch takes part in the rendezvous.
+enum class RdzvMode {
+  kEmbedded,  // one node: the server runs in-process on 127.0.0.1, port 0
+  kStatic,    // fixed membership; node 0 hosts the server
+  kC10d,      // elastic; the agent whose host is the endpoint hosts it (or rdzvd does)
+};
 
 // Every flag's default lives here.
 struct LaunchConfig {
@@ -26,6 +52,14 @@ struct LaunchConfig {
   std::string rdzv_backend = "static";
   std::string rdzv_endpoint;
   std::string rdzv_id = "none";
+  std::string rdzv_conf_text;
+  RdzvConf rdzv_conf;
+  RdzvMode mode = RdzvMode::kEmbedded;
+  Endpoint endpoint;              // kStatic / kC10d: where the rendezvous server is
+  int node_rank = -1;             // static: this node's group rank
+  std::string master_addr;        // static: workers' MASTER_ADDR (default 127.0.0.1)
+  int master_port = 0;            // static: workers' MASTER_PORT (default 29500)
+  std::string local_addr;         // this node's address as others reach it (default: fqdn)
   std::string role = "default";
   bool module = false;     // -m: run the program as `python3 -u -m <module>`
   bool no_python = false;  // run the program directly, never through python
@@ -65,6 +99,10 @@ absl::StatusOr<Entrypoint> resolve_entrypoint(const LaunchConfig& config,
 
 // Looks `name` up as execvp would (a name with a slash is taken as a path).
 absl::StatusOr<std::string> find_executable(const std::string& name, const std::string& path_var);
+
+// Whether `host` names this machine: localhost, its hostname, or an address of one of its
+// interfaces.
+bool is_local_host(const std::string& host);
 
 // Number of CUDA devices visible to this process (0 without a driver or a GPU).
 int detect_gpu_count();

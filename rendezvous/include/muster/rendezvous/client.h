@@ -11,6 +11,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "muster/v1/rendezvous.pb.h"
 
 namespace muster::rendezvous {
@@ -44,5 +45,11 @@ class SessionClient {
  private:
   std::shared_ptr<Impl> impl_;
 };
+
+// One GetStatus call (blocking, bounded by `timeout`): what the server at `target` holds
+// for `run_id`, or for every run when it is empty.
+absl::StatusOr<v1::StatusReply> get_status(const std::string& target, const std::string& run_id,
+                                           const std::string& token,
+                                           std::chrono::milliseconds timeout);
 
 }  // namespace muster::rendezvous

@@ -32,6 +32,10 @@ struct RendezvousTimeouts {
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
   // A finished run's id is remembered this long, so a late join gets a clear error.
   std::chrono::milliseconds finished_run_grace{std::chrono::seconds(60)};
+  // A node that sends nothing for keep_alive_interval * keep_alive_max_attempt is lost.
+  // (A node whose process dies is lost at once: its stream ends.)
+  std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
+  int keep_alive_max_attempt = 3;
 };
 
 // Bounds on what one Join may carry (the server also caps the message size).
@@ -69,6 +73,9 @@ class StateMachine {
   // Runs that have not finished.
   std::size_t num_active_runs() const;
 
+  // What is held for `run_id`, or for every run when it is empty.
+  std::vector<v1::RunStatus> status(const std::string& run_id) const;
+
  private:
   struct Node {
     SessionId session = 0;
@@ -77,6 +84,7 @@ class StateMachine {
   enum class Phase { kJoining, kRunning, kFinished };
   struct Run {
     std::string id;
+    RendezvousTimeouts timeouts;  // the server's defaults, overridden by the first Join
     int min_nodes = 1;
     int max_nodes = 1;
     int max_restarts = 0;
@@ -87,6 +95,11 @@ class StateMachine {
     std::vector<Node> members;  // the running round, by group rank
     std::set<SessionId> succeeded;
     std::map<std::string, int> last_rank;  // node_id -> group rank in the previous round
+    // After a restart: the previous round's nodes still connected. Once all of them have
+    // rejoined (and min is met) the round closes without waiting for the last call.
+    std::set<std::string> expected;
+    std::map<SessionId, TimePoint> last_seen;  // every connected node of the run
+    std::optional<TimePoint> keep_alive_check;
     std::optional<TimePoint> join_deadline;
     std::optional<TimePoint> last_call_deadline;
     std::optional<TimePoint> expires_at;  // when a finished run's state is dropped
@@ -103,6 +116,8 @@ class StateMachine {
                std::vector<Outgoing>& out);
   void finish(Run& run, const v1::ServerMsg& last, TimePoint now, std::vector<Outgoing>& out);
   Run* run_of(SessionId session);
+  void drop_session(Run& run, SessionId session, TimePoint now, std::vector<Outgoing>& out);
+  void check_keep_alive(Run& run, TimePoint now, std::vector<Outgoing>& out);
 
   RendezvousTimeouts timeouts_;
   std::map<std::string, Run> runs_;
