@@ -89,6 +89,7 @@ void setup_logging() {
 int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   setup_logging();
+  muster::rendezvous::route_grpc_logs_to_spdlog();
 
   muster::launcher::HostInfo host;
   host.cpu_count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -12,13 +12,16 @@
 int main(int argc, char** argv) {
   std::string listen = "0.0.0.0:29400";
   std::string token;
-  double join_timeout = 600, last_call = 30;
+  double join_timeout = 600, last_call = 30, grace = 60;
   CLI::App app{"rdzvd: muster's rendezvous server for many runs", "rdzvd"};
   app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)");
   app.add_option("--token", token, "Shared secret every join must carry (or $MUSTER_RDZV_TOKEN)")
       ->envname("MUSTER_RDZV_TOKEN");
   app.add_option("--join_timeout,--join-timeout", join_timeout, "Seconds")->check(CLI::PositiveNumber);
   app.add_option("--last_call_timeout,--last-call-timeout", last_call, "Seconds")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--finished_run_grace,--finished-run-grace", grace,
+                 "Seconds a finished run's id is kept (a late join then gets a clear error)")
       ->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
@@ -29,12 +32,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   ::signal(SIGPIPE, SIG_IGN);
+  muster::rendezvous::route_grpc_logs_to_spdlog();
   boost::asio::io_context io(1);
   muster::rendezvous::ServerOptions opts;
   opts.listen_address = listen;
   opts.token = token;
   opts.timeouts.join_timeout = std::chrono::milliseconds(static_cast<long long>(join_timeout * 1000));
   opts.timeouts.last_call_timeout = std::chrono::milliseconds(static_cast<long long>(last_call * 1000));
+  opts.timeouts.finished_run_grace = std::chrono::milliseconds(static_cast<long long>(grace * 1000));
   auto server = muster::rendezvous::RendezvousServer::start(io, opts);
   if (!server.ok()) {
     std::fprintf(stderr, "rdzvd: error: %s\n", std::string(server.status().message()).c_str());

@@ -6,7 +6,9 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
@@ -283,6 +285,12 @@ void RendezvousServer::shutdown(std::chrono::milliseconds grace) {
   impl_->stopped = true;
   impl_->server->Shutdown(std::chrono::system_clock::now() + grace);
   impl_->server->Wait();
+}
+
+void route_grpc_logs_to_spdlog() {
+  gpr_set_log_function([](gpr_log_func_args* args) {
+    spdlog::debug("grpc: {}", args->message);
+  });
 }
 
 }  // namespace muster::rendezvous

@@ -4,56 +4,17 @@
 
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <set>
 #include <sstream>
 
 #include <catch2/catch.hpp>
 
-#include "proc.h"
+#include "helpers.h"
 
 using namespace muster::testing;
 using Env = std::map<std::string, std::optional<std::string>>;
 
 namespace {
-
-const std::string kLaunch = LAUNCH_BIN;
-const std::string kWorker = TEST_WORKER_BIN;
-
-std::vector<std::string> launch_args(std::vector<std::string> flags,
-                                     const std::vector<std::string>& worker_args) {
-  std::vector<std::string> argv{kLaunch};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  argv.push_back(kWorker);
-  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
-  return argv;
-}
-
-std::map<std::string, std::string> read_env_file(const std::string& path) {
-  std::map<std::string, std::string> env;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    auto eq = line.find('=');
-    if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return env;
-}
-
-// The pids printed by workers as "ready <pid>" (behind the launcher's prefix).
-std::vector<pid_t> ready_pids(const std::string& out) {
-  std::vector<pid_t> pids;
-  std::regex re(R"(\]:ready (\d+))");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
-    pids.push_back(static_cast<pid_t>(std::stoi((*it)[1])));
-  }
-  return pids;
-}
-
-auto has_ready(int n) {
-  return [n](const std::string& out, const std::string&) {
-    return count_lines_with(out, "]:ready ") >= n;
-  };
-}
 
 bool alive(pid_t pid) {
   // A zombie that init has yet to reap counts as dead.

@@ -37,7 +37,9 @@ void on_term(int) { got_term = 1; }
 }
 
 void ready() {
-  std::printf("ready %d\n", static_cast<int>(::getpid()));
+  std::printf("ready %d world %s round %s restart %s\n", static_cast<int>(::getpid()),
+              env("WORLD_SIZE").c_str(), env("MUSTER_ROUND").c_str(),
+              env("TORCHELASTIC_RESTART_COUNT").c_str());
   std::fflush(stdout);
 }
 

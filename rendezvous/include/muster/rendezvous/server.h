@@ -47,4 +47,8 @@ class RendezvousServer {
   std::unique_ptr<Impl> impl_;
 };
 
+// Routes gRPC's own log lines (e.g. a failed bind, which the hosting rule expects) to
+// spdlog at debug level instead of stderr. Call once at the start of main().
+void route_grpc_logs_to_spdlog();
+
 }  // namespace muster::rendezvous

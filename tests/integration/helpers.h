@@ -1,0 +1,79 @@
+// Shared by the integration tests: the binaries under test and what workers print.
+#pragma once
+
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "proc.h"
+
+namespace muster::testing {
+
+inline const std::string kLaunch = LAUNCH_BIN;
+inline const std::string kWorker = TEST_WORKER_BIN;
+inline const std::string kRdzvd = RDZVD_BIN;
+
+inline std::vector<std::string> launch_args(const std::vector<std::string>& flags,
+                                            const std::vector<std::string>& worker_args) {
+  std::vector<std::string> argv{kLaunch};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back(kWorker);
+  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  return argv;
+}
+
+inline std::map<std::string, std::string> read_env_file(const std::string& path) {
+  std::map<std::string, std::string> env;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    auto eq = line.find('=');
+    if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return env;
+}
+
+// The pids printed by workers as "ready <pid>" (behind the launcher's prefix).
+inline std::vector<pid_t> ready_pids(const std::string& out) {
+  std::vector<pid_t> pids;
+  static const std::regex re(R"(\]:ready (\d+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it) {
+    pids.push_back(static_cast<pid_t>(std::stoi((*it)[1])));
+  }
+  return pids;
+}
+
+// Waits for `n` workers to have printed "ready ... <what>", e.g. "world 4 round 2".
+inline auto has_ready(int n, const std::string& what = "") {
+  return [n, what](const std::string& out, const std::string&) {
+    static const std::regex re(R"(\]:ready \d+ (.*))");
+    int count = 0;
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+         ++it) {
+      if ((*it)[1].str().find(what) != std::string::npos) ++count;
+    }
+    return count >= n;
+  };
+}
+
+// A TCP port free on 127.0.0.1 right now, for tests whose agents must all be told one
+// endpoint in advance (port 0 cannot be shared). The kernel hands out another next time.
+inline int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace muster::testing
