@@ -6,21 +6,20 @@
 // assignments prints "first_join_ns <t> last_assignment_ns <t>" (CLOCK_MONOTONIC, so the
 // runner can compare with its own clock). It then waits for stdin to close. An agent that
 // is told to Restart joins again at once, as a real agent would after stopping its workers.
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <cstdio>
+#include <deque>
 #include <iostream>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <grpcpp/grpcpp.h>
 
 #include "muster/v1/rendezvous.grpc.pb.h"
 
@@ -38,8 +37,8 @@ struct Shared {
   std::mutex mu;
   std::condition_variable cv;
   int rounds_wanted = 1;
-  int agents_done = 0;      // agents holding rounds_wanted assignments; guarded by mu
-  int agents_failed = 0;    // guarded by mu
+  int agents_done = 0;                  // agents holding rounds_wanted assignments; guarded by mu
+  int agents_failed = 0;                // guarded by mu
   std::int64_t last_assignment_ns = 0;  // guarded by mu
   std::string first_error;              // guarded by mu
 };
@@ -81,8 +80,10 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMsg, v1::ServerMsg> {
     {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.erase(queue_.begin());
-      if (ok && !queue_.empty()) next = &queue_.front();
-      else writing_ = false;
+      if (ok && !queue_.empty())
+        next = &queue_.front();
+      else
+        writing_ = false;
     }
     if (next != nullptr) StartWrite(next);
   }
@@ -135,7 +136,8 @@ int main(int argc, char** argv) {
   app.add_option("--min_nodes", min_nodes, "default: the run's total, --max_nodes");
   app.add_option("--max_nodes", max_nodes, "default: --agents");
   app.add_option("--nproc", nproc)->check(CLI::PositiveNumber);
-  app.add_option("--rounds", rounds, "assignments each agent waits for")->check(CLI::PositiveNumber);
+  app.add_option("--rounds", rounds, "assignments each agent waits for")
+      ->check(CLI::PositiveNumber);
   app.add_option("--timeout", timeout_s, "seconds");
   CLI11_PARSE(app, argc, argv);
   if (max_nodes == 0) max_nodes = agents;
@@ -149,7 +151,8 @@ int main(int argc, char** argv) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // one connection per channel
     chans.push_back(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
-    if (!chans.back()->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30))) {
+    if (!chans.back()->WaitForConnected(std::chrono::system_clock::now() +
+                                        std::chrono::seconds(30))) {
       std::fprintf(stderr, "rdzv_sim: cannot connect to %s\n", target.c_str());
       return 1;
     }
@@ -182,8 +185,8 @@ int main(int argc, char** argv) {
       return shared.agents_done == agents || shared.agents_failed > 0;
     });
     if (!ok || shared.agents_failed > 0) {
-      std::fprintf(stderr, "rdzv_sim: %d of %d agents assigned; %s\n", shared.agents_done,
-                   agents, shared.first_error.c_str());
+      std::fprintf(stderr, "rdzv_sim: %d of %d agents assigned; %s\n", shared.agents_done, agents,
+                   shared.first_error.c_str());
       std::printf("failed\n");
       std::fflush(stdout);
       _exit(1);

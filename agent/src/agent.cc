@@ -3,19 +3,18 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
-#include <cerrno>
-#include <filesystem>
-#include <optional>
-
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <spdlog/spdlog.h>
+#include <cerrno>
+#include <filesystem>
+#include <optional>
 
 #include "muster/agent/failure.h"
 #include "muster/agent/line_splitter.h"
@@ -175,9 +174,9 @@ class Agent::Impl {
 
   void on_session_closed(const absl::Status& status) {
     if (phase_ == Phase::kExiting || after_ == After::kExit || after_ == After::kFail) return;
-    spdlog::error("rendezvous: {}",
-                  status.ok() ? std::string("the server ended the session unexpectedly")
-                              : std::string(status.message()));
+    spdlog::error("rendezvous: {}", status.ok()
+                                        ? std::string("the server ended the session unexpectedly")
+                                        : std::string(status.message()));
     exit_code_ = 1;
     after_ = After::kExit;
     stop_group(SIGTERM);
@@ -223,7 +222,8 @@ class Agent::Impl {
                        to_envp(build_worker_env(opts_.base_env, spec))};
       absl::StatusOr<ChildProcess> child = spawn_worker(req);
       if (!child.ok()) {
-        spdlog::error("cannot start worker local rank {}: {}", lr, std::string(child.status().message()));
+        spdlog::error("cannot start worker local rank {}: {}", lr,
+                      std::string(child.status().message()));
         workers_.push_back(std::move(w));
         v1::WorkerFailure f = describe(*workers_.back());
         f.set_exit_code(127);
@@ -249,22 +249,22 @@ class Agent::Impl {
   }
 
   void read_pipe(Worker* w, Pipe* p) {
-    p->sd.async_read_some(asio::buffer(p->buf), [this, w, p](const boost::system::error_code& ec,
-                                                              std::size_t n) {
-      if (ec == asio::error::operation_aborted && phase_ == Phase::kExiting) return;
-      p->out.clear();
-      if (!ec) {
-        p->splitter.feed(std::string_view(p->buf.data(), n), p->out);
-        write_all(p->sink, p->out);
-        read_pipe(w, p);
-        return;
-      }
-      p->splitter.finish(p->out);  // EOF or forced close: flush the partial line
-      write_all(p->sink, p->out);
-      boost::system::error_code ignored;
-      p->sd.close(ignored);
-      advance();
-    });
+    p->sd.async_read_some(
+        asio::buffer(p->buf), [this, w, p](const boost::system::error_code& ec, std::size_t n) {
+          if (ec == asio::error::operation_aborted && phase_ == Phase::kExiting) return;
+          p->out.clear();
+          if (!ec) {
+            p->splitter.feed(std::string_view(p->buf.data(), n), p->out);
+            write_all(p->sink, p->out);
+            read_pipe(w, p);
+            return;
+          }
+          p->splitter.finish(p->out);  // EOF or forced close: flush the partial line
+          write_all(p->sink, p->out);
+          boost::system::error_code ignored;
+          p->sd.close(ignored);
+          advance();
+        });
   }
 
   void watch_exit(Worker* w) {
@@ -304,10 +304,9 @@ class Agent::Impl {
         f.set_exit_code(WEXITSTATUS(status));
       }
       read_error_file(w.error_file, f);
-      spdlog::warn("worker rank {} (local rank {}, pid {}) failed: {}", f.rank(), f.local_rank(),
-                   f.pid(),
-                   f.signal() > 0 ? signal_name(f.signal())
-                                  : "exit code " + std::to_string(f.exit_code()));
+      spdlog::warn(
+          "worker rank {} (local rank {}, pid {}) failed: {}", f.rank(), f.local_rank(), f.pid(),
+          f.signal() > 0 ? signal_name(f.signal()) : "exit code " + std::to_string(f.exit_code()));
       report_failure(f);
       stop_group(SIGTERM);
       return;

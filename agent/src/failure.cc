@@ -1,13 +1,13 @@
 #include "muster/agent/failure.h"
 
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
 #include <csignal>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <sstream>
-
-#include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
 
 namespace muster::agent {
 namespace {

@@ -39,10 +39,14 @@ std::string expand_prefix_template(std::string_view t, const std::string& role_n
                                    int local_rank) {
   std::string out;
   auto value = [&](std::string_view name, std::string& v) {
-    if (name == "role_name") v = role_name;
-    else if (name == "rank") v = std::to_string(rank);
-    else if (name == "local_rank") v = std::to_string(local_rank);
-    else return false;
+    if (name == "role_name")
+      v = role_name;
+    else if (name == "rank")
+      v = std::to_string(rank);
+    else if (name == "local_rank")
+      v = std::to_string(local_rank);
+    else
+      return false;
     return true;
   };
   auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };

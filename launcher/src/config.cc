@@ -8,18 +8,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstring>
 #include <sstream>
 
-#include <CLI/CLI.hpp>
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/string_view.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace muster::launcher {
 namespace {
@@ -36,7 +35,8 @@ absl::StatusOr<int> parse_positive(absl::string_view flag, absl::string_view v) 
 absl::Status parse_nnodes(const std::string& v, LaunchConfig& c) {
   std::vector<absl::string_view> parts = absl::StrSplit(v, ':');
   if (parts.size() > 2) {
-    return absl::InvalidArgumentError(absl::StrCat("--nnodes: expected N or MIN:MAX, got '", v, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nnodes: expected N or MIN:MAX, got '", v, "'"));
   }
   auto lo = parse_positive("--nnodes", parts[0]);
   if (!lo.ok()) return lo.status();
@@ -82,14 +82,14 @@ std::string one_line(std::string s) {
 }
 
 bool is_executable_file(const std::string& p) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
 }
 
 absl::Status resolve_rendezvous(LaunchConfig& c);
 
 absl::StatusOr<std::chrono::milliseconds> parse_seconds(absl::string_view key,
-                                                         absl::string_view v) {
+                                                        absl::string_view v) {
   double secs = 0;
   if (!absl::SimpleAtod(v, &secs) || !(secs >= 0) || !std::isfinite(secs)) {
     return absl::InvalidArgumentError(
@@ -105,7 +105,7 @@ constexpr int kDefaultMasterPort = 29500;
 
 std::string Endpoint::to_string() const {
   return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
-                                              : absl::StrCat(host, ":", port);
+                                             : absl::StrCat(host, ":", port);
 }
 
 absl::StatusOr<Endpoint> parse_endpoint(const std::string& text, int default_port) {
@@ -151,8 +151,7 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
     if (item.empty()) continue;
     auto eq = item.find('=');
     if (eq == absl::string_view::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--rdzv_conf: '", item, "' is not key=value"));
+      return absl::InvalidArgumentError(absl::StrCat("--rdzv_conf: '", item, "' is not key=value"));
     }
     absl::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
     auto seconds = [&](std::chrono::milliseconds& into) -> absl::Status {
@@ -185,9 +184,13 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
       c.token = std::string(value);
     } else if (key == "is_host") {
       std::string v = absl::AsciiStrToLower(value);
-      if (v == "1" || v == "true" || v == "yes") c.is_host = true;
-      else if (v == "0" || v == "false" || v == "no") c.is_host = false;
-      else st = absl::InvalidArgumentError(absl::StrCat("--rdzv_conf is_host: expected true or false, got '", value, "'"));
+      if (v == "1" || v == "true" || v == "yes")
+        c.is_host = true;
+      else if (v == "0" || v == "false" || v == "no")
+        c.is_host = false;
+      else
+        st = absl::InvalidArgumentError(
+            absl::StrCat("--rdzv_conf is_host: expected true or false, got '", value, "'"));
     } else {
       st = absl::InvalidArgumentError(absl::StrCat(
           "--rdzv_conf: unknown key '", key,
@@ -253,8 +256,8 @@ absl::Status resolve_rendezvous(LaunchConfig& c) {
     }
     if (c.node_rank < 0) c.node_rank = 0;
     if (c.node_rank >= c.max_nodes) {
-      return absl::InvalidArgumentError(absl::StrCat("--node_rank: ", c.node_rank,
-                                                     " is not below --nnodes=", c.max_nodes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--node_rank: ", c.node_rank, " is not below --nnodes=", c.max_nodes));
     }
     if (c.master_addr.empty()) c.master_addr = "127.0.0.1";
     if (c.master_port == 0) c.master_port = kDefaultMasterPort;
@@ -279,8 +282,8 @@ absl::Status resolve_rendezvous(LaunchConfig& c) {
       return absl::InvalidArgumentError("--rdzv_backend=c10d needs --rdzv_endpoint=HOST[:PORT]");
     }
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--rdzv_backend: '", c.rdzv_backend, "' is not supported (use c10d or static)"));
+    return absl::InvalidArgumentError(absl::StrCat("--rdzv_backend: '", c.rdzv_backend,
+                                                   "' is not supported (use c10d or static)"));
   }
   auto ep = parse_endpoint(c.rdzv_endpoint, kDefaultRdzvPort);
   if (!ep.ok()) return ep.status();
@@ -297,38 +300,60 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   double shutdown_s = 30.0;
   CLI::App app{"launch: start a distributed training job (a drop-in for torchrun)", "launch"};
   app.prefix_command();
+  app.footer(
+      "PROGRAM [ARGS...]: an executable (a path, or a name on PATH), a .py script (run as "
+      "python3 -u), or a module with -m. Everything after PROGRAM is passed to it. "
+      "Details: docs/launch.md and docs/rendezvous.md.");
   app.set_help_flag("-h,--help", "Show this help and exit");
-  app.add_option("--nnodes", nnodes, "Number of nodes, N or MIN:MAX (elastic)");
+  app.add_option("--nnodes", nnodes, "Number of nodes, N or MIN:MAX (elastic)")
+      ->group("Rendezvous");
   app.add_option("--nproc_per_node,--nproc-per-node", c.nproc_spec,
-                 "Workers per node: an integer, cpu, gpu or auto");
+                 "Workers per node: an integer, cpu, gpu or auto")
+      ->group("Workers");
   app.add_flag("--standalone", c.standalone,
-               "Single node; the rendezvous server runs inside launch on a free port");
+               "Single node; the rendezvous server runs inside launch on a free port")
+      ->group("Rendezvous");
   app.add_option("--max_restarts,--max-restarts", c.max_restarts,
-                 "Restarts of the worker group before the job fails");
+                 "Restarts of the worker group before the job fails")
+      ->group("Workers");
   app.add_option("--shutdown_timeout,--shutdown-timeout", shutdown_s,
-                 "Seconds between SIGTERM and SIGKILL when stopping workers");
+                 "Seconds between SIGTERM and SIGKILL when stopping workers")
+      ->group("Workers");
   app.add_option("--monitor_interval,--monitor-interval", c.monitor_interval,
-                 "Accepted for torchrun compatibility (worker exits are events here)");
+                 "Accepted for torchrun compatibility (worker exits are events here)")
+      ->group("Accepted for torchrun compatibility");
   app.add_option("--start_method,--start-method", c.start_method,
                  "Accepted for torchrun compatibility (workers are always fork+exec'd)")
-      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
-  app.add_option("--rdzv_backend,--rdzv-backend", c.rdzv_backend, "Rendezvous backend");
-  app.add_option("--rdzv_endpoint,--rdzv-endpoint", c.rdzv_endpoint, "Rendezvous HOST[:PORT]");
-  app.add_option("--rdzv_id,--rdzv-id", c.rdzv_id, "Job id shared by every node");
+      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}))
+      ->group("Accepted for torchrun compatibility");
+  app.add_option("--rdzv_backend,--rdzv-backend", c.rdzv_backend,
+                 "static (the default: fixed nodes, --node_rank) or c10d (elastic)")
+      ->group("Rendezvous");
+  app.add_option("--rdzv_endpoint,--rdzv-endpoint", c.rdzv_endpoint, "Rendezvous HOST[:PORT]")
+      ->group("Rendezvous");
+  app.add_option("--rdzv_id,--rdzv-id", c.rdzv_id, "Job id shared by every node")
+      ->group("Rendezvous");
   app.add_option("--rdzv_conf,--rdzv-conf", c.rdzv_conf_text,
                  "key=value,... : join_timeout, last_call_timeout, close_timeout, "
                  "keep_alive_interval, keep_alive_max_attempt, read_timeout (seconds), token, "
-                 "is_host");
-  app.add_option("--node_rank,--node-rank", c.node_rank, "Static rendezvous: this node's rank");
+                 "is_host")
+      ->group("Rendezvous");
+  app.add_option("--node_rank,--node-rank", c.node_rank, "Static rendezvous: this node's rank")
+      ->group("Static rendezvous");
   app.add_option("--master_addr,--master-addr", c.master_addr,
-                 "Static rendezvous: workers' MASTER_ADDR (default 127.0.0.1)");
+                 "Static rendezvous: workers' MASTER_ADDR (default 127.0.0.1)")
+      ->group("Static rendezvous");
   app.add_option("--master_port,--master-port", c.master_port,
-                 "Static rendezvous: workers' MASTER_PORT (default 29500)");
+                 "Static rendezvous: workers' MASTER_PORT (default 29500)")
+      ->group("Static rendezvous");
   app.add_option("--local_addr,--local-addr", c.local_addr,
-                 "This node's address as other nodes reach it (default: its FQDN)");
-  app.add_option("--role", c.role, "Worker role name (ROLE_NAME)");
-  app.add_flag("-m,--module", c.module, "Run PROGRAM as a Python module (python3 -u -m)");
-  app.add_flag("--no_python,--no-python", c.no_python, "Run PROGRAM directly, not via python");
+                 "This node's address as other nodes reach it (default: its FQDN)")
+      ->group("Rendezvous");
+  app.add_option("--role", c.role, "Worker role name (ROLE_NAME)")->group("Workers");
+  app.add_flag("-m,--module", c.module, "Run PROGRAM as a Python module (python3 -u -m)")
+      ->group("Program");
+  app.add_flag("--no_python,--no-python", c.no_python, "Run PROGRAM directly, not via python")
+      ->group("Program");
 
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
@@ -347,7 +372,8 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
     return result;
   }
   if (rest.front().size() > 1 && rest.front()[0] == '-') {
-    result.error = absl::InvalidArgumentError(absl::StrCat("unrecognized option '", rest.front(), "'"));
+    result.error =
+        absl::InvalidArgumentError(absl::StrCat("unrecognized option '", rest.front(), "'"));
     return result;
   }
   c.program = rest.front();

@@ -2,18 +2,17 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <signal.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/asio/io_context.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <random>
 #include <thread>
-
-#include <boost/asio/io_context.hpp>
-#include <spdlog/sinks/stdout_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -39,7 +38,8 @@ int fatal(const absl::Status& status) {
 
 bool is_ip_literal(const std::string& host) {
   unsigned char buf[sizeof(in6_addr)];
-  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
+  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 ||
+         ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
 }
 
 // socket.getfqdn() as torchrun uses it for MASTER_ADDR: the canonical name of this host.
@@ -53,8 +53,8 @@ std::string fq_hostname() {
   std::string out = name;
   if (::getaddrinfo(name, nullptr, &hints, &res) == 0 && res != nullptr) {
     char host[NI_MAXHOST];
-    if (::getnameinfo(res->ai_addr, res->ai_addrlen, host, sizeof host, nullptr, 0,
-                      NI_NAMEREQD) == 0) {
+    if (::getnameinfo(res->ai_addr, res->ai_addrlen, host, sizeof host, nullptr, 0, NI_NAMEREQD) ==
+        0) {
       out = host;
     } else if (res->ai_canonname != nullptr) {
       out = res->ai_canonname;
@@ -129,10 +129,9 @@ int main(int argc, char** argv) {
                                       : muster::launcher::is_local_host(cfg.endpoint.host));
     rdzv_addr = cfg.endpoint.to_string();
     if (try_host) {
-      server_opts.listen_address =
-          is_ip_literal(cfg.endpoint.host)
-              ? rdzv_addr
-              : absl::StrCat("0.0.0.0:", cfg.endpoint.port);
+      server_opts.listen_address = is_ip_literal(cfg.endpoint.host)
+                                       ? rdzv_addr
+                                       : absl::StrCat("0.0.0.0:", cfg.endpoint.port);
       auto started = muster::rendezvous::RendezvousServer::start(io, server_opts);
       if (started.ok()) {
         server = std::move(*started);

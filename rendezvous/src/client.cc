@@ -1,10 +1,10 @@
 #include "muster/rendezvous/client.h"
 
-#include <atomic>
-#include <thread>
-
-#include <boost/asio/post.hpp>
 #include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <boost/asio/post.hpp>
+#include <thread>
 
 #include "muster/v1/rendezvous.grpc.pb.h"
 
@@ -33,17 +33,16 @@ class SessionClient::Impl : public std::enable_shared_from_this<Impl> {
       });
     }
     grpc::Status st = stream->Finish();
-    absl::Status status = st.ok() ? absl::OkStatus()
-                                  : absl::Status(static_cast<absl::StatusCode>(st.error_code()),
-                                                 st.error_message());
+    absl::Status status =
+        st.ok() ? absl::OkStatus()
+                : absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message());
     boost::asio::post(io, [self = shared_from_this(), status] {
       if (!self->closed) self->on_closed(status);
     });
   }
 };
 
-SessionClient::SessionClient(boost::asio::io_context& io, OnMessage on_message,
-                             OnClosed on_closed)
+SessionClient::SessionClient(boost::asio::io_context& io, OnMessage on_message, OnClosed on_closed)
     : impl_(std::make_shared<Impl>(io, std::move(on_message), std::move(on_closed))) {}
 
 SessionClient::~SessionClient() { close(); }
@@ -57,8 +56,7 @@ void SessionClient::open(const std::string& target, bool wait_for_ready,
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Each agent gets its own connection, never one shared through gRPC's subchannel pool.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  impl_->channel =
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  impl_->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   impl_->stub = v1::Rendezvous::NewStub(impl_->channel);
   if (wait_for_ready) {
     impl_->ctx.set_wait_for_ready(true);
@@ -86,8 +84,8 @@ void SessionClient::close() {
 absl::StatusOr<v1::StatusReply> get_status(const std::string& target, const std::string& run_id,
                                            const std::string& token,
                                            std::chrono::milliseconds timeout) {
-  auto stub = v1::Rendezvous::NewStub(
-      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::Rendezvous::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
   v1::StatusRequest req;

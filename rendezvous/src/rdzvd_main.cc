@@ -1,11 +1,10 @@
 // rdzvd: the rendezvous server as a daemon serving many runs (by rdzv_id) at once.
 #include <signal.h>
 
-#include <cstdio>
-
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <cstdio>
 
 #include "muster/rendezvous/server.h"
 
@@ -17,7 +16,8 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)");
   app.add_option("--token", token, "Shared secret every join must carry (or $MUSTER_RDZV_TOKEN)")
       ->envname("MUSTER_RDZV_TOKEN");
-  app.add_option("--join_timeout,--join-timeout", join_timeout, "Seconds")->check(CLI::PositiveNumber);
+  app.add_option("--join_timeout,--join-timeout", join_timeout, "Seconds")
+      ->check(CLI::PositiveNumber);
   app.add_option("--last_call_timeout,--last-call-timeout", last_call, "Seconds")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--finished_run_grace,--finished-run-grace", grace,
@@ -37,9 +37,12 @@ int main(int argc, char** argv) {
   muster::rendezvous::ServerOptions opts;
   opts.listen_address = listen;
   opts.token = token;
-  opts.timeouts.join_timeout = std::chrono::milliseconds(static_cast<long long>(join_timeout * 1000));
-  opts.timeouts.last_call_timeout = std::chrono::milliseconds(static_cast<long long>(last_call * 1000));
-  opts.timeouts.finished_run_grace = std::chrono::milliseconds(static_cast<long long>(grace * 1000));
+  opts.timeouts.join_timeout =
+      std::chrono::milliseconds(static_cast<long long>(join_timeout * 1000));
+  opts.timeouts.last_call_timeout =
+      std::chrono::milliseconds(static_cast<long long>(last_call * 1000));
+  opts.timeouts.finished_run_grace =
+      std::chrono::milliseconds(static_cast<long long>(grace * 1000));
   auto server = muster::rendezvous::RendezvousServer::start(io, opts);
   if (!server.ok()) {
     std::fprintf(stderr, "rdzvd: error: %s\n", std::string(server.status().message()).c_str());
@@ -49,9 +52,7 @@ int main(int argc, char** argv) {
   std::printf("rdzvd listening on port %d\n", (*server)->port());
   std::fflush(stdout);
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-  signals.async_wait([&io](const boost::system::error_code&, int) {
-    io.stop();
-  });
+  signals.async_wait([&io](const boost::system::error_code&, int) { io.stop(); });
   auto guard = boost::asio::make_work_guard(io);
   io.run();
   (*server)->shutdown();

@@ -1,14 +1,14 @@
 #include "muster/rendezvous/server.h"
 
-#include <deque>
-#include <mutex>
-#include <unordered_map>
-
-#include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
@@ -69,9 +69,8 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMs
   SessionReactor(std::shared_ptr<Core> core, SessionId id)
       : core_(std::move(core)), id_(id), link_(std::make_shared<SessionLink>()) {
     link_->reactor = this;
-    boost::asio::post(core_->io(), [core = core_, id = id_, link = link_] {
-      core->on_open(id, link);
-    });
+    boost::asio::post(core_->io(),
+                      [core = core_, id = id_, link = link_] { core->on_open(id, link); });
     StartRead(&in_);
   }
 
@@ -114,9 +113,8 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMs
                           "rendezvous refused the join: wrong or missing token"));
       return;
     }
-    boost::asio::post(core_->io(), [core = core_, id = id_, msg = in_] {
-      core->on_message(id, msg);
-    });
+    boost::asio::post(core_->io(),
+                      [core = core_, id = id_, msg = in_] { core->on_message(id, msg); });
     StartRead(&in_);
   }
 
@@ -268,8 +266,7 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   impl->server = builder.BuildAndStart();
   if (!impl->server || impl->port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("rendezvous server cannot listen on ", address));
+    return absl::UnavailableError(absl::StrCat("rendezvous server cannot listen on ", address));
   }
   return std::unique_ptr<RendezvousServer>(new RendezvousServer(std::move(impl)));
 }
@@ -288,9 +285,7 @@ void RendezvousServer::shutdown(std::chrono::milliseconds grace) {
 }
 
 void route_grpc_logs_to_spdlog() {
-  gpr_set_log_function([](gpr_log_func_args* args) {
-    spdlog::debug("grpc: {}", args->message);
-  });
+  gpr_set_log_function([](gpr_log_func_args* args) { spdlog::debug("grpc: {}", args->message); });
 }
 
 }  // namespace muster::rendezvous

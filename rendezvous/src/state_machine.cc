@@ -68,8 +68,8 @@ std::vector<Outgoing> StateMachine::on_message(SessionId session, const v1::Agen
   if (msg.has_join()) return on_join(session, msg.join(), now);
   Run* run = run_of(session);
   if (run == nullptr) {
-    out.push_back(close_with(session, absl::FailedPreconditionError(
-                                          "protocol error: message before join")));
+    out.push_back(
+        close_with(session, absl::FailedPreconditionError("protocol error: message before join")));
     return out;
   }
   if (auto seen = run->last_seen.find(session); seen != run->last_seen.end()) seen->second = now;
@@ -117,11 +117,11 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
   if (join.min_nodes() != run.min_nodes || join.max_nodes() != run.max_nodes ||
       join.max_restarts() != run.max_restarts) {
     out.push_back(close_with(
-        session, absl::InvalidArgumentError(absl::StrCat(
-                     "run '", run.id, "' is configured with nnodes=", run.min_nodes, ":",
-                     run.max_nodes, " max_restarts=", run.max_restarts, ", this node asked for ",
-                     join.min_nodes(), ":", join.max_nodes(), " max_restarts=",
-                     join.max_restarts()))));
+        session,
+        absl::InvalidArgumentError(absl::StrCat(
+            "run '", run.id, "' is configured with nnodes=", run.min_nodes, ":", run.max_nodes,
+            " max_restarts=", run.max_restarts, ", this node asked for ", join.min_nodes(), ":",
+            join.max_nodes(), " max_restarts=", join.max_restarts()))));
     if (inserted) runs_.erase(it);
     return out;
   }
@@ -137,8 +137,7 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
   if (run.phase == Phase::kRunning) {
     // A newcomer while a round runs: scale up if there is room, else it waits as a spare.
     if (static_cast<int>(run.members.size()) < run.max_nodes) {
-      restart(run, absl::StrCat("node ", join.node_id(), " joined; scaling up"), false, now,
-              out);
+      restart(run, absl::StrCat("node ", join.node_id(), " joined; scaling up"), false, now, out);
     }
     return out;
   }
@@ -297,10 +296,9 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
   }
   v1::ServerMsg msg;
   v1::Fail* fail = msg.mutable_fail();
-  fail->set_reason(run.max_restarts == 0
-                       ? std::string("a worker failed and max_restarts is 0")
-                       : absl::StrCat("a worker failed and all ", run.max_restarts,
-                                      " restarts are spent"));
+  fail->set_reason(run.max_restarts == 0 ? std::string("a worker failed and max_restarts is 0")
+                                         : absl::StrCat("a worker failed and all ",
+                                                        run.max_restarts, " restarts are spent"));
   *fail->mutable_root_cause() = rc;
   *fail->mutable_others() = f.others();
   finish(run, msg, now, out);
@@ -361,10 +359,11 @@ void StateMachine::check_keep_alive(Run& run, TimePoint now, std::vector<Outgoin
     if (now - seen >= limit) silent.push_back(session);
   }
   for (SessionId s : silent) {
-    out.push_back(close_with(s, absl::UnavailableError(absl::StrCat(
-                                    "no keep-alive from this node for ",
-                                    std::chrono::duration_cast<std::chrono::milliseconds>(limit).count(),
-                                    " ms: it was dropped from run '", run.id, "'"))));
+    out.push_back(
+        close_with(s, absl::UnavailableError(absl::StrCat(
+                          "no keep-alive from this node for ",
+                          std::chrono::duration_cast<std::chrono::milliseconds>(limit).count(),
+                          " ms: it was dropped from run '", run.id, "'"))));
     drop_session(run, s, now, out);
   }
   run.keep_alive_check = now + run.timeouts.keep_alive_interval;
@@ -414,9 +413,9 @@ std::vector<Outgoing> StateMachine::on_tick(TimePoint now) {
         maybe_close_round(run, now, out);
       } else if (run.join_deadline && now >= *run.join_deadline &&
                  static_cast<int>(run.waiting.size()) < run.min_nodes) {
-        absl::Status st = absl::DeadlineExceededError(absl::StrCat(
-            "rendezvous for run '", run.id, "' timed out: ", run.waiting.size(), " of at least ",
-            run.min_nodes, " nodes joined within the join timeout"));
+        absl::Status st = absl::DeadlineExceededError(
+            absl::StrCat("rendezvous for run '", run.id, "' timed out: ", run.waiting.size(),
+                         " of at least ", run.min_nodes, " nodes joined within the join timeout"));
         for (const Node& n : run.waiting) {
           out.push_back(close_with(n.session, st));
           session_run_.erase(n.session);

@@ -1,8 +1,8 @@
 // Shared by the integration tests: the binaries under test and what workers print.
 #pragma once
 
-#include <sys/socket.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>

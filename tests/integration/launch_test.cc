@@ -2,12 +2,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
-
-#include <catch2/catch.hpp>
 
 #include "helpers.h"
 
@@ -29,9 +28,11 @@ bool alive(pid_t pid) {
 
 TEST_CASE("launch: every worker gets torchrun's environment (N=4)", "[launch]") {
   TempDir dir;
-  Proc p(launch_args({"--standalone", "--nproc_per_node=4", "--max_restarts=2"}, {"env", dir.path()}),
-         Env{{"OMP_NUM_THREADS", std::nullopt}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", std::nullopt},
-             {"RANK", "99"}});
+  Proc p(
+      launch_args({"--standalone", "--nproc_per_node=4", "--max_restarts=2"}, {"env", dir.path()}),
+      Env{{"OMP_NUM_THREADS", std::nullopt},
+          {"TORCH_NCCL_ASYNC_ERROR_HANDLING", std::nullopt},
+          {"RANK", "99"}});
   REQUIRE(p.wait() == 0);
   std::set<std::string> run_ids, masters, error_files;
   for (int r = 0; r < 4; ++r) {
@@ -51,8 +52,9 @@ TEST_CASE("launch: every worker gets torchrun's environment (N=4)", "[launch]") 
     CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");
     CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
     CHECK(env["OMP_NUM_THREADS"] == "1");
-    CHECK(std::regex_match(env["TORCHELASTIC_RUN_ID"],
-                           std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")));
+    CHECK(std::regex_match(
+        env["TORCHELASTIC_RUN_ID"],
+        std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")));
     CHECK(env["MUSTER_RUN_ID"] == env["TORCHELASTIC_RUN_ID"]);
     CHECK(env["MUSTER_ROUND"] == "1");
     CHECK(std::regex_match(env["MUSTER_STORE_ADDR"], std::regex(R"(127\.0\.0\.1:\d+)")));
@@ -79,7 +81,8 @@ TEST_CASE("launch: a user's OMP_NUM_THREADS is kept", "[launch]") {
   CHECK(read_env_file(dir.file("env.1"))["OMP_NUM_THREADS"] == "3");
 }
 
-TEST_CASE("launch: a failing worker stops the group; launch exits 1 with the root cause", "[launch]") {
+TEST_CASE("launch: a failing worker stops the group; launch exits 1 with the root cause",
+          "[launch]") {
   Proc p(launch_args({"--standalone", "--nproc_per_node=3"}, {"exit", "3", "1"}));
   REQUIRE(p.wait() == 1);
   CHECK_THAT(p.err(), Catch::Contains(kWorker + " FAILED"));
@@ -99,7 +102,8 @@ TEST_CASE("launch: a worker killed by a signal is named in the summary", "[launc
 }
 
 TEST_CASE("launch: the worker's error file message is in the summary", "[launch]") {
-  Proc p(launch_args({"--standalone", "--nproc_per_node=2"}, {"errfile", "ValueError: loss is NaN"}));
+  Proc p(
+      launch_args({"--standalone", "--nproc_per_node=2"}, {"errfile", "ValueError: loss is NaN"}));
   REQUIRE(p.wait() == 1);
   CHECK_THAT(p.err(), Catch::Contains("  message   : ValueError: loss is NaN\n"));
   CHECK_THAT(p.err(), Catch::Contains("  traceback : Traceback (most recent call last):\n"));
@@ -230,13 +234,17 @@ TEST_CASE("launch: 10 MB from each of 4 workers arrives complete and prefixed", 
 TEST_CASE("launch: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE sets the prefix", "[launch]") {
   Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--role=trainer"}, {"exit", "0", "1"}),
          Env{{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "<${role_name}|${rank}|${local_rank}> "}});
-  REQUIRE(p.wait_output([](const std::string& out, const std::string&) {
-    return out.find("<trainer|1|1> rank 1 exiting with 0\n") != std::string::npos;
-  }, 30s));
+  REQUIRE(p.wait_output(
+      [](const std::string& out, const std::string&) {
+        return out.find("<trainer|1|1> rank 1 exiting with 0\n") != std::string::npos;
+      },
+      30s));
   // Rank 0 waits to be stopped: end the job.
-  REQUIRE(p.wait_output([](const std::string& out, const std::string&) {
-    return out.find("<trainer|0|0> ready ") != std::string::npos;
-  }, 30s));
+  REQUIRE(p.wait_output(
+      [](const std::string& out, const std::string&) {
+        return out.find("<trainer|0|0> ready ") != std::string::npos;
+      },
+      30s));
   ::kill(p.pid(), SIGTERM);
   CHECK(p.wait() == 143);
 }
@@ -276,7 +284,8 @@ TEST_CASE("launch: --help", "[launch]") {
 
 TEST_CASE("launch: python scripts and modules run under python3 -u", "[launch]") {
   TempDir dir;
-  std::ofstream(dir.file("job.py")) << "import os, sys\nprint('script', os.environ['RANK'], sys.argv[1:])\n";
+  std::ofstream(dir.file("job.py"))
+      << "import os, sys\nprint('script', os.environ['RANK'], sys.argv[1:])\n";
   std::filesystem::create_directories(dir.file("pkg"));
   std::ofstream(dir.file("pkg/__init__.py")) << "";
   std::ofstream(dir.file("pkg/mod.py")) << "import os\nprint('module', os.environ['RANK'])\n";

@@ -2,12 +2,11 @@
 // embedded in one of them or in an external rdzvd.
 #include <signal.h>
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <memory>
 #include <regex>
 #include <set>
-
-#include <catch2/catch.hpp>
 
 #include "helpers.h"
 #include "muster/rendezvous/client.h"
@@ -33,9 +32,10 @@ struct Rdzvd {
     std::vector<std::string> argv{kRdzvd, "--listen", "127.0.0.1:0"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     proc = std::make_unique<Proc>(argv);
-    REQUIRE(proc->wait_output([](const std::string& out, const std::string&) {
-      return out.find('\n') != std::string::npos;
-    }, 30s));
+    REQUIRE(
+        proc->wait_output([](const std::string& out,
+                             const std::string&) { return out.find('\n') != std::string::npos; },
+                          30s));
     std::smatch m;
     REQUIRE(std::regex_search(proc->out(), m, std::regex(R"(listening on port (\d+))")));
     endpoint = "127.0.0.1:" + m[1].str();
@@ -75,9 +75,10 @@ TEST_CASE("multinode: agents hosting the server themselves form one world", "[mu
   TempDir dir;
   const std::string ep = "127.0.0.1:" + std::to_string(free_port());
   // Different nproc per node: WORLD_SIZE is the sum, ranks contiguous per node.
-  Proc a(launch_args(c10d(ep, "3", 2, "job"), {"env", dir.path()}));
-  Proc b(launch_args(c10d(ep, "3", 3, "job"), {"env", dir.path()}));
-  Proc c(launch_args(c10d(ep, "3", 1, "job"), {"env", dir.path()}));
+  const std::vector<std::string> local{"--local_addr=127.0.0.1"};
+  Proc a(launch_args(c10d(ep, "3", 2, "job", local), {"env", dir.path()}));
+  Proc b(launch_args(c10d(ep, "3", 3, "job", local), {"env", dir.path()}));
+  Proc c(launch_args(c10d(ep, "3", 1, "job", local), {"env", dir.path()}));
   REQUIRE(a.wait() == 0);
   REQUIRE(b.wait() == 0);
   REQUIRE(c.wait() == 0);
@@ -94,6 +95,7 @@ TEST_CASE("multinode: agents hosting the server themselves form one world", "[mu
   CHECK(sorted == std::vector<int>{1, 2, 3});
   check_world(dir, by_rank);
   CHECK(read_env_file(dir.file("env.0"))["TORCHELASTIC_RUN_ID"] == "job");
+  CHECK(read_env_file(dir.file("env.0"))["MASTER_ADDR"] == "127.0.0.1");  // --local_addr
 }
 
 TEST_CASE("multinode: an external rdzvd serves two runs apart and drops them when done",
@@ -119,8 +121,10 @@ TEST_CASE("multinode: a worker crash on one node restarts every node; the budget
   SECTION("restart succeeds") {
     TempDir dir;
     const std::string ep = "127.0.0.1:" + std::to_string(free_port());
-    Proc a(launch_args(c10d(ep, "2", 2, "job", {"--max_restarts=1"}), {"restart", dir.path(), "1"}));
-    Proc b(launch_args(c10d(ep, "2", 2, "job", {"--max_restarts=1"}), {"restart", dir.path(), "1"}));
+    Proc a(
+        launch_args(c10d(ep, "2", 2, "job", {"--max_restarts=1"}), {"restart", dir.path(), "1"}));
+    Proc b(
+        launch_args(c10d(ep, "2", 2, "job", {"--max_restarts=1"}), {"restart", dir.path(), "1"}));
     REQUIRE(a.wait() == 0);
     REQUIRE(b.wait() == 0);
     CHECK(read_file(dir.file("restarts.0")) == "0\n1\n");
@@ -209,7 +213,8 @@ TEST_CASE("multinode: static mode with fixed node ranks and master", "[multinode
   TempDir dir;
   const int master_port = free_port();
   auto flags = [&](int node_rank, int nproc) {
-    return std::vector<std::string>{"--rdzv_backend=static", "--nnodes=2",
+    return std::vector<std::string>{"--rdzv_backend=static",
+                                    "--nnodes=2",
                                     "--node_rank=" + std::to_string(node_rank),
                                     "--master_addr=127.0.0.1",
                                     "--master_port=" + std::to_string(master_port),
@@ -228,8 +233,8 @@ TEST_CASE("multinode: static mode with fixed node ranks and master", "[multinode
 
 TEST_CASE("multinode: a wrong secret is refused with a clear error", "[multinode]") {
   Rdzvd server({"--token=s3cret"});
-  Proc bad(launch_args(c10d(server.endpoint, "1", 1, "job", {"--rdzv_conf=token=guess"}),
-                       {"wait"}));
+  Proc bad(
+      launch_args(c10d(server.endpoint, "1", 1, "job", {"--rdzv_conf=token=guess"}), {"wait"}));
   REQUIRE(bad.wait() == 1);
   CHECK_THAT(bad.err(), Catch::Contains("wrong or missing token"));
   CHECK(bad.out().empty());

@@ -27,8 +27,10 @@ Proc::Proc(const std::vector<std::string>& argv,
     if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   for (const auto& [k, v] : env) {
-    if (v) merged[k] = *v;
-    else merged.erase(k);
+    if (v)
+      merged[k] = *v;
+    else
+      merged.erase(k);
   }
   std::vector<std::string> envs;
   for (const auto& [k, v] : merged) envs.push_back(k + "=" + v);
@@ -38,7 +40,8 @@ Proc::Proc(const std::vector<std::string>& argv,
   for (const auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
   cenv.push_back(nullptr);
   int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+    throw std::runtime_error("pipe");
   pid_ = ::fork();
   if (pid_ == 0) {
     ::dup2(out[1], 1);
@@ -70,9 +73,18 @@ bool Proc::pump(std::chrono::steady_clock::time_point deadline, bool want_exit) 
   pollfd fds[3];
   int n = 0;
   int out_idx = -1, err_idx = -1, pid_idx = -1;
-  if (out_fd_ >= 0) { out_idx = n; fds[n++] = {out_fd_, POLLIN, 0}; }
-  if (err_fd_ >= 0) { err_idx = n; fds[n++] = {err_fd_, POLLIN, 0}; }
-  if (want_exit && !status_ && pidfd_ >= 0) { pid_idx = n; fds[n++] = {pidfd_, POLLIN, 0}; }
+  if (out_fd_ >= 0) {
+    out_idx = n;
+    fds[n++] = {out_fd_, POLLIN, 0};
+  }
+  if (err_fd_ >= 0) {
+    err_idx = n;
+    fds[n++] = {err_fd_, POLLIN, 0};
+  }
+  if (want_exit && !status_ && pidfd_ >= 0) {
+    pid_idx = n;
+    fds[n++] = {pidfd_, POLLIN, 0};
+  }
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
   if (left.count() < 0) return false;

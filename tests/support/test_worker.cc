@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
       ready();
       wait_forever();
     }
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = on_term;
     ::sigaction(SIGTERM, &sa, nullptr);
     ready();

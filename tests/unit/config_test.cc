@@ -1,10 +1,10 @@
+#include "muster/launcher/config.h"
+
 #include <sys/stat.h>
 
+#include <catch2/catch.hpp>
 #include <fstream>
 
-#include <catch2/catch.hpp>
-
-#include "muster/launcher/config.h"
 #include "proc.h"
 
 using muster::launcher::HostInfo;
@@ -75,10 +75,14 @@ TEST_CASE("flags: everything after the program belongs to the program", "[config
 }
 
 TEST_CASE("flags: nproc_per_node takes an int, cpu, gpu or auto", "[config]") {
-  CHECK(parse_ok({"--standalone", "--nproc_per_node=cpu", "p"}, fake_host(6, 0)).nproc_per_node == 6);
-  CHECK(parse_ok({"--standalone", "--nproc_per_node=auto", "p"}, fake_host(6, 0)).nproc_per_node == 6);
-  CHECK(parse_ok({"--standalone", "--nproc_per_node=auto", "p"}, fake_host(6, 2)).nproc_per_node == 2);
-  CHECK(parse_ok({"--standalone", "--nproc_per_node=gpu", "p"}, fake_host(6, 3)).nproc_per_node == 3);
+  CHECK(parse_ok({"--standalone", "--nproc_per_node=cpu", "p"}, fake_host(6, 0)).nproc_per_node ==
+        6);
+  CHECK(parse_ok({"--standalone", "--nproc_per_node=auto", "p"}, fake_host(6, 0)).nproc_per_node ==
+        6);
+  CHECK(parse_ok({"--standalone", "--nproc_per_node=auto", "p"}, fake_host(6, 2)).nproc_per_node ==
+        2);
+  CHECK(parse_ok({"--standalone", "--nproc_per_node=gpu", "p"}, fake_host(6, 3)).nproc_per_node ==
+        3);
   CHECK_THAT(parse_err({"--standalone", "--nproc_per_node=gpu", "p"}, fake_host(6, 0)),
              Catch::Contains("no CUDA device"));
 }
@@ -88,7 +92,8 @@ TEST_CASE("flags: -m and --no_python", "[config]") {
   CHECK(parse_ok({"--standalone", "--module", "pkg.mod"}).module);
   CHECK(parse_ok({"--standalone", "--no_python", "prog"}).no_python);
   CHECK(parse_ok({"--standalone", "--no-python", "prog"}).no_python);
-  CHECK_THAT(parse_err({"--standalone", "-m", "--no_python", "x"}), Catch::Contains("cannot be combined"));
+  CHECK_THAT(parse_err({"--standalone", "-m", "--no_python", "x"}),
+             Catch::Contains("cannot be combined"));
 }
 
 TEST_CASE("flags: nnodes", "[config]") {
@@ -102,13 +107,17 @@ TEST_CASE("flags: nnodes", "[config]") {
 }
 
 TEST_CASE("flags: bad input is one clear error", "[config]") {
-  CHECK_THAT(parse_err({"--standalone", "--nproc_per_node=0", "p"}), Catch::Contains("--nproc_per_node"));
-  CHECK_THAT(parse_err({"--standalone", "--nproc_per_node=-2", "p"}), Catch::Contains("--nproc_per_node"));
+  CHECK_THAT(parse_err({"--standalone", "--nproc_per_node=0", "p"}),
+             Catch::Contains("--nproc_per_node"));
+  CHECK_THAT(parse_err({"--standalone", "--nproc_per_node=-2", "p"}),
+             Catch::Contains("--nproc_per_node"));
   CHECK_THAT(parse_err({"--standalone", "--nproc_per_node=abc", "p"}), Catch::Contains("'abc'"));
   CHECK_THAT(parse_err({"--standalone", "--bogus", "p"}), Catch::Contains("--bogus"));
   CHECK_THAT(parse_err({"--standalone", "--max_restarts=x", "p"}), Catch::Contains("max_restarts"));
-  CHECK_THAT(parse_err({"--standalone", "--max_restarts=-1", "p"}), Catch::Contains("max_restarts"));
-  CHECK_THAT(parse_err({"--standalone", "--shutdown_timeout=-1", "p"}), Catch::Contains("shutdown_timeout"));
+  CHECK_THAT(parse_err({"--standalone", "--max_restarts=-1", "p"}),
+             Catch::Contains("max_restarts"));
+  CHECK_THAT(parse_err({"--standalone", "--shutdown_timeout=-1", "p"}),
+             Catch::Contains("shutdown_timeout"));
   CHECK_THAT(parse_err({"--standalone"}), Catch::Contains("missing the program"));
   for (const auto& args : {std::vector<std::string>{"--nproc_per_node=0", "p"},
                            std::vector<std::string>{"--bogus", "p"}}) {
@@ -177,4 +186,74 @@ TEST_CASE("entrypoint: executables, scripts and modules", "[config]") {
              Catch::Contains("not found on PATH"));
   CHECK_THAT(std::string(resolve({"--standalone", dir.file("missing.py")}).status().message()),
              Catch::Contains("does not exist"));
+}
+
+TEST_CASE("rendezvous flags: endpoints, IPv6 in brackets, default port", "[config]") {
+  using muster::launcher::parse_endpoint;
+  auto e = parse_endpoint("node0:1234", 29400);
+  REQUIRE(e.ok());
+  CHECK(e->host == "node0");
+  CHECK(e->port == 1234);
+  CHECK(parse_endpoint("node0", 29400)->port == 29400);
+  auto v6 = parse_endpoint("[::1]:5000", 29400);
+  REQUIRE(v6.ok());
+  CHECK(v6->host == "::1");
+  CHECK(v6->port == 5000);
+  CHECK(v6->to_string() == "[::1]:5000");
+  CHECK(parse_endpoint("[fe80::1]", 29400)->port == 29400);
+  for (const char* bad : {"", ":1", "h:", "h:0", "h:70000", "h:x", "[::1", "[::1]x", "::1:5"}) {
+    INFO(bad);
+    CHECK_FALSE(parse_endpoint(bad, 29400).ok());
+  }
+}
+
+TEST_CASE("rendezvous flags: rdzv_conf keys and units", "[config]") {
+  using muster::launcher::parse_rdzv_conf;
+  auto c = parse_rdzv_conf(
+      "join_timeout=5,last_call_timeout=0.5,close_timeout=2,keep_alive_interval=1,"
+      "keep_alive_max_attempt=4,read_timeout=7,token=abc,is_host=false");
+  REQUIRE(c.ok());
+  CHECK(c->timeouts.join_timeout == std::chrono::seconds(5));
+  CHECK(c->timeouts.last_call_timeout == std::chrono::milliseconds(500));
+  CHECK(c->close_timeout == std::chrono::seconds(2));
+  CHECK(c->timeouts.keep_alive_interval == std::chrono::seconds(1));
+  CHECK(c->timeouts.keep_alive_max_attempt == 4);
+  CHECK(c->read_timeout == std::chrono::seconds(7));
+  CHECK(c->token == "abc");
+  REQUIRE(c->is_host.has_value());
+  CHECK_FALSE(*c->is_host);
+  auto d = parse_rdzv_conf("");
+  REQUIRE(d.ok());
+  CHECK(d->timeouts.join_timeout == std::chrono::seconds(600));
+  CHECK(d->timeouts.last_call_timeout == std::chrono::seconds(30));
+  CHECK_FALSE(d->is_host.has_value());
+  CHECK_THAT(std::string(parse_rdzv_conf("colour=red").status().message()),
+             Catch::Contains("unknown key 'colour'"));
+  CHECK_FALSE(parse_rdzv_conf("join_timeout=soon").ok());
+  CHECK_FALSE(parse_rdzv_conf("join_timeout").ok());
+  CHECK_FALSE(parse_rdzv_conf("keep_alive_max_attempt=0").ok());
+  CHECK_FALSE(parse_rdzv_conf("keep_alive_interval=0").ok());
+  CHECK_FALSE(parse_rdzv_conf("is_host=maybe").ok());
+}
+
+TEST_CASE("rendezvous flags: modes", "[config]") {
+  using muster::launcher::RdzvMode;
+  CHECK(parse_ok({"--standalone", "p"}).mode == RdzvMode::kEmbedded);
+  // Plain single node: torchrun's static defaults, served privately.
+  LaunchConfig single = parse_ok({"p"});
+  CHECK(single.mode == RdzvMode::kEmbedded);
+  CHECK(single.master_addr == "127.0.0.1");
+  CHECK(single.master_port == 29500);
+  LaunchConfig c10d = parse_ok({"--nnodes=1:4", "--rdzv_backend=c10d", "--rdzv_endpoint=n0", "p"});
+  CHECK(c10d.mode == RdzvMode::kC10d);
+  CHECK(c10d.endpoint.to_string() == "n0:29400");
+  CHECK(c10d.min_nodes == 1);
+  CHECK(c10d.max_nodes == 4);
+  LaunchConfig st =
+      parse_ok({"--nnodes=2", "--node_rank=1", "--master_addr=n0", "--master_port=1000", "p"});
+  CHECK(st.mode == RdzvMode::kStatic);
+  CHECK(st.node_rank == 1);
+  CHECK(st.endpoint.to_string() == "n0:1001");  // MASTER_PORT stays the workers'
+  CHECK_THAT(parse_err({"--nnodes=2", "--rdzv_backend=c10d", "p"}),
+             Catch::Contains("needs --rdzv_endpoint"));
 }

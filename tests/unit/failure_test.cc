@@ -1,9 +1,9 @@
+#include "muster/agent/failure.h"
+
+#include <catch2/catch.hpp>
 #include <csignal>
 #include <fstream>
 
-#include <catch2/catch.hpp>
-
-#include "muster/agent/failure.h"
 #include "proc.h"
 
 using muster::agent::format_failure_summary;
@@ -53,8 +53,9 @@ TEST_CASE("summary: other failures are listed after the root cause's header", "[
 TEST_CASE("error file: torch's @record JSON feeds the summary", "[failure]") {
   muster::testing::TempDir dir;
   const std::string path = dir.file("error.json");
-  std::ofstream(path) << R"({"message": {"message": "ValueError: bad batch", "extraInfo": )"
-                      << R"({"py_callstack": "Traceback (most recent call last):\n  x\nValueError: bad batch\n", "timestamp": "1700000000"}}})";
+  std::ofstream(path)
+      << R"({"message": {"message": "ValueError: bad batch", "extraInfo": )"
+      << R"({"py_callstack": "Traceback (most recent call last):\n  x\nValueError: bad batch\n", "timestamp": "1700000000"}}})";
   auto f = failure(1, 1, 0);
   f.set_error_file(path);
   read_error_file(path, f);

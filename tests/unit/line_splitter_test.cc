@@ -1,6 +1,6 @@
-#include <catch2/catch.hpp>
-
 #include "muster/agent/line_splitter.h"
+
+#include <catch2/catch.hpp>
 
 using muster::agent::expand_prefix_template;
 using muster::agent::LineSplitter;

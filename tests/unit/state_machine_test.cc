@@ -1,9 +1,8 @@
 // The rendezvous rules, driven with a fake clock: `now` is just a number we advance.
-#include <random>
+#include "muster/rendezvous/state_machine.h"
 
 #include <catch2/catch.hpp>
-
-#include "muster/rendezvous/state_machine.h"
+#include <random>
 
 using namespace std::chrono_literals;
 using muster::rendezvous::Outgoing;
@@ -341,8 +340,10 @@ TEST_CASE("rendezvous: random event sequences keep the invariants", "[rdzv]") {
     std::set<SessionId> open;
     for (int step = 0; step < 60; ++step) {
       switch (rng() % 5) {
-        case 0: case 1: {
-          SessionId s = (open.empty() || rng() % 2) ? next++ : *std::next(open.begin(), rng() % open.size());
+        case 0:
+        case 1: {
+          SessionId s =
+              (open.empty() || rng() % 2) ? next++ : *std::next(open.begin(), rng() % open.size());
           open.insert(s);
           h.join(s, "n" + std::to_string(s), min, max, 3, 1 + static_cast<int>(rng() % 3));
           break;

@@ -1,6 +1,6 @@
-#include <catch2/catch.hpp>
-
 #include "muster/agent/worker_env.h"
+
+#include <catch2/catch.hpp>
 
 using muster::agent::build_worker_env;
 using muster::agent::WorkerEnvSpec;
@@ -54,8 +54,8 @@ TEST_CASE("worker env: every contract variable, as torchrun computes it", "[env]
 TEST_CASE("worker env: user settings of the if-unset variables are kept", "[env]") {
   WorkerEnvSpec s;
   s.local_world_size = 4;
-  auto env = build_worker_env(
-      {{"OMP_NUM_THREADS", "7"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}}, s);
+  auto env =
+      build_worker_env({{"OMP_NUM_THREADS", "7"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}}, s);
   CHECK(env["OMP_NUM_THREADS"] == "7");
   CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0");
 }

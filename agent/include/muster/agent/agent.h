@@ -7,13 +7,12 @@
 // messages are all events on that loop; nothing polls.
 #pragma once
 
+#include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <boost/asio/io_context.hpp>
 
 #include "muster/rendezvous/state_machine.h"
 
@@ -44,12 +43,12 @@ struct AgentOptions {
   // Workers
   int nproc_per_node = 1;
   std::string role = "default";
-  std::string program_path;        // resolved executable
-  std::vector<std::string> argv;   // argv[0] included
-  std::string entrypoint_name;     // what the failure summary calls the job
+  std::string program_path;       // resolved executable
+  std::vector<std::string> argv;  // argv[0] included
+  std::string entrypoint_name;    // what the failure summary calls the job
   std::map<std::string, std::string> base_env;
-  std::string prefix_template;     // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, or the default
-  std::string error_dir;           // per-attempt error files go under here
+  std::string prefix_template;  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, or the default
+  std::string error_dir;        // per-attempt error files go under here
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
   // Output sinks (the console).
   int stdout_fd = 1;

@@ -27,8 +27,8 @@ struct RdzvConf {
   muster::rendezvous::RendezvousTimeouts timeouts;  // join, last_call, keep_alive_*
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};
   std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
-  std::string token;              // or $MUSTER_RDZV_TOKEN
-  std::optional<bool> is_host;    // override the hosting rule
+  std::string token;            // or $MUSTER_RDZV_TOKEN
+  std::optional<bool> is_host;  // override the hosting rule
 };
 absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text);
 
@@ -47,7 +47,7 @@ struct LaunchConfig {
   std::string nproc_spec = "1";  // as given: an int, "cpu", "gpu" or "auto"
   int nproc_per_node = 1;        // resolved
   int max_restarts = 0;
-  double monitor_interval = 0.1;  // accepted for torchrun compatibility; exits are events here
+  double monitor_interval = 0.1;       // accepted for torchrun compatibility; exits are events here
   std::string start_method = "spawn";  // accepted; workers are always fork+exec'd
   std::string rdzv_backend = "static";
   std::string rdzv_endpoint;
@@ -55,11 +55,11 @@ struct LaunchConfig {
   std::string rdzv_conf_text;
   RdzvConf rdzv_conf;
   RdzvMode mode = RdzvMode::kEmbedded;
-  Endpoint endpoint;              // kStatic / kC10d: where the rendezvous server is
-  int node_rank = -1;             // static: this node's group rank
-  std::string master_addr;        // static: workers' MASTER_ADDR (default 127.0.0.1)
-  int master_port = 0;            // static: workers' MASTER_PORT (default 29500)
-  std::string local_addr;         // this node's address as others reach it (default: fqdn)
+  Endpoint endpoint;        // kStatic / kC10d: where the rendezvous server is
+  int node_rank = -1;       // static: this node's group rank
+  std::string master_addr;  // static: workers' MASTER_ADDR (default 127.0.0.1)
+  int master_port = 0;      // static: workers' MASTER_PORT (default 29500)
+  std::string local_addr;   // this node's address as others reach it (default: fqdn)
   std::string role = "default";
   bool module = false;     // -m: run the program as `python3 -u -m <module>`
   bool no_python = false;  // run the program directly, never through python

@@ -4,11 +4,10 @@
 // status, onto the owner's io_context. send() and close() are called from that io_context.
 #pragma once
 
+#include <boost/asio/io_context.hpp>
 #include <functional>
 #include <memory>
 #include <string>
-
-#include <boost/asio/io_context.hpp>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

@@ -5,10 +5,9 @@
 // in `launch` (sharing the agent's io_context) and on its own in `rdzvd`.
 #pragma once
 
+#include <boost/asio/io_context.hpp>
 #include <memory>
 #include <string>
-
-#include <boost/asio/io_context.hpp>
 
 #include "absl/status/statusor.h"
 #include "muster/rendezvous/state_machine.h"
