@@ -218,6 +218,8 @@ class Agent::Impl {
       spec.error_file = w->error_file;
       spec.store_addr = opts_.store_addr;
       spec.round = a.round();
+      spec.node_addr = opts_.host;
+      spec.token = opts_.token;
       SpawnRequest req{opts_.program_path, opts_.argv,
                        to_envp(build_worker_env(opts_.base_env, spec))};
       absl::StatusOr<ChildProcess> child = spawn_worker(req);

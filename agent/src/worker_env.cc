@@ -47,6 +47,8 @@ std::map<std::string, std::string> build_worker_env(const std::map<std::string, 
   set("MUSTER_STORE_ADDR", s.store_addr);
   set("MUSTER_RUN_ID", s.run_id);
   set("MUSTER_ROUND", std::to_string(s.round));
+  set("MUSTER_NODE_ADDR", s.node_addr);
+  if (!s.token.empty()) set("MUSTER_RDZV_TOKEN", s.token);
   return env;
 }
 

@@ -7,10 +7,12 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <deque>
+#include <list>
 #include <mutex>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "muster/rendezvous/kv_table.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
 
 namespace muster::rendezvous {
@@ -49,6 +51,11 @@ class Core : public std::enable_shared_from_this<Core> {
     return machine_.status(run_id);
   }
 
+  // One Store call; finishes `reactor` now or, for a wait, when the keys appear or the
+  // timeout passes.
+  void store_call(const v1::StoreRequest* req, v1::StoreReply* reply,
+                  grpc::ServerUnaryReactor* reactor);
+
  private:
   void arm_timer();
 
@@ -58,6 +65,27 @@ class Core : public std::enable_shared_from_this<Core> {
   boost::asio::steady_timer timer_;
   std::optional<TimePoint> armed_for_;
   std::unordered_map<SessionId, std::shared_ptr<SessionLink>> links_;
+
+  // A Get, Wait or MultiGet whose keys are not all there yet.
+  struct Waiter {
+    const v1::StoreRequest* req;
+    v1::StoreReply* reply;
+    grpc::ServerUnaryReactor* reactor;
+    boost::asio::steady_timer timer;
+    Waiter(const v1::StoreRequest* q, v1::StoreReply* r, grpc::ServerUnaryReactor* re,
+           boost::asio::io_context& io)
+        : req(q), reply(r), reactor(re), timer(io) {}
+  };
+  using WaiterList = std::list<std::shared_ptr<Waiter>>;
+  // Completes every waiter of `run` whose keys now all exist.
+  void wake(const std::string& run);
+  void answer_read(const KvTable& table, const v1::StoreRequest& req, v1::StoreReply* reply);
+  // Drops the tables of runs the state machine has forgotten.
+  void drop_finished_tables();
+
+  std::unordered_map<std::string, KvTable> tables_;
+  std::unordered_map<std::string, WaiterList> waiters_;
+  std::set<std::string> linked_runs_;  // tables whose run the state machine has held
 };
 
 namespace {
@@ -197,7 +225,153 @@ class Service final : public v1::Rendezvous::CallbackService {
   std::atomic<SessionId> next_id_{1};
 };
 
+class StoreService final : public v1::Store::CallbackService {
+ public:
+  explicit StoreService(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  grpc::ServerUnaryReactor* Call(grpc::CallbackServerContext* ctx, const v1::StoreRequest* req,
+                                 v1::StoreReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (!core_->token().empty() && req->token() != core_->token()) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                                   "store refused the call: wrong or missing token"));
+      return reactor;
+    }
+    boost::asio::post(core_->io(),
+                      [core = core_, req, reply, reactor] { core->store_call(req, reply, reactor); });
+    return reactor;
+  }
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
 }  // namespace
+
+void Core::answer_read(const KvTable& table, const v1::StoreRequest& req, v1::StoreReply* reply) {
+  if (req.op() == v1::StoreRequest::WAIT) return;
+  for (const auto& k : req.keys()) reply->add_values(*table.find(k));
+}
+
+void Core::store_call(const v1::StoreRequest* req, v1::StoreReply* reply,
+                      grpc::ServerUnaryReactor* reactor) {
+  using R = v1::StoreRequest;
+  auto fail = [reactor](grpc::StatusCode code, std::string msg) {
+    reactor->Finish(grpc::Status(code, std::move(msg)));
+  };
+  const int nkeys = req->keys_size();
+  const int nvalues = req->values_size();
+  const bool one_key = nkeys == 1;
+  bool shape_ok = true;
+  switch (req->op()) {
+    case R::SET: shape_ok = one_key && nvalues == 1; break;
+    case R::GET: case R::ADD: case R::DELETE: shape_ok = one_key; break;
+    case R::COMPARE_SET: shape_ok = one_key && nvalues == 2; break;
+    case R::CHECK: case R::WAIT: case R::MULTI_GET: shape_ok = nkeys >= 1; break;
+    case R::NUM_KEYS: break;
+    case R::MULTI_SET: shape_ok = nkeys == nvalues; break;
+    default: shape_ok = false;
+  }
+  if (!shape_ok || req->run_id().empty() || req->run_id().size() > kMaxIdLength) {
+    fail(grpc::StatusCode::INVALID_ARGUMENT, "store: malformed request");
+    return;
+  }
+  if (machine_.has_run(req->run_id())) linked_runs_.insert(req->run_id());
+  auto [it, inserted] = tables_.try_emplace(req->run_id(), opts_.store_limits);
+  KvTable& table = it->second;
+  for (const auto& k : req->keys()) {
+    if (absl::Status st = table.check_key(k); !st.ok()) {
+      reactor->Finish(to_grpc(st));
+      return;
+    }
+  }
+  absl::Status st;
+  bool wrote = false;
+  switch (req->op()) {
+    case R::SET:
+      st = table.set(req->keys(0), req->values(0));
+      wrote = true;
+      break;
+    case R::ADD: {
+      auto r = table.add(req->keys(0), req->delta());
+      st = r.status();
+      if (r.ok()) reply->set_number(*r);
+      wrote = true;
+      break;
+    }
+    case R::COMPARE_SET: {
+      auto r = table.compare_set(req->keys(0), req->values(0), req->values(1));
+      st = r.status();
+      if (r.ok()) reply->add_values(*r);
+      wrote = true;
+      break;
+    }
+    case R::DELETE:
+      reply->set_flag(table.erase(req->keys(0)));
+      break;
+    case R::CHECK:
+      reply->set_flag(table.contains_all({req->keys().begin(), req->keys().end()}));
+      break;
+    case R::NUM_KEYS:
+      reply->set_number(static_cast<std::int64_t>(table.size()));
+      break;
+    case R::MULTI_SET:
+      for (int i = 0; i < nkeys && st.ok(); ++i) st = table.check_entry(req->keys(i), req->values(i));
+      for (int i = 0; i < nkeys && st.ok(); ++i) st = table.set(req->keys(i), req->values(i));
+      wrote = true;
+      break;
+    default: {  // GET, WAIT, MULTI_GET
+      if (table.contains_all({req->keys().begin(), req->keys().end()})) {
+        answer_read(table, *req, reply);
+        reactor->Finish(grpc::Status::OK);
+        return;
+      }
+      auto w = std::make_shared<Waiter>(req, reply, reactor, io_);
+      WaiterList& list = waiters_[req->run_id()];
+      auto pos = list.insert(list.end(), w);
+      w->timer.expires_after(std::chrono::milliseconds(std::max<std::int64_t>(0, req->timeout_ms())));
+      w->timer.async_wait([this, self = shared_from_this(), w, run = req->run_id(),
+                           pos](const boost::system::error_code& ec) {
+        if (ec) return;  // completed by wake()
+        waiters_[run].erase(pos);
+        w->reactor->Finish(grpc::Status(
+            grpc::StatusCode::DEADLINE_EXCEEDED,
+            absl::StrCat("store: timed out after ", w->req->timeout_ms(), " ms waiting for ",
+                         w->req->keys_size(), " key(s)")));
+      });
+      return;
+    }
+  }
+  reactor->Finish(to_grpc(st));
+  if (wrote && st.ok()) wake(req->run_id());
+}
+
+void Core::wake(const std::string& run) {
+  auto wl = waiters_.find(run);
+  if (wl == waiters_.end()) return;
+  const KvTable& table = tables_.at(run);
+  for (auto it = wl->second.begin(); it != wl->second.end();) {
+    Waiter& w = **it;
+    if (!table.contains_all({w.req->keys().begin(), w.req->keys().end()})) {
+      ++it;
+      continue;
+    }
+    answer_read(table, *w.req, w.reply);
+    w.timer.cancel();
+    w.reactor->Finish(grpc::Status::OK);
+    it = wl->second.erase(it);
+  }
+}
+
+void Core::drop_finished_tables() {
+  for (auto it = linked_runs_.begin(); it != linked_runs_.end();) {
+    if (machine_.has_run(*it)) {
+      ++it;
+      continue;
+    }
+    tables_.erase(*it);  // waiters keep their own timers and time out on their own
+    it = linked_runs_.erase(it);
+  }
+}
 
 void Core::on_message(SessionId id, const v1::AgentMsg& msg) {
   apply(machine_.on_message(id, msg, Clock::now()));
@@ -233,6 +407,7 @@ void Core::arm_timer() {
     if (ec || !core || core->armed_for_ != when) return;
     core->armed_for_.reset();
     core->apply(core->machine_.on_tick(Clock::now()));
+    core->drop_finished_tables();
   });
 }
 
@@ -240,6 +415,7 @@ class RendezvousServer::Impl {
  public:
   std::shared_ptr<Core> core;
   std::unique_ptr<Service> service;
+  std::unique_ptr<StoreService> store_service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   bool stopped = false;
@@ -252,9 +428,11 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   int max_bytes = options.max_message_bytes;
   impl->core = std::make_shared<Core>(io, std::move(options));
   impl->service = std::make_unique<Service>(impl->core);
+  impl->store_service = std::make_unique<StoreService>(impl->core);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
   builder.RegisterService(impl->service.get());
+  builder.RegisterService(impl->store_service.get());
   builder.SetMaxReceiveMessageSize(max_bytes);
   // Exactly one server per port: a second agent on this host must fail to bind and connect.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

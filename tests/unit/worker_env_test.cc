@@ -22,6 +22,8 @@ TEST_CASE("worker env: every contract variable, as torchrun computes it", "[env]
   s.error_file = "/tmp/x/attempt_1/2/error.json";
   s.store_addr = "127.0.0.1:4000";
   s.round = 5;
+  s.node_addr = "node2";
+  s.token = "t0k";
   auto env = build_worker_env({{"PATH", "/bin"}, {"RANK", "stale"}}, s);
   const std::map<std::string, std::string> expected{
       {"PATH", "/bin"},
@@ -47,6 +49,8 @@ TEST_CASE("worker env: every contract variable, as torchrun computes it", "[env]
       {"MUSTER_STORE_ADDR", "127.0.0.1:4000"},
       {"MUSTER_RUN_ID", "job42"},
       {"MUSTER_ROUND", "5"},
+      {"MUSTER_NODE_ADDR", "node2"},
+      {"MUSTER_RDZV_TOKEN", "t0k"},
   };
   CHECK(env == expected);
 }

@@ -25,6 +25,8 @@ struct WorkerEnvSpec {
   std::string error_file;
   std::string store_addr;  // host:port of the rendezvous/store service
   int round = 0;
+  std::string node_addr;  // how other nodes reach this one (MUSTER_NODE_ADDR)
+  std::string token;      // the run's credential, when it has one (MUSTER_RDZV_TOKEN)
 };
 
 // The launcher's own environment as a map (from `environ`).

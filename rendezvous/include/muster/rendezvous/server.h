@@ -1,4 +1,5 @@
-// The rendezvous server: the gRPC `Rendezvous` service around a StateMachine.
+// The rendezvous server: the gRPC `Rendezvous` service around a StateMachine, and the `Store`
+// service holding each run's key-value table (dropped with the run).
 //
 // Threads: the state machine and the session table live on the io_context passed to
 // start(); gRPC's callback threads only post events onto it. The same server runs embedded
@@ -11,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "muster/rendezvous/state_machine.h"
+#include "muster/rendezvous/store.h"
 
 namespace muster::rendezvous {
 
@@ -20,8 +22,10 @@ struct ServerOptions {
   // When non-empty, a Join must carry this token or its stream ends with PERMISSION_DENIED.
   std::string token;
   RendezvousTimeouts timeouts;
-  // Cap on one incoming message; a Join is a few hundred bytes.
-  int max_message_bytes = 64 * 1024;
+  // Cap on one incoming message: a store value (4 MiB at most) with its key. Joins are
+  // validated field by field.
+  int max_message_bytes = 8 << 20;
+  StoreLimits store_limits;
 };
 
 class RendezvousServer {

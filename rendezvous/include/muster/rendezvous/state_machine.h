@@ -72,6 +72,7 @@ class StateMachine {
   std::size_t num_runs() const { return runs_.size(); }
   // Runs that have not finished.
   std::size_t num_active_runs() const;
+  bool has_run(const std::string& run_id) const { return runs_.count(run_id) > 0; }
 
   // What is held for `run_id`, or for every run when it is empty.
   std::vector<v1::RunStatus> status(const std::string& run_id) const;

@@ -1,0 +1,203 @@
+// One conformance suite for every Store implementation (c10d's testHelper idea).
+#include <thread>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <catch2/catch.hpp>
+
+#include "muster/rendezvous/grpc_store.h"
+#include "muster/rendezvous/memory_store.h"
+#include "muster/rendezvous/prefix_store.h"
+#include "muster/rendezvous/server.h"
+
+using namespace std::chrono_literals;
+using muster::rendezvous::Store;
+using muster::rendezvous::StoreLimits;
+
+namespace {
+
+StoreLimits small_limits() {
+  StoreLimits l;
+  l.max_key_bytes = 64;
+  l.max_value_bytes = 1024;
+  l.max_keys = 16;
+  return l;
+}
+
+struct MemoryFixture {
+  muster::rendezvous::MemoryStore store{small_limits()};
+  Store& get() { return store; }
+};
+
+struct PrefixFixture {
+  muster::rendezvous::MemoryStore base{small_limits()};
+  muster::rendezvous::PrefixStore store{"/run/1/", base};
+  Store& get() { return store; }
+};
+
+// A real server on 127.0.0.1:0 with its io_context on a thread, and a client.
+struct GrpcFixture {
+  boost::asio::io_context io;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
+  std::unique_ptr<muster::rendezvous::RendezvousServer> server;
+  std::thread thread;
+  std::unique_ptr<muster::rendezvous::GrpcStore> store;
+  GrpcFixture() {
+    muster::rendezvous::ServerOptions o;
+    o.token = "secret";
+    o.store_limits = small_limits();
+    auto s = muster::rendezvous::RendezvousServer::start(io, o);
+    REQUIRE(s.ok());
+    server = std::move(*s);
+    thread = std::thread([this] { io.run(); });
+    store = std::make_unique<muster::rendezvous::GrpcStore>(muster::rendezvous::GrpcStoreOptions{
+        "127.0.0.1:" + std::to_string(server->port()), "run", "secret"});
+  }
+  ~GrpcFixture() {
+    store.reset();
+    server->shutdown();
+    work.reset();
+    io.stop();
+    thread.join();
+  }
+  Store& get() { return *store; }
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("store: set and get", "[store]", MemoryFixture, PrefixFixture, GrpcFixture) {
+  TestType f;
+  Store& s = f.get();
+  REQUIRE(s.set("a", "1").ok());
+  REQUIRE(s.set("a", std::string("x\0y", 3)).ok());
+  auto v = s.get("a", 1s);
+  REQUIRE(v.ok());
+  CHECK(*v == std::string("x\0y", 3));
+  REQUIRE(s.set("empty", "").ok());
+  CHECK(*s.get("empty", 1s) == "");
+}
+
+TEMPLATE_TEST_CASE("store: a get that times out says so", "[store]", MemoryFixture, PrefixFixture,
+                   GrpcFixture) {
+  TestType f;
+  auto v = f.get().get("missing", 50ms);
+  CHECK(v.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(f.get().wait({"missing"}, 50ms).code() == absl::StatusCode::kDeadlineExceeded);
+}
+
+TEMPLATE_TEST_CASE("store: waiters are woken by the write that completes them", "[store]",
+                   MemoryFixture, PrefixFixture, GrpcFixture) {
+  TestType f;
+  Store& s = f.get();
+  absl::StatusOr<std::string> got;
+  absl::Status waited;
+  std::thread getter([&] { got = s.get("k", 30s); });
+  std::thread waiter([&] { waited = s.wait({"k", "k2"}, 30s); });
+  REQUIRE(s.set("k", "v").ok());
+  REQUIRE(s.set("k2", "v2").ok());
+  getter.join();
+  waiter.join();
+  REQUIRE(got.ok());
+  CHECK(*got == "v");
+  CHECK(waited.ok());
+}
+
+TEMPLATE_TEST_CASE("store: add", "[store]", MemoryFixture, PrefixFixture, GrpcFixture) {
+  TestType f;
+  Store& s = f.get();
+  CHECK(*s.add("n", 5) == 5);
+  CHECK(*s.add("n", -2) == 3);
+  CHECK(*s.get("n", 1s) == "3");
+  REQUIRE(s.set("text", "abc").ok());
+  CHECK(s.add("text", 1).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEMPLATE_TEST_CASE("store: add from many threads counts every call", "[store]", MemoryFixture,
+                   GrpcFixture) {
+  TestType f;
+  Store& s = f.get();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t) {
+    ts.emplace_back([&s] {
+      for (int i = 0; i < 50; ++i) REQUIRE(s.add("count", 1).ok());
+    });
+  }
+  for (auto& t : ts) t.join();
+  CHECK(*s.get("count", 1s) == "200");
+}
+
+TEMPLATE_TEST_CASE("store: compare_set follows c10d", "[store]", MemoryFixture, PrefixFixture,
+                   GrpcFixture) {
+  TestType f;
+  Store& s = f.get();
+  // Missing key, non-empty expected: nothing changes, expected comes back.
+  CHECK(*s.compare_set("k", "old", "new") == "old");
+  CHECK_FALSE(*s.check({"k"}));
+  // Missing key, empty expected: created.
+  CHECK(*s.compare_set("k", "", "first") == "first");
+  // Match: swapped.
+  CHECK(*s.compare_set("k", "first", "second") == "second");
+  // Mismatch: the current value comes back, unchanged.
+  CHECK(*s.compare_set("k", "first", "third") == "second");
+  CHECK(*s.get("k", 1s) == "second");
+}
+
+TEMPLATE_TEST_CASE("store: delete, check, num_keys", "[store]", MemoryFixture, PrefixFixture,
+                   GrpcFixture) {
+  TestType f;
+  Store& s = f.get();
+  REQUIRE(s.set("a", "1").ok());
+  REQUIRE(s.set("b", "2").ok());
+  CHECK(*s.check({"a", "b"}));
+  CHECK_FALSE(*s.check({"a", "c"}));
+  CHECK(*s.num_keys() == 2);
+  CHECK(*s.delete_key("a"));
+  CHECK_FALSE(*s.delete_key("a"));
+  CHECK(*s.num_keys() == 1);
+}
+
+TEMPLATE_TEST_CASE("store: multi_set and multi_get", "[store]", MemoryFixture, PrefixFixture,
+                   GrpcFixture) {
+  TestType f;
+  Store& s = f.get();
+  REQUIRE(s.multi_set({"x", "y", "z"}, {"1", "2", "3"}).ok());
+  auto v = s.multi_get({"z", "x"}, 1s);
+  REQUIRE(v.ok());
+  CHECK(*v == std::vector<std::string>{"3", "1"});
+  CHECK(s.multi_set({"p"}, {"1", "2"}).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.multi_get({"x", "nope"}, 50ms).status().code() == absl::StatusCode::kDeadlineExceeded);
+}
+
+TEMPLATE_TEST_CASE("store: limits are enforced and leave the table as it was", "[store]",
+                   MemoryFixture, PrefixFixture, GrpcFixture) {
+  TestType f;
+  Store& s = f.get();
+  auto key_error = s.set(std::string(100, 'k'), "v");
+  CHECK(key_error.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(key_error.message()), Catch::Contains("key"));
+  auto value_error = s.set("k", std::string(2000, 'v'));
+  CHECK(value_error.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(value_error.message()), Catch::Contains("value"));
+  CHECK_FALSE(*s.check({"k"}));
+  for (int i = 0; i < 16; ++i) REQUIRE(s.set("key" + std::to_string(i), "v").ok());
+  CHECK(s.set("one-more", "v").code() == absl::StatusCode::kResourceExhausted);
+  CHECK(s.set("key3", "replaced").ok());  // replacing is not a new key
+  CHECK(*s.num_keys() == 16);
+}
+
+TEST_CASE("store: a call with a wrong secret is refused", "[store]") {
+  GrpcFixture f;
+  muster::rendezvous::GrpcStore bad({"127.0.0.1:" + std::to_string(f.server->port()), "run", "guess"});
+  auto st = bad.set("k", "v");
+  CHECK(st.code() == absl::StatusCode::kPermissionDenied);
+  CHECK_FALSE(*f.store->check({"k"}));
+}
+
+TEST_CASE("store: runs have separate tables", "[store]") {
+  GrpcFixture f;
+  muster::rendezvous::GrpcStore other({"127.0.0.1:" + std::to_string(f.server->port()), "other", "secret"});
+  REQUIRE(f.store->set("k", "mine").ok());
+  REQUIRE(other.set("k", "theirs").ok());
+  CHECK(*f.store->get("k", 1s) == "mine");
+  CHECK(*other.get("k", 1s) == "theirs");
+}

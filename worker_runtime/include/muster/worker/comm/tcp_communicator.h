@@ -1,0 +1,33 @@
+// The TCP ring backend (Boost.Asio): what runs on machines without GPUs.
+//
+// all_reduce is a ring reduce-scatter followed by a ring all-gather over n uneven segments;
+// each step writes one segment to the next rank while reading the previous rank's in chunks
+// and reducing each chunk as it lands (pipelined). f16/bf16 are widened to f32 for the
+// reduction. Ranks find each other through the store: each listens on a free port and
+// publishes "tcp/<rank>" = host:port; every connection starts with a magic number, the
+// sender's rank and the group size.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "muster/rendezvous/store.h"
+#include "muster/worker/comm/communicator.h"
+
+namespace muster::worker {
+
+struct TcpOptions {
+  std::string listen_host = "0.0.0.0";
+  std::string advertise_host = "127.0.0.1";  // how the others reach this rank
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // per call and for set-up
+  std::size_t chunk_bytes = 256 * 1024;
+};
+
+// Builds the ring. Collective: every rank of the group calls it with the same store.
+absl::StatusOr<std::unique_ptr<Communicator>> make_tcp_communicator(rendezvous::Store& store,
+                                                                    int rank, int size,
+                                                                    const TcpOptions& options);
+
+}  // namespace muster::worker

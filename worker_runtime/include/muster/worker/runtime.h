@@ -1,0 +1,74 @@
+// What a training program links to join the job `launch` started:
+//
+//   auto rt = muster::worker::Runtime::from_env();      // ranks, store, restart count
+//   if (!rt.ok()) { fprintf(stderr, "%s\n", rt.status().ToString().c_str()); return 1; }
+//   auto comm = (*rt)->communicator(Backend::kAuto);    // NCCL if a GPU is visible, else TCP
+//   (*comm)->all_reduce(grads, n, DType::kF32, ReduceOp::kAvg);
+//
+// Thread safety: a Runtime may be shared; its store may be called from several threads.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "muster/rendezvous/store.h"
+#include "muster/worker/comm/communicator.h"
+
+namespace muster::worker {
+
+// The worker environment (DESIGN.md "Worker environment"), parsed and checked.
+struct WorkerInfo {
+  int rank = 0;
+  int local_rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  int group_rank = 0;
+  int group_world_size = 1;
+  int role_rank = 0;
+  int role_world_size = 1;
+  std::string role_name;
+  std::string master_addr;
+  int master_port = 0;
+  int restart_count = 0;
+  int max_restarts = 0;
+  std::string run_id;         // TORCHELASTIC_RUN_ID
+  std::string error_file;     // TORCHELASTIC_ERROR_FILE (may be empty)
+  std::string store_addr;     // MUSTER_STORE_ADDR
+  std::string store_run_id;   // MUSTER_RUN_ID
+  int round = 0;              // MUSTER_ROUND
+  std::string token;          // MUSTER_RDZV_TOKEN (may be empty)
+  std::string node_addr;      // MUSTER_NODE_ADDR: how other nodes reach this one
+};
+
+// Parses `env`; a missing or malformed variable gives INVALID_ARGUMENT naming it.
+absl::StatusOr<WorkerInfo> parse_worker_env(const std::map<std::string, std::string>& env);
+
+class Runtime {
+ public:
+  // From this process's environment.
+  static absl::StatusOr<std::unique_ptr<Runtime>> from_env();
+  static absl::StatusOr<std::unique_ptr<Runtime>> from_env(
+      const std::map<std::string, std::string>& env);
+  ~Runtime();
+
+  const WorkerInfo& info() const { return info_; }
+
+  // The run's store, namespaced to this round ("r<round>/"): keys from an earlier attempt
+  // never leak into this one.
+  rendezvous::Store& store() { return *round_store_; }
+
+  // A communicator over all WORLD_SIZE ranks. kAuto: NCCL on device LOCAL_RANK when this
+  // build has NCCL and a GPU is visible, else TCP. Collective: every rank calls it.
+  absl::StatusOr<std::unique_ptr<Communicator>> communicator(Backend backend = Backend::kAuto);
+
+ private:
+  explicit Runtime(WorkerInfo info);
+  WorkerInfo info_;
+  std::unique_ptr<rendezvous::Store> run_store_;
+  std::unique_ptr<rendezvous::Store> round_store_;
+  int communicators_made_ = 0;
+};
+
+}  // namespace muster::worker
