@@ -36,8 +36,7 @@ struct SessionLink {
 // State owned by the io thread: the state machine, the session table and the timer.
 class Core : public std::enable_shared_from_this<Core> {
  public:
-  Core(boost::asio::io_context& io, ServerOptions opts)
-      : io_(io), opts_(std::move(opts)), machine_(opts_.timeouts), timer_(io) {}
+  Core(boost::asio::io_context& io, ServerOptions opts);
 
   boost::asio::io_context& io() { return io_; }
   const std::string& token() const { return opts_.token; }
@@ -51,10 +50,7 @@ class Core : public std::enable_shared_from_this<Core> {
     return machine_.status(run_id);
   }
 
-  // One Store call; finishes `reactor` now or, for a wait, when the keys appear or the
-  // timeout passes.
-  void store_call(const v1::StoreRequest* req, v1::StoreReply* reply,
-                  grpc::ServerUnaryReactor* reactor);
+  class StoreState& store() { return *store_; }
 
  private:
   void arm_timer();
@@ -66,27 +62,55 @@ class Core : public std::enable_shared_from_this<Core> {
   std::optional<TimePoint> armed_for_;
   std::unordered_map<SessionId, std::shared_ptr<SessionLink>> links_;
 
+  // Drops the store tables of runs the state machine has forgotten.
+  void drop_finished_tables();
+
+  std::unique_ptr<class StoreState> store_;
+  std::set<std::string> seen_runs_;  // runs that have had a Join, for dropping their tables
+};
+
+// Every run's key-value table. Called on gRPC's callback threads (a store call is answered
+// where it arrives, without a hop to the io thread) and so guarded by a mutex; only a wait's
+// timeout runs on the io thread. Reactors are finished outside the lock.
+class StoreState {
+ public:
+  StoreState(boost::asio::io_context& io, StoreLimits limits) : io_(io), limits_(limits) {}
+
+  void call(const v1::StoreRequest* req, v1::StoreReply* reply, grpc::ServerUnaryReactor* reactor);
+  void drop(const std::string& run) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tables_.erase(run);
+  }
+
+ private:
   // A Get, Wait or MultiGet whose keys are not all there yet.
   struct Waiter {
     const v1::StoreRequest* req;
     v1::StoreReply* reply;
     grpc::ServerUnaryReactor* reactor;
-    boost::asio::steady_timer timer;
+    boost::asio::steady_timer timer;  // io thread only
+    bool done = false;                // guarded by mu_
     Waiter(const v1::StoreRequest* q, v1::StoreReply* r, grpc::ServerUnaryReactor* re,
            boost::asio::io_context& io)
         : req(q), reply(r), reactor(re), timer(io) {}
   };
-  using WaiterList = std::list<std::shared_ptr<Waiter>>;
-  // Completes every waiter of `run` whose keys now all exist.
-  void wake(const std::string& run);
-  void answer_read(const KvTable& table, const v1::StoreRequest& req, v1::StoreReply* reply);
-  // Drops the tables of runs the state machine has forgotten.
-  void drop_finished_tables();
+  // REQUIRES: mu_ held. Moves the waiters of `run` whose keys now all exist into `ready`.
+  void collect_ready(const std::string& run, std::vector<std::shared_ptr<Waiter>>& ready);
+  static void answer_read(const KvTable& table, const v1::StoreRequest& req, v1::StoreReply* reply);
 
-  std::unordered_map<std::string, KvTable> tables_;
-  std::unordered_map<std::string, WaiterList> waiters_;
-  std::set<std::string> linked_runs_;  // tables whose run the state machine has held
+  boost::asio::io_context& io_;
+  const StoreLimits limits_;
+  std::mutex mu_;
+  std::unordered_map<std::string, KvTable> tables_;                               // guarded by mu_
+  std::unordered_map<std::string, std::list<std::shared_ptr<Waiter>>> waiters_;  // guarded by mu_
 };
+
+Core::Core(boost::asio::io_context& io, ServerOptions opts)
+    : io_(io),
+      opts_(std::move(opts)),
+      machine_(opts_.timeouts),
+      timer_(io),
+      store_(std::make_unique<StoreState>(io, opts_.store_limits)) {}
 
 namespace {
 
@@ -236,8 +260,7 @@ class StoreService final : public v1::Store::CallbackService {
                                    "store refused the call: wrong or missing token"));
       return reactor;
     }
-    boost::asio::post(core_->io(),
-                      [core = core_, req, reply, reactor] { core->store_call(req, reply, reactor); });
+    core_->store().call(req, reply, reactor);
     return reactor;
   }
 
@@ -247,17 +270,15 @@ class StoreService final : public v1::Store::CallbackService {
 
 }  // namespace
 
-void Core::answer_read(const KvTable& table, const v1::StoreRequest& req, v1::StoreReply* reply) {
+void StoreState::answer_read(const KvTable& table, const v1::StoreRequest& req,
+                             v1::StoreReply* reply) {
   if (req.op() == v1::StoreRequest::WAIT) return;
   for (const auto& k : req.keys()) reply->add_values(*table.find(k));
 }
 
-void Core::store_call(const v1::StoreRequest* req, v1::StoreReply* reply,
+void StoreState::call(const v1::StoreRequest* req, v1::StoreReply* reply,
                       grpc::ServerUnaryReactor* reactor) {
   using R = v1::StoreRequest;
-  auto fail = [reactor](grpc::StatusCode code, std::string msg) {
-    reactor->Finish(grpc::Status(code, std::move(msg)));
-  };
   const int nkeys = req->keys_size();
   const int nvalues = req->values_size();
   const bool one_key = nkeys == 1;
@@ -272,80 +293,90 @@ void Core::store_call(const v1::StoreRequest* req, v1::StoreReply* reply,
     default: shape_ok = false;
   }
   if (!shape_ok || req->run_id().empty() || req->run_id().size() > kMaxIdLength) {
-    fail(grpc::StatusCode::INVALID_ARGUMENT, "store: malformed request");
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "store: malformed request"));
     return;
   }
-  if (machine_.has_run(req->run_id())) linked_runs_.insert(req->run_id());
-  auto [it, inserted] = tables_.try_emplace(req->run_id(), opts_.store_limits);
-  KvTable& table = it->second;
-  for (const auto& k : req->keys()) {
-    if (absl::Status st = table.check_key(k); !st.ok()) {
-      reactor->Finish(to_grpc(st));
-      return;
-    }
-  }
   absl::Status st;
-  bool wrote = false;
-  switch (req->op()) {
-    case R::SET:
-      st = table.set(req->keys(0), req->values(0));
-      wrote = true;
-      break;
-    case R::ADD: {
-      auto r = table.add(req->keys(0), req->delta());
-      st = r.status();
-      if (r.ok()) reply->set_number(*r);
-      wrote = true;
-      break;
+  std::vector<std::shared_ptr<Waiter>> ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KvTable& table = tables_.try_emplace(req->run_id(), limits_).first->second;
+    for (const auto& k : req->keys()) {
+      if (st.ok()) st = table.check_key(k);
     }
-    case R::COMPARE_SET: {
-      auto r = table.compare_set(req->keys(0), req->values(0), req->values(1));
-      st = r.status();
-      if (r.ok()) reply->add_values(*r);
-      wrote = true;
-      break;
-    }
-    case R::DELETE:
-      reply->set_flag(table.erase(req->keys(0)));
-      break;
-    case R::CHECK:
-      reply->set_flag(table.contains_all({req->keys().begin(), req->keys().end()}));
-      break;
-    case R::NUM_KEYS:
-      reply->set_number(static_cast<std::int64_t>(table.size()));
-      break;
-    case R::MULTI_SET:
-      for (int i = 0; i < nkeys && st.ok(); ++i) st = table.check_entry(req->keys(i), req->values(i));
-      for (int i = 0; i < nkeys && st.ok(); ++i) st = table.set(req->keys(i), req->values(i));
-      wrote = true;
-      break;
-    default: {  // GET, WAIT, MULTI_GET
-      if (table.contains_all({req->keys().begin(), req->keys().end()})) {
-        answer_read(table, *req, reply);
-        reactor->Finish(grpc::Status::OK);
-        return;
+    bool wrote = false;
+    if (st.ok()) {
+      switch (req->op()) {
+        case R::SET:
+          st = table.set(req->keys(0), req->values(0));
+          wrote = true;
+          break;
+        case R::ADD: {
+          auto r = table.add(req->keys(0), req->delta());
+          st = r.status();
+          if (r.ok()) reply->set_number(*r);
+          wrote = true;
+          break;
+        }
+        case R::COMPARE_SET: {
+          auto r = table.compare_set(req->keys(0), req->values(0), req->values(1));
+          st = r.status();
+          if (r.ok()) reply->add_values(*r);
+          wrote = true;
+          break;
+        }
+        case R::DELETE:
+          reply->set_flag(table.erase(req->keys(0)));
+          break;
+        case R::CHECK:
+          reply->set_flag(table.contains_all({req->keys().begin(), req->keys().end()}));
+          break;
+        case R::NUM_KEYS:
+          reply->set_number(static_cast<std::int64_t>(table.size()));
+          break;
+        case R::MULTI_SET:
+          for (int i = 0; i < nkeys && st.ok(); ++i) st = table.check_entry(req->keys(i), req->values(i));
+          for (int i = 0; i < nkeys && st.ok(); ++i) st = table.set(req->keys(i), req->values(i));
+          wrote = true;
+          break;
+        default: {  // GET, WAIT, MULTI_GET
+          if (table.contains_all({req->keys().begin(), req->keys().end()})) {
+            answer_read(table, *req, reply);
+            break;
+          }
+          auto w = std::make_shared<Waiter>(req, reply, reactor, io_);
+          waiters_[req->run_id()].push_back(w);
+          const auto timeout = std::chrono::milliseconds(std::max<std::int64_t>(0, req->timeout_ms()));
+          boost::asio::post(io_, [this, w, timeout] {
+            w->timer.expires_after(timeout);
+            w->timer.async_wait([this, w](const boost::system::error_code& ec) {
+              if (ec) return;
+              {
+                std::lock_guard<std::mutex> lock(mu_);
+                if (w->done) return;
+                w->done = true;
+                waiters_[w->req->run_id()].remove(w);
+              }
+              w->reactor->Finish(grpc::Status(
+                  grpc::StatusCode::DEADLINE_EXCEEDED,
+                  absl::StrCat("store: timed out after ", w->req->timeout_ms(),
+                               " ms waiting for ", w->req->keys_size(), " key(s)")));
+            });
+          });
+          return;  // answered later
+        }
       }
-      auto w = std::make_shared<Waiter>(req, reply, reactor, io_);
-      WaiterList& list = waiters_[req->run_id()];
-      auto pos = list.insert(list.end(), w);
-      w->timer.expires_after(std::chrono::milliseconds(std::max<std::int64_t>(0, req->timeout_ms())));
-      w->timer.async_wait([this, self = shared_from_this(), w, run = req->run_id(),
-                           pos](const boost::system::error_code& ec) {
-        if (ec) return;  // completed by wake()
-        waiters_[run].erase(pos);
-        w->reactor->Finish(grpc::Status(
-            grpc::StatusCode::DEADLINE_EXCEEDED,
-            absl::StrCat("store: timed out after ", w->req->timeout_ms(), " ms waiting for ",
-                         w->req->keys_size(), " key(s)")));
-      });
-      return;
     }
+    if (wrote && st.ok()) collect_ready(req->run_id(), ready);
   }
   reactor->Finish(to_grpc(st));
-  if (wrote && st.ok()) wake(req->run_id());
+  for (auto& w : ready) {
+    w->reactor->Finish(grpc::Status::OK);
+    boost::asio::post(io_, [w] { w->timer.cancel(); });
+  }
 }
 
-void Core::wake(const std::string& run) {
+void StoreState::collect_ready(const std::string& run, std::vector<std::shared_ptr<Waiter>>& ready) {
   auto wl = waiters_.find(run);
   if (wl == waiters_.end()) return;
   const KvTable& table = tables_.at(run);
@@ -356,24 +387,25 @@ void Core::wake(const std::string& run) {
       continue;
     }
     answer_read(table, *w.req, w.reply);
-    w.timer.cancel();
-    w.reactor->Finish(grpc::Status::OK);
+    w.done = true;
+    ready.push_back(*it);
     it = wl->second.erase(it);
   }
 }
 
 void Core::drop_finished_tables() {
-  for (auto it = linked_runs_.begin(); it != linked_runs_.end();) {
+  for (auto it = seen_runs_.begin(); it != seen_runs_.end();) {
     if (machine_.has_run(*it)) {
       ++it;
       continue;
     }
-    tables_.erase(*it);  // waiters keep their own timers and time out on their own
-    it = linked_runs_.erase(it);
+    store_->drop(*it);  // pending waiters keep their own timers and time out on their own
+    it = seen_runs_.erase(it);
   }
 }
 
 void Core::on_message(SessionId id, const v1::AgentMsg& msg) {
+  if (msg.has_join()) seen_runs_.insert(msg.join().run_id());
   apply(machine_.on_message(id, msg, Clock::now()));
 }
 

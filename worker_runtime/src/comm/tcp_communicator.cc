@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <type_traits>
 #include <vector>
@@ -202,58 +203,181 @@ class TcpCommunicator final : public Communicator {
     }
   }
 
-  // Ring reduce-scatter over `seg` of `data`; afterwards segment rank_ is fully reduced.
-  template <typename T>
-  absl::Status ring_reduce_scatter(T* data, const Segments& seg, ReduceOp op, const char* what) {
-    const int n = size_;
-    std::size_t max_len = 0;
-    for (int i = 0; i < n; ++i) max_len = std::max(max_len, seg.len(i));
-    scratch_.resize(max_len * sizeof(T));
-    for (int s = 0; s < n - 1; ++s) {
-      const int out = (rank_ - s + 2 * n - 1) % n;
-      const int in = (rank_ - s + 2 * n - 2) % n;
-      T* dst = data + seg.start(in);
-      auto reduce = [&](std::size_t off, std::size_t bytes) {
-        reduce_into(dst + off / sizeof(T), reinterpret_cast<const T*>(scratch_.data() + off),
-                    bytes / sizeof(T), op);
-      };
-      absl::Status st = exchange(reinterpret_cast<const char*>(data + seg.start(out)),
-                                 seg.len(out) * sizeof(T), scratch_.data(), seg.len(in) * sizeof(T),
-                                 reduce, what);
-      if (!st.ok()) return st;
+  // One received segment of a ring pipeline.
+  struct Recv {
+    char* dst;
+    std::size_t bytes;
+    bool reduce;   // reduce into dst (else the data lands in dst as is)
+    bool forward;  // send each chunk on to the next rank once it is final
+    bool finish;   // apply `finish` to each chunk before forwarding it (kAvg's division)
+  };
+  using ChunkFn = std::function<void(char* dst, const char* src, std::size_t bytes)>;
+
+  // The ring as one stream: `first` goes to the next rank at once; the segments of `plan`
+  // arrive from the previous rank in order, chunk by chunk, and each chunk is reduced and
+  // forwarded as soon as it lands, so every step overlaps the next (the segment a rank
+  // receives in one step is the one it sends in the next).
+  absl::Status stream(const char* first, std::size_t first_n, const std::vector<Recv>& plan,
+                      const ChunkFn& reduce, const ChunkFn& finish, const char* what) {
+    if (size_ == 1) return absl::OkStatus();  // no peers: every block is already in place
+    std::size_t max_seg = 0;
+    for (const Recv& r : plan) {
+      if (r.reduce) max_seg = std::max(max_seg, r.bytes);
     }
-    return absl::OkStatus();
+    if (scratch_.size() < max_seg) scratch_.resize(max_seg);
+    std::deque<std::pair<const char*, std::size_t>> sendq;
+    if (first_n > 0) sendq.emplace_back(first, first_n);
+    bool writing = false, timed_out = false;
+    boost::system::error_code write_ec, read_ec;
+    std::size_t item = 0, got = 0, done = 0;  // receive position within plan[item]
+    std::function<void()> write_next = [&] {
+      if (writing || sendq.empty() || write_ec) return;
+      writing = true;
+      auto [ptr, len] = sendq.front();
+      send_.async_write_some(asio::buffer(ptr, len),
+                             [&](const boost::system::error_code& ec, std::size_t n) {
+                               writing = false;
+                               if (ec) {
+                                 write_ec = ec;
+                                 return;
+                               }
+                               auto& front = sendq.front();
+                               front.first += n;
+                               front.second -= n;
+                               if (front.second == 0) sendq.pop_front();
+                               write_next();
+                             });
+    };
+    std::function<void()> read_next = [&] {
+      while (item < plan.size() && plan[item].bytes == 0) ++item;
+      if (item == plan.size()) return;
+      const Recv& r = plan[item];
+      char* into = (r.reduce ? scratch_.data() : r.dst) + got;
+      recv_.async_read_some(asio::buffer(into, r.bytes - got),
+                            [&](const boost::system::error_code& ec, std::size_t n) {
+                              if (ec) {
+                                read_ec = ec;
+                                return;
+                              }
+                              const Recv& cur = plan[item];
+                              got += n;
+                              while (got - done >= opts_.chunk_bytes ||
+                                     (got == cur.bytes && done < got)) {
+                                const std::size_t len = std::min(opts_.chunk_bytes, got - done);
+                                if (cur.reduce) reduce(cur.dst + done, scratch_.data() + done, len);
+                                if (cur.finish) finish(cur.dst + done, nullptr, len);
+                                if (cur.forward) sendq.emplace_back(cur.dst + done, len);
+                                done += len;
+                              }
+                              write_next();
+                              if (got == cur.bytes) {
+                                ++item;
+                                got = done = 0;
+                              }
+                              read_next();
+                            });
+    };
+    write_next();
+    read_next();
+    timer_.expires_after(opts_.timeout);
+    timer_.async_wait([&](const boost::system::error_code& ec) {
+      if (ec) return;
+      timed_out = true;
+      shut_sockets();
+    });
+    io_.restart();
+    auto finished = [&] {
+      return (item == plan.size() && sendq.empty() && !writing) || write_ec || read_ec ||
+             timed_out;
+    };
+    while (!finished() && io_.run_one() > 0) {
+    }
+    if (write_ec || read_ec || timed_out) shut_sockets();
+    timer_.cancel();
+    io_.run();  // drain: the cancelled timer, and ops a failure left pending
+    return step_status(write_ec, read_ec, timed_out, what);
   }
 
-  // Ring all-gather where rank i's block is segment i of `data`.
+  absl::Status step_status(const boost::system::error_code& write_ec,
+                           const boost::system::error_code& read_ec, bool timed_out,
+                           const char* what) {
+    if (!write_ec && !read_ec && !timed_out) return absl::OkStatus();
+    const int prev = (rank_ - 1 + size_) % size_, next = (rank_ + 1) % size_;
+    if (aborted_) {
+      broken_ = absl::CancelledError(absl::StrCat("tcp communicator: ", what, " aborted"));
+    } else if (timed_out) {
+      broken_ = absl::DeadlineExceededError(absl::StrCat("tcp communicator: rank ", rank_, " ",
+                                                         what, " timed out after ",
+                                                         opts_.timeout.count(), " ms"));
+    } else if (read_ec) {
+      broken_ = absl::UnavailableError(absl::StrCat("tcp communicator: rank ", rank_,
+                                                    " lost rank ", prev, " during ", what, ": ",
+                                                    read_ec.message()));
+    } else {
+      broken_ = absl::UnavailableError(absl::StrCat("tcp communicator: rank ", rank_,
+                                                    " lost rank ", next, " during ", what, ": ",
+                                                    write_ec.message()));
+    }
+    shut_sockets();
+    return broken_;
+  }
+
   template <typename T>
-  absl::Status ring_all_gather(T* data, const Segments& seg, const char* what) {
+  static ChunkFn reducer(ReduceOp op) {
+    return [op](char* dst, const char* src, std::size_t bytes) {
+      reduce_into(reinterpret_cast<T*>(dst), reinterpret_cast<const T*>(src), bytes / sizeof(T), op);
+    };
+  }
+  template <typename T>
+  ChunkFn averager() const {
+    const int n = size_;
+    return [n](char* dst, const char*, std::size_t bytes) {
+      divide(reinterpret_cast<T*>(dst), bytes / sizeof(T), n);
+    };
+  }
+
+  // Reduce-scatter steps: at step s rank r receives segment (r - s - 2) mod n and reduces it;
+  // after n - 1 steps segment r is complete here. `then_gather` forwards segment r too, which
+  // starts the all-gather.
+  template <typename T>
+  void plan_reduce_scatter(T* data, const Segments& seg, bool avg, bool then_gather,
+                           std::vector<Recv>& plan) const {
     const int n = size_;
     for (int s = 0; s < n - 1; ++s) {
-      const int out = (rank_ - s + n) % n;
-      const int in = (rank_ - s - 1 + n) % n;
-      absl::Status st = exchange(reinterpret_cast<const char*>(data + seg.start(out)),
-                                 seg.len(out) * sizeof(T),
-                                 reinterpret_cast<char*>(data + seg.start(in)),
-                                 seg.len(in) * sizeof(T), nullptr, what);
-      if (!st.ok()) return st;
+      const int in = (rank_ - s + 2 * n - 2) % n;
+      const bool last = s == n - 2;
+      plan.push_back({reinterpret_cast<char*>(data + seg.start(in)), seg.len(in) * sizeof(T),
+                      true, !last || then_gather, last && avg});
     }
-    return absl::OkStatus();
+  }
+  // All-gather steps: rank r holds segment r; at step s it receives segment (r - s - 1) mod n.
+  template <typename T>
+  void plan_all_gather(T* data, const Segments& seg, std::vector<Recv>& plan) const {
+    const int n = size_;
+    for (int s = 0; s < n - 1; ++s) {
+      const int in = (rank_ - s - 1 + n) % n;
+      plan.push_back({reinterpret_cast<char*>(data + seg.start(in)), seg.len(in) * sizeof(T),
+                      false, s < n - 2, false});
+    }
   }
 
   absl::Status ring_gather(char* blocks, std::size_t block_bytes, const char* what) {
-    return ring_all_gather(blocks, Segments{block_bytes * size_, size_}, what);
+    Segments seg{block_bytes * size_, size_};
+    std::vector<Recv> plan;
+    plan_all_gather(blocks, seg, plan);
+    return stream(blocks + seg.start(rank_), seg.len(rank_), plan, nullptr, nullptr, what);
   }
 
   template <typename T>
   absl::Status all_reduce_t(T* data, std::size_t count, ReduceOp op) {
-    if (size_ > 1) {
-      Segments seg{count, size_};
-      if (absl::Status s = ring_reduce_scatter(data, seg, op, "all_reduce"); !s.ok()) return s;
-      if (op == ReduceOp::kAvg) divide(data + seg.start(rank_), seg.len(rank_), size_);
-      return ring_all_gather(data, seg, "all_reduce");
-    }
-    return absl::OkStatus();
+    if (size_ == 1) return absl::OkStatus();
+    Segments seg{count, size_};
+    std::vector<Recv> plan;
+    plan_reduce_scatter(data, seg, op == ReduceOp::kAvg, true, plan);
+    plan_all_gather(data, seg, plan);
+    const int first = (rank_ - 1 + size_) % size_;
+    return stream(reinterpret_cast<const char*>(data + seg.start(first)),
+                  seg.len(first) * sizeof(T), plan, reducer<T>(op), averager<T>(), "all_reduce");
   }
 
   template <typename T>
@@ -263,7 +387,13 @@ class TcpCommunicator final : public Communicator {
     T* work = reinterpret_cast<T*>(work_.data());
     std::memcpy(work, send, work_.size());
     if (size_ > 1) {
-      if (absl::Status s = ring_reduce_scatter(work, seg, op, "reduce_scatter"); !s.ok()) return s;
+      std::vector<Recv> plan;
+      plan_reduce_scatter(work, seg, false, false, plan);
+      const int first = (rank_ - 1 + size_) % size_;
+      absl::Status s = stream(reinterpret_cast<const char*>(work + seg.start(first)),
+                              seg.len(first) * sizeof(T), plan, reducer<T>(op), nullptr,
+                              "reduce_scatter");
+      if (!s.ok()) return s;
     }
     if (op == ReduceOp::kAvg) divide(work + seg.start(rank_), recv_count, size_);
     std::memcpy(recv, work + seg.start(rank_), recv_count * sizeof(T));
@@ -279,28 +409,41 @@ class TcpCommunicator final : public Communicator {
     if (send_n == 0 && recv_n == 0) return absl::OkStatus();
     boost::system::error_code write_ec, read_ec;
     bool write_done = send_n == 0, read_done = recv_n == 0, timed_out = false;
-    if (!write_done) {
-      asio::async_write(send_, asio::buffer(send, send_n),
-                        [&](const boost::system::error_code& ec, std::size_t) {
-                          write_ec = ec;
-                          write_done = true;
-                        });
-    }
-    std::size_t got = 0;
+    // write_some/read_some directly: asio's async_write/async_read stop every 64 KiB.
+    std::size_t sent = 0;
+    std::function<void()> write_next = [&] {
+      send_.async_write_some(asio::buffer(send + sent, send_n - sent),
+                             [&](const boost::system::error_code& ec, std::size_t n) {
+                               sent += n;
+                               if (ec || sent == send_n) {
+                                 write_ec = ec;
+                                 write_done = true;
+                               } else {
+                                 write_next();
+                               }
+                             });
+    };
+    if (!write_done) write_next();
+    std::size_t got = 0, reduced = 0;
     std::function<void()> read_next = [&] {
-      const std::size_t n = std::min(opts_.chunk_bytes, recv_n - got);
-      asio::async_read(recv_, asio::buffer(recv + got, n),
-                       [&, n](const boost::system::error_code& ec, std::size_t) {
-                         if (ec) {
-                           read_ec = ec;
-                           read_done = true;
-                           return;
-                         }
-                         if (on_chunk) on_chunk(got, n);
-                         got += n;
-                         if (got == recv_n) read_done = true;
-                         else read_next();
-                       });
+      recv_.async_read_some(asio::buffer(recv + got, recv_n - got),
+                            [&](const boost::system::error_code& ec, std::size_t n) {
+                              if (ec) {
+                                read_ec = ec;
+                                read_done = true;
+                                return;
+                              }
+                              got += n;
+                              // Reduce whole chunks as they land (the tail once complete).
+                              while (on_chunk && (got - reduced >= opts_.chunk_bytes ||
+                                                  (got == recv_n && reduced < got))) {
+                                const std::size_t len = std::min(opts_.chunk_bytes, got - reduced);
+                                on_chunk(reduced, len);
+                                reduced += len;
+                              }
+                              if (got == recv_n) read_done = true;
+                              else read_next();
+                            });
     };
     if (!read_done) read_next();
     timer_.expires_after(opts_.timeout);
@@ -315,25 +458,7 @@ class TcpCommunicator final : public Communicator {
     }
     timer_.cancel();
     io_.run();  // drain the cancelled timer (and anything a failure left pending)
-    if (!write_ec && !read_ec && !timed_out) return absl::OkStatus();
-    const int prev = (rank_ - 1 + size_) % size_, next = (rank_ + 1) % size_;
-    if (aborted_) {
-      broken_ = absl::CancelledError(absl::StrCat("tcp communicator: ", what, " aborted"));
-    } else if (timed_out) {
-      broken_ = absl::DeadlineExceededError(absl::StrCat(
-          "tcp communicator: rank ", rank_, " ", what, " timed out after ",
-          opts_.timeout.count(), " ms"));
-    } else if (read_ec) {
-      broken_ = absl::UnavailableError(absl::StrCat("tcp communicator: rank ", rank_,
-                                                    " lost rank ", prev, " during ", what, ": ",
-                                                    read_ec.message()));
-    } else {
-      broken_ = absl::UnavailableError(absl::StrCat("tcp communicator: rank ", rank_,
-                                                    " lost rank ", next, " during ", what, ": ",
-                                                    write_ec.message()));
-    }
-    shut_sockets();
-    return broken_;
+    return step_status(write_ec, read_ec, timed_out, what);
   }
 
   void shut_sockets() {
@@ -412,11 +537,8 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
       static_cast<int>(in.size) != size_) {
     return absl::DataLossError("tcp communicator: bad handshake from the previous rank");
   }
-  for (tcp::socket* s : {&send_, &recv_}) {
-    s->set_option(tcp::no_delay(true), ec);
-    s->set_option(asio::socket_base::send_buffer_size(4 << 20), ec);
-    s->set_option(asio::socket_base::receive_buffer_size(4 << 20), ec);
-  }
+  // Buffer sizes are left to the kernel's autotuning (setting them turns it off).
+  for (tcp::socket* s : {&send_, &recv_}) s->set_option(tcp::no_delay(true), ec);
   return absl::OkStatus();
 }
 

@@ -1,0 +1,67 @@
+// Worker-runtime benchmarks, driven by bench/run.
+//   comm_bench allreduce          under `launch`: all_reduce float32 of 1, 16 and 64 MiB on the
+//                                 TCP ring; rank 0 prints "allreduce <MiB> <bus GB/s>" for each
+//   comm_bench store TARGET N ID  one store client: connects, prints "ready", waits for a line
+//                                 on stdin, then N set+get pairs on its own keys; prints
+//                                 "store <ops> <seconds>"
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "muster/rendezvous/grpc_store.h"
+#include "muster/worker/runtime.h"
+
+using namespace muster::worker;
+using Clock = std::chrono::steady_clock;
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "allreduce") {
+    auto rt = Runtime::from_env();
+    if (!rt.ok()) return 2;
+    auto comm = (*rt)->communicator(Backend::kTcp);
+    if (!comm.ok()) return 2;
+    Communicator& c = **comm;
+    const int n = c.size();
+    for (int mib : {1, 16, 64}) {
+      const std::size_t count = static_cast<std::size_t>(mib) << 18;  // floats
+      std::vector<float> buf(count, 1.0f);
+      const int iters = mib == 1 ? 40 : (mib == 16 ? 10 : 4);
+      if (!c.all_reduce(buf.data(), count, DType::kF32, ReduceOp::kSum).ok()) return 1;  // warm-up
+      if (!c.barrier().ok()) return 1;
+      auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) {
+        if (!c.all_reduce(buf.data(), count, DType::kF32, ReduceOp::kSum).ok()) return 1;
+      }
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+      const double bus = 2.0 * (n - 1) / n * count * sizeof(float) / s / 1e9;
+      if (c.rank() == 0) std::printf("allreduce %d %.3f\n", mib, bus);
+    }
+    return 0;
+  }
+  if (mode == "store" && argc == 5) {
+    muster::rendezvous::GrpcStore store({argv[2], "bench", ""});
+    const int n = std::atoi(argv[3]);
+    const std::string id = argv[4];
+    const std::string value(16, 'v');
+    // Connected and warm, then wait for the runner's "go" so all clients start together.
+    if (!store.set(id + "/warm", value).ok()) return 1;
+    std::printf("ready\n");
+    std::fflush(stdout);
+    std::string line;
+    if (!std::getline(std::cin, line)) return 1;
+    auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      const std::string key = id + "/" + std::to_string(i);
+      if (!store.set(key, value).ok()) return 1;
+      if (!store.get(key, std::chrono::seconds(10)).ok()) return 1;
+    }
+    std::printf("store %d %.6f\n", 2 * n, std::chrono::duration<double>(Clock::now() - t0).count());
+    return 0;
+  }
+  std::fprintf(stderr, "usage: comm_bench allreduce | store TARGET N ID\n");
+  return 2;
+}
