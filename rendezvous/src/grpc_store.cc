@@ -1,6 +1,10 @@
 #include "muster/rendezvous/grpc_store.h"
 
+#include <mutex>
+
 #include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
 
 #include "muster/v1/rendezvous.grpc.pb.h"
 
@@ -13,11 +17,22 @@ class GrpcStore::Impl {
   explicit Impl(GrpcStoreOptions o) : opts(std::move(o)) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(16 << 20);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+    args.SetString(GRPC_ARG_OPTIMIZATION_TARGET, "latency");
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     stub = v1::Store::NewStub(
         grpc::CreateCustomChannel(opts.target, grpc::InsecureChannelCredentials(), args));
   }
 
-  // One RPC. `wait` is how long the server may hold it (0 for calls that do not wait).
+  // An open stream; one request at a time.
+  struct Stream {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::StoreRequest, v1::StoreReply>> rw;
+  };
+
+  // One request on a free stream (a new one when all are busy, e.g. another thread waits on
+  // a key this thread is about to set). A stream that breaks is dropped.
   absl::StatusOr<v1::StoreReply> call(Op op, std::vector<std::string> keys,
                                       std::vector<std::string> values = {},
                                       std::int64_t delta = 0,
@@ -30,18 +45,51 @@ class GrpcStore::Impl {
     for (auto& v : values) req.add_values(std::move(v));
     req.set_delta(delta);
     req.set_timeout_ms(wait.count());
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + wait + opts.call_timeout);
+    std::unique_ptr<Stream> s = acquire();
     v1::StoreReply reply;
-    grpc::Status st = stub->Call(&ctx, req, &reply);
-    if (!st.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message());
+    if (!s->rw->Write(req) || !s->rw->Read(&reply)) {
+      grpc::Status st = s->rw->Finish();
+      return absl::UnavailableError(absl::StrCat(
+          "store: lost the connection to ", opts.target,
+          st.ok() ? std::string() : absl::StrCat(": ", st.error_message())));
+    }
+    release(std::move(s));
+    if (reply.code() != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.error());
     }
     return reply;
   }
 
+  std::unique_ptr<Stream> acquire() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!free.empty()) {
+        auto s = std::move(free.back());
+        free.pop_back();
+        return s;
+      }
+    }
+    auto s = std::make_unique<Stream>();
+    s->rw = stub->Stream(&s->ctx);
+    return s;
+  }
+
+  void release(std::unique_ptr<Stream> s) {
+    std::lock_guard<std::mutex> lock(mu);
+    free.push_back(std::move(s));
+  }
+
+  ~Impl() {
+    for (auto& s : free) {
+      s->rw->WritesDone();
+      s->rw->Finish();
+    }
+  }
+
   GrpcStoreOptions opts;
   std::unique_ptr<v1::Store::Stub> stub;
+  std::mutex mu;
+  std::vector<std::unique_ptr<Stream>> free;  // guarded by mu
 };
 
 GrpcStore::GrpcStore(GrpcStoreOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

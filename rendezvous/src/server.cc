@@ -12,7 +12,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "muster/rendezvous/kv_table.h"
+#include "store_server.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
 
 namespace muster::rendezvous {
@@ -50,7 +50,7 @@ class Core : public std::enable_shared_from_this<Core> {
     return machine_.status(run_id);
   }
 
-  class StoreState& store() { return *store_; }
+  void set_store(StoreServer* store) { store_ = store; }
 
  private:
   void arm_timer();
@@ -65,52 +65,15 @@ class Core : public std::enable_shared_from_this<Core> {
   // Drops the store tables of runs the state machine has forgotten.
   void drop_finished_tables();
 
-  std::unique_ptr<class StoreState> store_;
+  StoreServer* store_ = nullptr;  // outlives the core's use of it (shut down after the server)
   std::set<std::string> seen_runs_;  // runs that have had a Join, for dropping their tables
-};
-
-// Every run's key-value table. Called on gRPC's callback threads (a store call is answered
-// where it arrives, without a hop to the io thread) and so guarded by a mutex; only a wait's
-// timeout runs on the io thread. Reactors are finished outside the lock.
-class StoreState {
- public:
-  StoreState(boost::asio::io_context& io, StoreLimits limits) : io_(io), limits_(limits) {}
-
-  void call(const v1::StoreRequest* req, v1::StoreReply* reply, grpc::ServerUnaryReactor* reactor);
-  void drop(const std::string& run) {
-    std::lock_guard<std::mutex> lock(mu_);
-    tables_.erase(run);
-  }
-
- private:
-  // A Get, Wait or MultiGet whose keys are not all there yet.
-  struct Waiter {
-    const v1::StoreRequest* req;
-    v1::StoreReply* reply;
-    grpc::ServerUnaryReactor* reactor;
-    boost::asio::steady_timer timer;  // io thread only
-    bool done = false;                // guarded by mu_
-    Waiter(const v1::StoreRequest* q, v1::StoreReply* r, grpc::ServerUnaryReactor* re,
-           boost::asio::io_context& io)
-        : req(q), reply(r), reactor(re), timer(io) {}
-  };
-  // REQUIRES: mu_ held. Moves the waiters of `run` whose keys now all exist into `ready`.
-  void collect_ready(const std::string& run, std::vector<std::shared_ptr<Waiter>>& ready);
-  static void answer_read(const KvTable& table, const v1::StoreRequest& req, v1::StoreReply* reply);
-
-  boost::asio::io_context& io_;
-  const StoreLimits limits_;
-  std::mutex mu_;
-  std::unordered_map<std::string, KvTable> tables_;                               // guarded by mu_
-  std::unordered_map<std::string, std::list<std::shared_ptr<Waiter>>> waiters_;  // guarded by mu_
 };
 
 Core::Core(boost::asio::io_context& io, ServerOptions opts)
     : io_(io),
       opts_(std::move(opts)),
       machine_(opts_.timeouts),
-      timer_(io),
-      store_(std::make_unique<StoreState>(io, opts_.store_limits)) {}
+      timer_(io) {}
 
 namespace {
 
@@ -249,149 +212,7 @@ class Service final : public v1::Rendezvous::CallbackService {
   std::atomic<SessionId> next_id_{1};
 };
 
-class StoreService final : public v1::Store::CallbackService {
- public:
-  explicit StoreService(std::shared_ptr<Core> core) : core_(std::move(core)) {}
-  grpc::ServerUnaryReactor* Call(grpc::CallbackServerContext* ctx, const v1::StoreRequest* req,
-                                 v1::StoreReply* reply) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (!core_->token().empty() && req->token() != core_->token()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                                   "store refused the call: wrong or missing token"));
-      return reactor;
-    }
-    core_->store().call(req, reply, reactor);
-    return reactor;
-  }
-
- private:
-  std::shared_ptr<Core> core_;
-};
-
 }  // namespace
-
-void StoreState::answer_read(const KvTable& table, const v1::StoreRequest& req,
-                             v1::StoreReply* reply) {
-  if (req.op() == v1::StoreRequest::WAIT) return;
-  for (const auto& k : req.keys()) reply->add_values(*table.find(k));
-}
-
-void StoreState::call(const v1::StoreRequest* req, v1::StoreReply* reply,
-                      grpc::ServerUnaryReactor* reactor) {
-  using R = v1::StoreRequest;
-  const int nkeys = req->keys_size();
-  const int nvalues = req->values_size();
-  const bool one_key = nkeys == 1;
-  bool shape_ok = true;
-  switch (req->op()) {
-    case R::SET: shape_ok = one_key && nvalues == 1; break;
-    case R::GET: case R::ADD: case R::DELETE: shape_ok = one_key; break;
-    case R::COMPARE_SET: shape_ok = one_key && nvalues == 2; break;
-    case R::CHECK: case R::WAIT: case R::MULTI_GET: shape_ok = nkeys >= 1; break;
-    case R::NUM_KEYS: break;
-    case R::MULTI_SET: shape_ok = nkeys == nvalues; break;
-    default: shape_ok = false;
-  }
-  if (!shape_ok || req->run_id().empty() || req->run_id().size() > kMaxIdLength) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "store: malformed request"));
-    return;
-  }
-  absl::Status st;
-  std::vector<std::shared_ptr<Waiter>> ready;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    KvTable& table = tables_.try_emplace(req->run_id(), limits_).first->second;
-    for (const auto& k : req->keys()) {
-      if (st.ok()) st = table.check_key(k);
-    }
-    bool wrote = false;
-    if (st.ok()) {
-      switch (req->op()) {
-        case R::SET:
-          st = table.set(req->keys(0), req->values(0));
-          wrote = true;
-          break;
-        case R::ADD: {
-          auto r = table.add(req->keys(0), req->delta());
-          st = r.status();
-          if (r.ok()) reply->set_number(*r);
-          wrote = true;
-          break;
-        }
-        case R::COMPARE_SET: {
-          auto r = table.compare_set(req->keys(0), req->values(0), req->values(1));
-          st = r.status();
-          if (r.ok()) reply->add_values(*r);
-          wrote = true;
-          break;
-        }
-        case R::DELETE:
-          reply->set_flag(table.erase(req->keys(0)));
-          break;
-        case R::CHECK:
-          reply->set_flag(table.contains_all({req->keys().begin(), req->keys().end()}));
-          break;
-        case R::NUM_KEYS:
-          reply->set_number(static_cast<std::int64_t>(table.size()));
-          break;
-        case R::MULTI_SET:
-          for (int i = 0; i < nkeys && st.ok(); ++i) st = table.check_entry(req->keys(i), req->values(i));
-          for (int i = 0; i < nkeys && st.ok(); ++i) st = table.set(req->keys(i), req->values(i));
-          wrote = true;
-          break;
-        default: {  // GET, WAIT, MULTI_GET
-          if (table.contains_all({req->keys().begin(), req->keys().end()})) {
-            answer_read(table, *req, reply);
-            break;
-          }
-          auto w = std::make_shared<Waiter>(req, reply, reactor, io_);
-          waiters_[req->run_id()].push_back(w);
-          const auto timeout = std::chrono::milliseconds(std::max<std::int64_t>(0, req->timeout_ms()));
-          boost::asio::post(io_, [this, w, timeout] {
-            w->timer.expires_after(timeout);
-            w->timer.async_wait([this, w](const boost::system::error_code& ec) {
-              if (ec) return;
-              {
-                std::lock_guard<std::mutex> lock(mu_);
-                if (w->done) return;
-                w->done = true;
-                waiters_[w->req->run_id()].remove(w);
-              }
-              w->reactor->Finish(grpc::Status(
-                  grpc::StatusCode::DEADLINE_EXCEEDED,
-                  absl::StrCat("store: timed out after ", w->req->timeout_ms(),
-                               " ms waiting for ", w->req->keys_size(), " key(s)")));
-            });
-          });
-          return;  // answered later
-        }
-      }
-    }
-    if (wrote && st.ok()) collect_ready(req->run_id(), ready);
-  }
-  reactor->Finish(to_grpc(st));
-  for (auto& w : ready) {
-    w->reactor->Finish(grpc::Status::OK);
-    boost::asio::post(io_, [w] { w->timer.cancel(); });
-  }
-}
-
-void StoreState::collect_ready(const std::string& run, std::vector<std::shared_ptr<Waiter>>& ready) {
-  auto wl = waiters_.find(run);
-  if (wl == waiters_.end()) return;
-  const KvTable& table = tables_.at(run);
-  for (auto it = wl->second.begin(); it != wl->second.end();) {
-    Waiter& w = **it;
-    if (!table.contains_all({w.req->keys().begin(), w.req->keys().end()})) {
-      ++it;
-      continue;
-    }
-    answer_read(table, *w.req, w.reply);
-    w.done = true;
-    ready.push_back(*it);
-    it = wl->second.erase(it);
-  }
-}
 
 void Core::drop_finished_tables() {
   for (auto it = seen_runs_.begin(); it != seen_runs_.end();) {
@@ -399,7 +220,7 @@ void Core::drop_finished_tables() {
       ++it;
       continue;
     }
-    store_->drop(*it);  // pending waiters keep their own timers and time out on their own
+    if (store_ != nullptr) store_->drop(*it);
     it = seen_runs_.erase(it);
   }
 }
@@ -447,7 +268,7 @@ class RendezvousServer::Impl {
  public:
   std::shared_ptr<Core> core;
   std::unique_ptr<Service> service;
-  std::unique_ptr<StoreService> store_service;
+  std::unique_ptr<StoreServer> store;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   bool stopped = false;
@@ -458,16 +279,19 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   auto impl = std::make_unique<Impl>();
   std::string address = options.listen_address;
   int max_bytes = options.max_message_bytes;
+  impl->store = std::make_unique<StoreServer>(options.store_limits, options.token);
   impl->core = std::make_shared<Core>(io, std::move(options));
   impl->service = std::make_unique<Service>(impl->core);
-  impl->store_service = std::make_unique<StoreService>(impl->core);
+  impl->core->set_store(impl->store.get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
   builder.RegisterService(impl->service.get());
-  builder.RegisterService(impl->store_service.get());
+  impl->store->register_with(builder);
   builder.SetMaxReceiveMessageSize(max_bytes);
   // Exactly one server per port: a second agent on this host must fail to bind and connect.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_OPTIMIZATION_TARGET, std::string("latency"));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   // Notice silent peers: ping idle connections (a dead agent's socket usually closes at once).
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
@@ -478,6 +302,7 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   if (!impl->server || impl->port == 0) {
     return absl::UnavailableError(absl::StrCat("rendezvous server cannot listen on ", address));
   }
+  impl->store->start();
   return std::unique_ptr<RendezvousServer>(new RendezvousServer(std::move(impl)));
 }
 
@@ -492,6 +317,7 @@ void RendezvousServer::shutdown(std::chrono::milliseconds grace) {
   impl_->stopped = true;
   impl_->server->Shutdown(std::chrono::system_clock::now() + grace);
   impl_->server->Wait();
+  impl_->store->shutdown();
 }
 
 void route_grpc_logs_to_spdlog() {

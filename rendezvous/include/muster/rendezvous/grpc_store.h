@@ -1,6 +1,7 @@
-// A Store client of the rendezvous server's Store service (one run's table). Each call is
-// one unary RPC; waits happen on the server, which answers when the keys appear or the
-// timeout passes. A call the server cannot be reached for fails with UNAVAILABLE.
+// A Store client of the rendezvous server's Store service (one run's table). Operations go
+// over a small pool of long-lived streams, one request at a time per stream (a thread finding
+// every stream busy opens another); waits happen on the server, which answers when the keys
+// appear or the timeout passes. A call whose server cannot be reached fails with UNAVAILABLE.
 #pragma once
 
 #include <memory>
@@ -13,8 +14,6 @@ struct GrpcStoreOptions {
   std::string target;  // host:port of the server
   std::string run_id;
   std::string token;
-  // Deadline of calls that do not wait (set, add, ...).
-  std::chrono::milliseconds call_timeout{std::chrono::seconds(30)};
 };
 
 class GrpcStore final : public Store {
