@@ -22,7 +22,7 @@ struct TcpOptions {
   std::string listen_host = "0.0.0.0";
   std::string advertise_host = "127.0.0.1";  // how the others reach this rank
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // per call and for set-up
-  std::size_t chunk_bytes = 2048 * 1024;
+  std::size_t chunk_bytes = 2048 * 1024;  // the largest pipeline chunk
 };
 
 // Builds the ring. Collective: every rank of the group calls it with the same store.
