@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_format.h"
 #include "muster/agent/agent.h"
 #include "muster/agent/worker_env.h"
@@ -88,6 +89,9 @@ void setup_logging() {
 
 int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
+  // Debian's abseil checks every absl::Mutex (gRPC's too) for lock-order cycles; not needed
+  // on the embedded server's hot path.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   setup_logging();
   muster::rendezvous::route_grpc_logs_to_spdlog();
 

@@ -302,7 +302,6 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   if (!impl->server || impl->port == 0) {
     return absl::UnavailableError(absl::StrCat("rendezvous server cannot listen on ", address));
   }
-  impl->store->start();
   return std::unique_ptr<RendezvousServer>(new RendezvousServer(std::move(impl)));
 }
 
@@ -317,7 +316,6 @@ void RendezvousServer::shutdown(std::chrono::milliseconds grace) {
   impl_->stopped = true;
   impl_->server->Shutdown(std::chrono::system_clock::now() + grace);
   impl_->server->Wait();
-  impl_->store->shutdown();
 }
 
 void route_grpc_logs_to_spdlog() {

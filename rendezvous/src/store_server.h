@@ -1,8 +1,8 @@
-// The Store service, on gRPC's async (completion queue) API: one thread drives the queue's
-// I/O and serves every request itself, so a request costs no thread hand-off. Clients keep
-// streams open (a unary call per operation costs a new HTTP/2 stream each time). Waits (get, wait,
-// multi_get on missing keys) park until a write completes them or their grpc::Alarm, on the
-// same queue, times them out. Private to the rendezvous server.
+// The Store service (private to the rendezvous server). Clients keep long-lived streams open
+// (a unary call per operation would cost a new HTTP/2 stream each time) and send one request
+// at a time on each. Every request is served on the gRPC thread that read it, under one mutex
+// over the tables (no hand-off to another thread); a wait parks until a write completes it or
+// its grpc::Alarm times it out. Nothing polls.
 #pragma once
 
 #include <memory>
@@ -19,14 +19,10 @@ class StoreServer {
   StoreServer(StoreLimits limits, std::string token);
   ~StoreServer();
 
-  // Before BuildAndStart.
+  // Before BuildAndStart. The server must be shut down before this object goes.
   void register_with(grpc::ServerBuilder& builder);
-  // After BuildAndStart: starts the queue's thread.
-  void start();
   // Drops a finished run's table. Any thread.
   void drop(const std::string& run_id);
-  // After the grpc::Server has been shut down: drains the queue and joins the thread.
-  void shutdown();
 
   class Impl;
 
