@@ -1,0 +1,94 @@
+// Real PyTorch under `launch`: Debian's python3-torch (CPU, gloo), run by /usr/bin/python3.
+// Exits 77 (ctest: Skipped) where that torch is not installed.
+#include <signal.h>
+
+#include <regex>
+#include <set>
+
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include "helpers.h"
+
+using namespace muster::testing;
+
+namespace {
+
+const std::string kScripts = INTEROP_DIR;
+const std::map<std::string, std::optional<std::string>> kEnv{{"PYTHON_EXEC", "/usr/bin/python3"}};
+
+std::set<std::string> checksums(const std::string& out, int world) {
+  std::set<std::string> sums;
+  std::regex re(R"(rank (\d+)/(\d+) params_identical=True checksum=(\S+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
+    if (std::stoi((*it)[2]) == world) sums.insert((*it)[3]);
+  }
+  return sums;
+}
+
+}  // namespace
+
+TEST_CASE("interop: DDP with gloo, standalone, 2 and 4 workers: identical parameters", "[interop]") {
+  for (int n : {2, 4}) {
+    Proc p({kLaunch, "--standalone", "--nproc_per_node=" + std::to_string(n),
+            kScripts + "/ddp_train.py"},
+           kEnv);
+    INFO(p.err());
+    REQUIRE(p.wait(300s) == 0);
+    CHECK(count_lines_with(p.out(), "params_identical=True") == n);
+    CHECK(checksums(p.out(), n).size() == 1);
+  }
+}
+
+TEST_CASE("interop: DDP across two agents on loopback (c10d)", "[interop]") {
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  auto args = [&](int nproc) {
+    return std::vector<std::string>{kLaunch, "--nnodes=2", "--nproc_per_node=" + std::to_string(nproc),
+                                    "--rdzv_backend=c10d", "--rdzv_endpoint=" + ep,
+                                    "--rdzv_id=ddp", kScripts + "/ddp_train.py"};
+  };
+  Proc a(args(1), kEnv);
+  Proc b(args(1), kEnv);
+  REQUIRE(a.wait(300s) == 0);
+  REQUIRE(b.wait(300s) == 0);
+  auto sums = checksums(a.out() + b.out(), 2);
+  CHECK(sums.size() == 1);
+  CHECK(count_lines_with(a.out() + b.out(), "params_identical=True") == 2);
+}
+
+TEST_CASE("interop: a script that fails once succeeds after a restart", "[interop]") {
+  Proc p({kLaunch, "--standalone", "--nproc_per_node=2", "--max_restarts=1",
+          kScripts + "/fail_once.py"},
+         kEnv);
+  INFO(p.err());
+  REQUIRE(p.wait(300s) == 0);
+  CHECK_THAT(p.out(), Catch::Contains("rank 0 attempt 1 sum 2"));
+  CHECK_THAT(p.out(), Catch::Contains("rank 1 attempt 1 sum 2"));
+}
+
+TEST_CASE("interop: @record's exception message is in the failure summary", "[interop]") {
+  Proc p({kLaunch, "--standalone", "--nproc_per_node=1", kScripts + "/record_fail.py"}, kEnv);
+  REQUIRE(p.wait(300s) == 1);
+  CHECK_THAT(p.err(), Catch::Contains("record_fail.py FAILED"));
+  CHECK_THAT(p.err(), Catch::Contains("ValueError: interop: the loss went to NaN at step 7"));
+  CHECK_THAT(p.err(), Catch::Contains("traceback : Traceback (most recent call last):"));
+}
+
+TEST_CASE("interop: -m package.module", "[interop]") {
+  auto env = kEnv;
+  env["PYTHONPATH"] = kScripts;
+  Proc p({kLaunch, "--standalone", "--nproc_per_node=2", "-m", "pkg.train_mod"}, env);
+  INFO(p.err());
+  REQUIRE(p.wait(300s) == 0);
+  CHECK_THAT(p.out(), Catch::Contains("module rank 0 of 2"));
+  CHECK_THAT(p.out(), Catch::Contains("module rank 1 of 2"));
+}
+
+int main(int argc, char** argv) {
+  Proc probe({"/usr/bin/python3", "-c", "import torch.distributed"});
+  if (probe.wait(120s) != 0) {
+    std::printf("SKIPPED: /usr/bin/python3 cannot import torch (install python3-torch)\n");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}
