@@ -1,6 +1,7 @@
 #include "muster/agent/agent.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -13,7 +14,9 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include "muster/agent/failure.h"
@@ -76,14 +79,15 @@ class Agent::Impl {
   Impl(asio::io_context& io, AgentOptions opts)
       : io_(io),
         opts_(std::move(opts)),
-        signals_(io, SIGINT, SIGTERM, SIGHUP),
+        signals_(io),
         grace_timer_(io),
         drain_timer_(io),
         keep_alive_timer_(io),
         client_(
             io, [this](const v1::ServerMsg& m) { on_server_message(m); },
             [this](const absl::Status& s) { on_session_closed(s); }) {
-    signals_.add(SIGQUIT);
+    if (opts_.signals.empty()) opts_.signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+    for (int sig : opts_.signals) signals_.add(sig);
   }
 
   int run() {
@@ -97,12 +101,18 @@ class Agent::Impl {
   }
 
  private:
+  // One worker output stream: to the console (whole prefixed lines; -1: not shown) and/or to
+  // a log file (raw; -1: none).
   struct Pipe {
-    explicit Pipe(asio::io_context& io, int fd, std::string prefix, int sink)
-        : sd(io, fd), splitter(std::move(prefix)), sink(sink) {}
+    Pipe(asio::io_context& io, int fd, std::string prefix, int console, int file)
+        : sd(io, fd), splitter(std::move(prefix)), console(console), file(file) {}
+    ~Pipe() {
+      if (file >= 0) ::close(file);
+    }
     Descriptor sd;
     LineSplitter splitter;
-    int sink;
+    int console;
+    int file;
     std::array<char, 64 * 1024> buf;
     std::string out;
   };
@@ -236,8 +246,8 @@ class Agent::Impl {
       }
       w->pid = child->pid;
       std::string prefix = expand_prefix_template(tmpl, opts_.role, w->rank, lr);
-      w->out = std::make_unique<Pipe>(io_, child->out_fd, prefix, opts_.stdout_fd);
-      w->err = std::make_unique<Pipe>(io_, child->err_fd, prefix, opts_.stderr_fd);
+      w->out = make_pipe(child->out_fd, prefix, lr, 1, opts_.stdout_fd, dir / "stdout.log");
+      w->err = make_pipe(child->err_fd, prefix, lr, 2, opts_.stderr_fd, dir / "stderr.log");
       w->pidfd = std::make_unique<Descriptor>(io_, child->pidfd);
       Worker* raw = w.get();
       workers_.push_back(std::move(w));
@@ -250,19 +260,40 @@ class Agent::Impl {
                  a.rank_offset() + opts_.nproc_per_node - 1, a.world_size(), a.restart_count());
   }
 
+  std::unique_ptr<Pipe> make_pipe(int fd, const std::string& prefix, int lr, int bit, int console,
+                                  const std::filesystem::path& log) {
+    auto at = [lr](const auto& v, auto fallback) {
+      return lr < static_cast<int>(v.size()) ? v[lr] : fallback;
+    };
+    const bool redirect = at(opts_.redirect_of, 0) & bit;
+    const bool to_file = redirect || (at(opts_.tee_of, 0) & bit);
+    const bool shown = !redirect && at(opts_.console_of, true);
+    int file = -1;
+    if (to_file) {
+      file = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (file < 0) spdlog::error("cannot write {}: {}", log.string(), std::strerror(errno));
+    }
+    return std::make_unique<Pipe>(io_, fd, prefix, shown ? console : -1, file);
+  }
+
   void read_pipe(Worker* w, Pipe* p) {
     p->sd.async_read_some(
         asio::buffer(p->buf), [this, w, p](const boost::system::error_code& ec, std::size_t n) {
           if (ec == asio::error::operation_aborted && phase_ == Phase::kExiting) return;
           p->out.clear();
           if (!ec) {
-            p->splitter.feed(std::string_view(p->buf.data(), n), p->out);
-            write_all(p->sink, p->out);
+            if (p->file >= 0) write_all(p->file, std::string(p->buf.data(), n));
+            if (p->console >= 0) {
+              p->splitter.feed(std::string_view(p->buf.data(), n), p->out);
+              write_all(p->console, p->out);
+            }
             read_pipe(w, p);
             return;
           }
-          p->splitter.finish(p->out);  // EOF or forced close: flush the partial line
-          write_all(p->sink, p->out);
+          if (p->console >= 0) {
+            p->splitter.finish(p->out);  // EOF or forced close: flush the partial line
+            write_all(p->console, p->out);
+          }
           boost::system::error_code ignored;
           p->sd.close(ignored);
           advance();
@@ -413,6 +444,10 @@ class Agent::Impl {
         std::string summary =
             format_failure_summary(opts_.entrypoint_name, fail_.root_cause(), others);
         write_all(opts_.stderr_fd, summary);
+        if (!opts_.own_error_file.empty()) {
+          // As torchrun: launch's own error file names the root cause, for whoever runs it.
+          std::ofstream(opts_.own_error_file) << error_file_json(fail_.root_cause());
+        }
         finish(1);
         return;
       }

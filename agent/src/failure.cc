@@ -79,6 +79,27 @@ void read_error_file(const std::string& path, v1::WorkerFailure& f) {
   if (f.message().empty() && !f.traceback().empty()) f.set_message("(see traceback)");
 }
 
+std::string error_file_json(const v1::WorkerFailure& f) {
+  google::protobuf::Struct root;
+  google::protobuf::Struct* msg = (*root.mutable_fields())["message"].mutable_struct_value();
+  auto& fields = *msg->mutable_fields();
+  const int code = f.signal() > 0 ? -f.signal() : f.exit_code();
+  std::string text = f.message();
+  if (text.empty()) {
+    text = f.signal() > 0 ? "Signal " + std::to_string(f.signal()) + " (" + signal_name(f.signal()) +
+                                ") received by PID " + std::to_string(f.pid())
+                          : "worker exited with code " + std::to_string(code);
+  }
+  fields["message"].set_string_value(text);
+  auto& extra = *fields["extraInfo"].mutable_struct_value()->mutable_fields();
+  extra["py_callstack"].set_string_value(f.traceback());
+  extra["timestamp"].set_string_value(std::to_string(f.timestamp_ms() / 1000));
+  fields["errorCode"].set_number_value(code);
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(root, &out).ok()) return "{}";
+  return out;
+}
+
 std::string signal_name(int sig) {
   if (const char* abbrev = sigabbrev_np(sig); abbrev != nullptr) {
     return std::string("SIG") + abbrev;

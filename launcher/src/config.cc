@@ -1,6 +1,7 @@
 #include "muster/launcher/config.h"
 
 #include <arpa/inet.h>
+#include <signal.h>
 #include <dlfcn.h>
 #include <ifaddrs.h>
 #include <netdb.h>
@@ -14,6 +15,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -87,6 +89,7 @@ bool is_executable_file(const std::string& p) {
 }
 
 absl::Status resolve_rendezvous(LaunchConfig& c);
+absl::Status resolve_output(LaunchConfig& c);
 
 absl::StatusOr<std::chrono::milliseconds> parse_seconds(absl::string_view key,
                                                         absl::string_view v) {
@@ -291,6 +294,67 @@ absl::Status resolve_rendezvous(LaunchConfig& c) {
   return absl::OkStatus();
 }
 
+// torchrun's Std spec: "N" for every local rank, or "rank:N,rank:N" (others 0); N in 0..3.
+absl::StatusOr<std::vector<int>> parse_std(absl::string_view flag, const std::string& v, int nproc) {
+  std::vector<int> out(nproc, 0);
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": expected 0-3 (1 stdout, 2 stderr, 3 both) or LOCAL_RANK:N,..., got '", v, "'"));
+  };
+  int n = 0;
+  if (absl::SimpleAtoi(v, &n)) {
+    if (n < 0 || n > 3) return bad();
+    std::fill(out.begin(), out.end(), n);
+    return out;
+  }
+  for (absl::string_view item : absl::StrSplit(v, ',')) {
+    std::vector<absl::string_view> kv = absl::StrSplit(item, ':');
+    int rank = 0;
+    if (kv.size() != 2 || !absl::SimpleAtoi(kv[0], &rank) || !absl::SimpleAtoi(kv[1], &n) ||
+        n < 0 || n > 3 || rank < 0) {
+      return bad();
+    }
+    if (rank < nproc) out[rank] = n;
+  }
+  return out;
+}
+
+absl::Status resolve_output(LaunchConfig& c) {
+  auto redirects = parse_std("--redirects", c.redirects, c.nproc_per_node);
+  if (!redirects.ok()) return redirects.status();
+  auto tee = parse_std("--tee", c.tee, c.nproc_per_node);
+  if (!tee.ok()) return tee.status();
+  c.redirect_of = *redirects;
+  c.tee_of = *tee;
+  c.console_of.assign(c.nproc_per_node, c.local_ranks_filter.empty());
+  if (!c.local_ranks_filter.empty()) {
+    for (absl::string_view r : absl::StrSplit(c.local_ranks_filter, ',')) {
+      int rank = 0;
+      if (!absl::SimpleAtoi(r, &rank) || rank < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--local_ranks_filter: expected local ranks like 0,2, got '", c.local_ranks_filter, "'"));
+      }
+      if (rank < c.nproc_per_node) c.console_of[rank] = true;
+    }
+  }
+  c.signals.clear();
+  for (absl::string_view name : absl::StrSplit(c.signals_to_handle, ',', absl::SkipEmpty())) {
+    std::string n = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(name));
+    if (!absl::StartsWith(n, "SIG")) n = "SIG" + n;
+    int num = 0;
+    for (int sig = 1; sig < NSIG && num == 0; ++sig) {
+      const char* abbrev = sigabbrev_np(sig);
+      if (abbrev != nullptr && n == absl::StrCat("SIG", abbrev)) num = sig;
+    }
+    if (num == 0 || num == SIGKILL || num == SIGSTOP) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--signals_to_handle: '", name, "' is not a signal launch can handle"));
+    }
+    c.signals.push_back(num);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 ParseResult parse_launch_args(const std::vector<std::string>& args, const HostInfo& host) {
@@ -305,55 +369,94 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
       "python3 -u), or a module with -m. Everything after PROGRAM is passed to it. "
       "Details: docs/launch.md and docs/rendezvous.md.");
   app.set_help_flag("-h,--help", "Show this help and exit");
-  app.add_option("--nnodes", nnodes, "Number of nodes, N or MIN:MAX (elastic)")
-      ->group("Rendezvous");
-  app.add_option("--nproc_per_node,--nproc-per-node", c.nproc_spec,
-                 "Workers per node: an integer, cpu, gpu or auto")
-      ->group("Workers");
-  app.add_flag("--standalone", c.standalone,
-               "Single node; the rendezvous server runs inside launch on a free port")
-      ->group("Rendezvous");
-  app.add_option("--max_restarts,--max-restarts", c.max_restarts,
-                 "Restarts of the worker group before the job fails")
-      ->group("Workers");
-  app.add_option("--shutdown_timeout,--shutdown-timeout", shutdown_s,
-                 "Seconds between SIGTERM and SIGKILL when stopping workers")
-      ->group("Workers");
-  app.add_option("--monitor_interval,--monitor-interval", c.monitor_interval,
-                 "Accepted for torchrun compatibility (worker exits are events here)")
-      ->group("Accepted for torchrun compatibility");
-  app.add_option("--start_method,--start-method", c.start_method,
-                 "Accepted for torchrun compatibility (workers are always fork+exec'd)")
-      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}))
-      ->group("Accepted for torchrun compatibility");
-  app.add_option("--rdzv_backend,--rdzv-backend", c.rdzv_backend,
-                 "static (the default: fixed nodes, --node_rank) or c10d (elastic)")
-      ->group("Rendezvous");
-  app.add_option("--rdzv_endpoint,--rdzv-endpoint", c.rdzv_endpoint, "Rendezvous HOST[:PORT]")
-      ->group("Rendezvous");
-  app.add_option("--rdzv_id,--rdzv-id", c.rdzv_id, "Job id shared by every node")
-      ->group("Rendezvous");
-  app.add_option("--rdzv_conf,--rdzv-conf", c.rdzv_conf_text,
-                 "key=value,... : join_timeout, last_call_timeout, close_timeout, "
-                 "keep_alive_interval, keep_alive_max_attempt, read_timeout (seconds), token, "
-                 "is_host")
-      ->group("Rendezvous");
-  app.add_option("--node_rank,--node-rank", c.node_rank, "Static rendezvous: this node's rank")
-      ->group("Static rendezvous");
-  app.add_option("--master_addr,--master-addr", c.master_addr,
-                 "Static rendezvous: workers' MASTER_ADDR (default 127.0.0.1)")
-      ->group("Static rendezvous");
-  app.add_option("--master_port,--master-port", c.master_port,
-                 "Static rendezvous: workers' MASTER_PORT (default 29500)")
-      ->group("Static rendezvous");
-  app.add_option("--local_addr,--local-addr", c.local_addr,
-                 "This node's address as other nodes reach it (default: its FQDN)")
-      ->group("Rendezvous");
-  app.add_option("--role", c.role, "Worker role name (ROLE_NAME)")->group("Workers");
-  app.add_flag("-m,--module", c.module, "Run PROGRAM as a Python module (python3 -u -m)")
-      ->group("Program");
-  app.add_flag("--no_python,--no-python", c.no_python, "Run PROGRAM directly, not via python")
-      ->group("Program");
+  // Every flag also reads PET_<NAME> (torchrun's env defaults, as Kubeflow's PyTorchJob sets
+  // them); a flag on the command line wins.
+  auto pet = [](CLI::Option* o, const char* group) {
+    std::string name = o->get_lnames().front();
+    for (char& ch : name) ch = ch == '-' ? '_' : static_cast<char>(std::toupper(ch));
+    return o->envname("PET_" + name)->group(group);
+  };
+  const char* kRdzv = "Rendezvous";
+  const char* kStatic = "Static rendezvous";
+  const char* kWorkers = "Workers";
+  const char* kProgram = "Program";
+  const char* kLogs = "Logs and output";
+  const char* kCompat = "Accepted for torchrun compatibility";
+  pet(app.add_option("--nnodes", nnodes, "Number of nodes, N or MIN:MAX (elastic)"), kRdzv);
+  pet(app.add_option("--nproc_per_node,--nproc-per-node", c.nproc_spec,
+                     "Workers per node: an integer, cpu, gpu or auto"),
+      kWorkers);
+  pet(app.add_flag("--standalone", c.standalone,
+                   "Single node; the rendezvous server runs inside launch on a free port"),
+      kRdzv);
+  pet(app.add_option("--max_restarts,--max-restarts", c.max_restarts,
+                     "Restarts of the worker group before the job fails"),
+      kWorkers);
+  pet(app.add_option("--shutdown_timeout,--shutdown-timeout", shutdown_s,
+                     "Seconds between SIGTERM and SIGKILL when stopping workers"),
+      kWorkers);
+  pet(app.add_option("--signals_to_handle,--signals-to-handle", c.signals_to_handle,
+                     "Signals forwarded to the workers (comma-separated names)"),
+      kWorkers);
+  pet(app.add_option("--role", c.role, "Worker role name (ROLE_NAME)"), kWorkers);
+  pet(app.add_option("--rdzv_backend,--rdzv-backend", c.rdzv_backend,
+                     "static (the default: fixed nodes, --node_rank) or c10d (elastic)"),
+      kRdzv);
+  pet(app.add_option("--rdzv_endpoint,--rdzv-endpoint", c.rdzv_endpoint,
+                     "Rendezvous HOST[:PORT]"),
+      kRdzv);
+  pet(app.add_option("--rdzv_id,--rdzv-id", c.rdzv_id, "Job id shared by every node"), kRdzv);
+  pet(app.add_option("--rdzv_conf,--rdzv-conf", c.rdzv_conf_text,
+                     "key=value,... : join_timeout, last_call_timeout, close_timeout, "
+                     "keep_alive_interval, keep_alive_max_attempt, read_timeout (seconds), "
+                     "token, is_host"),
+      kRdzv);
+  pet(app.add_option("--local_addr,--local-addr", c.local_addr,
+                     "This node's address as other nodes reach it (default: its FQDN)"),
+      kRdzv);
+  pet(app.add_option("--node_rank,--node-rank", c.node_rank, "This node's rank"), kStatic);
+  pet(app.add_option("--master_addr,--master-addr", c.master_addr,
+                     "Workers' MASTER_ADDR (default 127.0.0.1)"),
+      kStatic);
+  pet(app.add_option("--master_port,--master-port", c.master_port,
+                     "Workers' MASTER_PORT (default 29500)"),
+      kStatic);
+  pet(app.add_flag("-m,--module", c.module, "Run PROGRAM as a Python module (python3 -u -m)"),
+      kProgram);
+  pet(app.add_flag("--no_python,--no-python", c.no_python, "Run PROGRAM directly, not via python"),
+      kProgram);
+  pet(app.add_flag("--run_path,--run-path", c.run_path,
+                   "Run PROGRAM as a Python script whatever its name (python3 -u PROGRAM)"),
+      kProgram);
+  pet(app.add_option("--log_dir,--log-dir", c.log_dir,
+                     "Keep each worker's stdout.log, stderr.log and error.json under "
+                     "DIR/<run_id>_<random>/attempt_<k>/<local_rank>/"),
+      kLogs);
+  pet(app.add_option("-r,--redirects", c.redirects,
+                     "Send worker output to the log files only: 0 none, 1 stdout, 2 stderr, "
+                     "3 both; or per local rank, e.g. 0:1,1:3 (needs --log_dir)"),
+      kLogs);
+  pet(app.add_option("-t,--tee", c.tee,
+                     "Copy worker output to the log files too, same values as --redirects"),
+      kLogs);
+  pet(app.add_option("--local_ranks_filter,--local-ranks-filter", c.local_ranks_filter,
+                     "Only these local ranks reach the console, e.g. 0 or 0,2"),
+      kLogs);
+  pet(app.add_option("--event_log_handler,--event-log-handler", c.event_log_handler,
+                     "Where events are logged: console (launch's log) or null"),
+      kLogs)
+      ->check(CLI::IsMember({"console", "null"}));
+  pet(app.add_option("--monitor_interval,--monitor-interval", c.monitor_interval,
+                     "Accepted (worker exits are events here)"),
+      kCompat);
+  pet(app.add_option("--start_method,--start-method", c.start_method,
+                     "Accepted (workers are always fork+exec'd)"),
+      kCompat)
+      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
+  std::string logs_specs;
+  pet(app.add_option("--logs_specs,--logs-specs", logs_specs,
+                     "Refused: a Python plug-in hook (use --log_dir, --redirects, --tee)"),
+      kCompat);
 
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
@@ -379,6 +482,12 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   c.program = rest.front();
   c.program_args.assign(rest.begin() + 1, rest.end());
 
+  if (!logs_specs.empty()) {
+    result.error = absl::UnimplementedError(
+        "--logs_specs names a Python plug-in, which launch cannot load; use --log_dir, "
+        "--redirects and --tee");
+    return result;
+  }
   if (absl::Status s = parse_nnodes(nnodes, c); !s.ok()) {
     result.error = s;
     return result;
@@ -396,8 +505,13 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
     return result;
   }
   c.shutdown_timeout = std::chrono::milliseconds(static_cast<long long>(shutdown_s * 1000));
-  if (c.module && c.no_python) {
-    result.error = absl::InvalidArgumentError("-m/--module and --no_python cannot be combined");
+  if (static_cast<int>(c.module) + c.no_python + c.run_path > 1) {
+    result.error = absl::InvalidArgumentError(
+        "-m/--module, --no_python and --run_path cannot be combined");
+    return result;
+  }
+  if (absl::Status s = resolve_output(c); !s.ok()) {
+    result.error = s;
     return result;
   }
   if (c.role.empty()) {
@@ -442,7 +556,8 @@ absl::StatusOr<Entrypoint> resolve_entrypoint(const LaunchConfig& c,
   const std::string path_var = get("PATH");
   Entrypoint e;
   e.name = c.program;
-  const bool python = !c.no_python && (c.module || absl::EndsWith(c.program, ".py"));
+  const bool python =
+      !c.no_python && (c.module || c.run_path || absl::EndsWith(c.program, ".py"));
   if (!python) {
     auto exe = find_executable(c.program, path_var);
     if (!exe.ok()) return exe.status();

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -150,14 +151,27 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Per-attempt error files live in a private temporary folder, removed at exit.
+  // The attempt_<k>/<local_rank>/ folders (error files, logs) live in a private temporary
+  // folder removed at exit; with --log_dir, or when --redirects/--tee ask for log files, in a
+  // folder that is kept: <dir>/<run_id>_<random>, torchrun's layout.
+  const std::string run_id = cfg.standalone ? random_uuid() : cfg.rdzv_id;
+  const bool want_logs = std::any_of(cfg.redirect_of.begin(), cfg.redirect_of.end(),
+                                     [](int v) { return v != 0; }) ||
+                         std::any_of(cfg.tee_of.begin(), cfg.tee_of.end(), [](int v) { return v != 0; });
   const char* tmp = std::getenv("TMPDIR");
-  std::string tmpl = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/muster_XXXXXX");
+  const std::string tmp_dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  const bool keep = !cfg.log_dir.empty() || want_logs;
+  std::string base = cfg.log_dir.empty() ? tmp_dir : cfg.log_dir;
+  std::error_code ec;
+  std::filesystem::create_directories(base, ec);
+  std::string tmpl = cfg.log_dir.empty()
+                         ? absl::StrCat(base, keep ? "/muster_logs_XXXXXX" : "/muster_XXXXXX")
+                         : absl::StrCat(base, "/", run_id, "_XXXXXX");
   if (::mkdtemp(tmpl.data()) == nullptr) {
-    std::fprintf(stderr, "launch: error: cannot create a folder under %s\n",
-                 tmp != nullptr ? tmp : "/tmp");
+    std::fprintf(stderr, "launch: error: cannot create a folder under %s\n", base.c_str());
     return 1;
   }
+  if (keep) spdlog::warn("worker logs: {}", tmpl);
 
   muster::agent::AgentOptions opts;
   opts.rdzv_target = rdzv_addr;
@@ -166,7 +180,7 @@ int main(int argc, char** argv) {
   opts.token = cfg.rdzv_conf.token;
   opts.rdzv_timeouts = cfg.rdzv_conf.timeouts;
   opts.store_addr = rdzv_addr;
-  opts.run_id = cfg.standalone ? random_uuid() : cfg.rdzv_id;
+  opts.run_id = run_id;
   opts.host = cfg.local_addr.empty() ? fq_hostname() : cfg.local_addr;
   if (!cfg.standalone && cfg.rdzv_backend == "static") {
     opts.master_addr = cfg.master_addr;
@@ -183,7 +197,14 @@ int main(int argc, char** argv) {
   opts.argv = entry->argv;
   opts.entrypoint_name = entry->name;
   opts.shutdown_timeout = cfg.shutdown_timeout;
-  opts.error_dir = absl::StrCat(tmpl, "/", opts.run_id);
+  opts.error_dir = tmpl;
+  opts.redirect_of = cfg.redirect_of;
+  opts.tee_of = cfg.tee_of;
+  opts.console_of = cfg.console_of;
+  opts.signals = cfg.signals;
+  if (auto it = env.find("TORCHELASTIC_ERROR_FILE"); it != env.end()) {
+    opts.own_error_file = it->second;
+  }
   if (auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); it != env.end()) {
     opts.prefix_template = it->second;
   }
@@ -203,7 +224,6 @@ int main(int argc, char** argv) {
     server->shutdown(code == 0 || code == 1 ? cfg.rdzv_conf.close_timeout
                                             : std::chrono::milliseconds(0));
   }
-  std::error_code ec;
-  std::filesystem::remove_all(tmpl, ec);
+  if (!keep) std::filesystem::remove_all(tmpl, ec);
   return code;
 }

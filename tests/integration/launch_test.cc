@@ -309,3 +309,83 @@ TEST_CASE("launch: stopping workers that are still starting does not signal laun
     CHECK(p.err().find("received SIGTERM") == std::string::npos);
   }
 }
+
+namespace {
+// The single <run_id>_<random> folder torchrun's layout puts under --log_dir.
+std::string run_log_dir(const std::string& log_dir) {
+  std::vector<std::string> runs;
+  for (const auto& e : std::filesystem::directory_iterator(log_dir)) runs.push_back(e.path());
+  REQUIRE(runs.size() == 1);
+  return runs[0];
+}
+}  // namespace
+
+TEST_CASE("launch: --log_dir keeps torchrun's layout; --tee, --redirects, --local_ranks_filter",
+          "[launch][logs]") {
+  TempDir logs;
+  Proc p(launch_args({"--standalone", "--nproc_per_node=3", "--log_dir=" + logs.path(),
+                      "--tee=1", "--redirects=2:1", "--local_ranks_filter=0,2", "--rdzv_id=x"},
+                     {"spew", "300"}));
+  REQUIRE(p.wait() == 0);
+  const std::string run = run_log_dir(logs.path());
+  CHECK_THAT(std::filesystem::path(run).filename().string(),
+             Catch::Matches("[0-9a-f-]{36}_[A-Za-z0-9]{6}"));
+  for (int lr = 0; lr < 3; ++lr) {
+    const std::string dir = run + "/attempt_0/" + std::to_string(lr);
+    INFO(dir);
+    // Files hold the raw lines, without the console's prefix.
+    const std::string out = read_file(dir + "/stdout.log");
+    CHECK_THAT(out, Catch::StartsWith("R" + std::to_string(lr) + " L0 "));
+    CHECK(out.find("[default") == std::string::npos);
+    CHECK(std::filesystem::exists(dir + "/stderr.log") == false);  // stderr neither teed nor redirected
+  }
+  // Console: rank 0 (tee), not rank 1 (filtered), not rank 2 (redirected).
+  CHECK(count_lines_with(p.out(), "[default0]:R0 L") > 0);
+  CHECK(count_lines_with(p.out(), "[default1]:") == 0);
+  CHECK(count_lines_with(p.out(), "[default2]:") == 0);
+}
+
+TEST_CASE("launch: logs of earlier attempts are kept", "[launch][logs]") {
+  TempDir logs, dir;
+  Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--max_restarts=1",
+                      "--log_dir=" + logs.path(), "--tee=3"},
+                     {"restart", dir.path(), "1"}));
+  REQUIRE(p.wait() == 0);
+  const std::string run = run_log_dir(logs.path());
+  CHECK(std::filesystem::exists(run + "/attempt_0/0/stdout.log"));
+  CHECK(std::filesystem::exists(run + "/attempt_1/0/stdout.log"));
+}
+
+TEST_CASE("launch: error files: the worker's under --log_dir, and launch's own", "[launch][logs]") {
+  TempDir logs, own;
+  const std::string own_file = own.file("launch_error.json");
+  Proc p(launch_args({"--standalone", "--nproc_per_node=1", "--log_dir=" + logs.path()},
+                     {"errfile", "RuntimeError: CUDA out of memory"}),
+         Env{{"TORCHELASTIC_ERROR_FILE", own_file}});
+  REQUIRE(p.wait() == 1);
+  const std::string worker_file = run_log_dir(logs.path()) + "/attempt_0/0/error.json";
+  CHECK_THAT(read_file(worker_file), Catch::Contains("RuntimeError: CUDA out of memory"));
+  CHECK_THAT(p.err(), Catch::Contains("  error_file: " + worker_file));
+  const std::string mine = read_file(own_file);
+  CHECK_THAT(mine, Catch::Contains(R"("message":"RuntimeError: CUDA out of memory")"));
+  CHECK_THAT(mine, Catch::Contains(R"("errorCode":1)"));
+  CHECK_THAT(mine, Catch::Contains(R"("py_callstack":"Traceback (most recent call last):)"));
+}
+
+TEST_CASE("launch: --run_path runs a script without .py under python3", "[launch]") {
+  TempDir dir;
+  std::ofstream(dir.file("job")) << "import os\nprint('run_path rank', os.environ['RANK'])\n";
+  Proc p({kLaunch, "--standalone", "--nproc_per_node=2", "--run_path", dir.file("job")});
+  REQUIRE(p.wait() == 0);
+  CHECK_THAT(p.out(), Catch::Contains("[default1]:run_path rank 1\n"));
+}
+
+TEST_CASE("launch: --signals_to_handle chooses what is forwarded", "[launch]") {
+  TempDir dir;
+  Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--signals_to_handle=SIGUSR1,SIGTERM"},
+                     {"term", dir.path(), "handle"}));
+  REQUIRE(p.wait_output(has_ready(2), 30s));
+  ::kill(p.pid(), SIGUSR1);  // forwarded: the workers die of it (their default action)
+  CHECK(p.wait() == 128 + SIGUSR1);
+  CHECK_FALSE(std::filesystem::exists(dir.file("term.0")));
+}

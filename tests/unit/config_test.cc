@@ -3,7 +3,9 @@
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <fstream>
+#include <sstream>
 
 #include "proc.h"
 
@@ -256,4 +258,122 @@ TEST_CASE("rendezvous flags: modes", "[config]") {
   CHECK(st.endpoint.to_string() == "n0:1001");  // MASTER_PORT stays the workers'
   CHECK_THAT(parse_err({"--nnodes=2", "--rdzv_backend=c10d", "p"}),
              Catch::Contains("needs --rdzv_endpoint"));
+}
+
+namespace {
+
+// Every field of a parsed configuration, for comparing two parses.
+std::string describe(const LaunchConfig& c) {
+  std::ostringstream os;
+  os << c.standalone << c.min_nodes << ":" << c.max_nodes << " nproc=" << c.nproc_per_node
+     << " restarts=" << c.max_restarts << " monitor=" << c.monitor_interval
+     << " start=" << c.start_method << " backend=" << c.rdzv_backend << " ep=" << c.rdzv_endpoint
+     << " id=" << c.rdzv_id << " conf=" << c.rdzv_conf_text << " node_rank=" << c.node_rank
+     << " master=" << c.master_addr << ":" << c.master_port << " local=" << c.local_addr
+     << " role=" << c.role << " m=" << c.module << " nopy=" << c.no_python
+     << " run_path=" << c.run_path << " log_dir=" << c.log_dir << " r=" << c.redirects
+     << " t=" << c.tee << " filter=" << c.local_ranks_filter << " events=" << c.event_log_handler
+     << " signals=" << c.signals_to_handle << " shutdown=" << c.shutdown_timeout.count()
+     << " program=" << c.program;
+  return os.str();
+}
+
+// Sets PET_* variables for one scope.
+struct ScopedEnv {
+  std::vector<std::string> keys;
+  explicit ScopedEnv(const std::map<std::string, std::string>& vars) {
+    for (const auto& [k, v] : vars) {
+      ::setenv(k.c_str(), v.c_str(), 1);
+      keys.push_back(k);
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& k : keys) ::unsetenv(k.c_str());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("flags: every flag by underscore, by dash and by PET_* parses the same", "[config]") {
+  const std::vector<std::pair<std::string, std::string>> flags{
+      {"nnodes", "2:3"}, {"nproc_per_node", "3"}, {"max_restarts", "4"},
+      {"monitor_interval", "0.5"}, {"start_method", "fork"}, {"rdzv_backend", "c10d"},
+      {"rdzv_endpoint", "node0:1234"}, {"rdzv_id", "job7"}, {"rdzv_conf", "join_timeout=9"},
+      {"local_addr", "10.1.2.3"}, {"role", "trainer"}, {"log_dir", "/tmp/logs"},
+      {"redirects", "0:1,1:2"}, {"tee", "3"}, {"local_ranks_filter", "0,2"},
+      {"event_log_handler", "null"}, {"signals_to_handle", "SIGTERM,SIGUSR1"},
+      {"shutdown_timeout", "7"}, {"node_rank", "1"}, {"master_addr", "m0"},
+      {"master_port", "2222"}};
+  std::vector<std::string> underscore, dash;
+  std::map<std::string, std::string> pet;
+  for (const auto& [name, value] : flags) {
+    underscore.push_back("--" + name + "=" + value);
+    std::string d = name;
+    std::replace(d.begin(), d.end(), '_', '-');
+    dash.push_back("--" + d);
+    dash.push_back(value);
+    std::string env = "PET_" + name;
+    for (char& ch : env) ch = static_cast<char>(std::toupper(ch));
+    pet[env] = value;
+  }
+  underscore.push_back("train");
+  dash.push_back("train");
+  const std::string a = describe(parse_ok(underscore));
+  const std::string b = describe(parse_ok(dash));
+  std::string c;
+  {
+    ScopedEnv env(pet);
+    c = describe(parse_ok({"train"}));
+  }
+  CHECK(a == b);
+  CHECK(a == c);
+  CHECK_THAT(a, Catch::Contains("nproc=3"));
+  // Flags (no value) through PET_*: 1 turns them on.
+  {
+    ScopedEnv env({{"PET_STANDALONE", "1"}, {"PET_NO_PYTHON", "1"}});
+    LaunchConfig f = parse_ok({"train"});
+    CHECK(f.standalone);
+    CHECK(f.no_python);
+  }
+  {
+    ScopedEnv env({{"PET_MODULE", "1"}, {"PET_STANDALONE", "1"}});
+    CHECK(parse_ok({"pkg.mod"}).module);
+  }
+  {
+    ScopedEnv env({{"PET_RUN_PATH", "1"}, {"PET_STANDALONE", "1"}});
+    CHECK(parse_ok({"script"}).run_path);
+  }
+}
+
+TEST_CASE("flags: an explicit flag wins over PET_*", "[config]") {
+  ScopedEnv env({{"PET_NPROC_PER_NODE", "5"}, {"PET_MAX_RESTARTS", "9"}});
+  LaunchConfig c = parse_ok({"--standalone", "--nproc_per_node=2", "p"});
+  CHECK(c.nproc_per_node == 2);
+  CHECK(c.max_restarts == 9);
+}
+
+TEST_CASE("flags: output and signal options", "[config]") {
+  LaunchConfig c = parse_ok({"--standalone", "--nproc_per_node=3", "-r", "0:1,2:3", "-t", "2",
+                             "--local_ranks_filter=1", "--signals_to_handle=TERM,SIGUSR1", "p"});
+  CHECK(c.redirect_of == std::vector<int>{1, 0, 3});
+  CHECK(c.tee_of == std::vector<int>{2, 2, 2});
+  CHECK(c.console_of == std::vector<bool>{false, true, false});
+  CHECK(c.signals == std::vector<int>{SIGTERM, SIGUSR1});
+  LaunchConfig d = parse_ok({"--standalone", "--nproc_per_node=2", "p"});
+  CHECK(d.console_of == std::vector<bool>{true, true});
+  CHECK(d.signals == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
+  CHECK_THAT(parse_err({"--standalone", "--redirects=4", "p"}), Catch::Contains("--redirects"));
+  CHECK_THAT(parse_err({"--standalone", "--tee=0:x", "p"}), Catch::Contains("--tee"));
+  CHECK_THAT(parse_err({"--standalone", "--local_ranks_filter=a", "p"}),
+             Catch::Contains("--local_ranks_filter"));
+  CHECK_THAT(parse_err({"--standalone", "--signals_to_handle=SIGKILL", "p"}),
+             Catch::Contains("--signals_to_handle"));
+  CHECK_THAT(parse_err({"--standalone", "--signals_to_handle=SIGNOPE", "p"}),
+             Catch::Contains("SIGNOPE"));
+  CHECK_THAT(parse_err({"--standalone", "--logs_specs=my.Specs", "p"}),
+             Catch::Contains("Python plug-in"));
+  CHECK_THAT(parse_err({"--standalone", "--event_log_handler=kafka", "p"}),
+             Catch::Contains("event_log_handler"));
+  CHECK_THAT(parse_err({"--standalone", "--run_path", "--no_python", "p"}),
+             Catch::Contains("cannot be combined"));
 }

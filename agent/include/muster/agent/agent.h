@@ -48,7 +48,13 @@ struct AgentOptions {
   std::string entrypoint_name;    // what the failure summary calls the job
   std::map<std::string, std::string> base_env;
   std::string prefix_template;  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, or the default
-  std::string error_dir;        // per-attempt error files go under here
+  std::string error_dir;  // attempt_<k>/<local_rank>/ folders go under here
+  // Per local rank, bit 1 stdout and bit 2 stderr: to the log files only (redirect), or to
+  // the files and the console (tee). Empty: neither. Files hold the raw output, unprefixed.
+  std::vector<int> redirect_of, tee_of;
+  std::vector<bool> console_of;  // empty: every rank reaches the console
+  std::vector<int> signals;      // forwarded to workers; empty: SIGINT, SIGTERM, SIGHUP, SIGQUIT
+  std::string own_error_file;    // launch's own TORCHELASTIC_ERROR_FILE, written on failure
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
   // Output sinks (the console).
   int stdout_fd = 1;

@@ -15,6 +15,11 @@ namespace muster::agent {
 // or {"message": "text"}. Leaves `f` as it was when the file is absent or unreadable.
 void read_error_file(const std::string& path, v1::WorkerFailure& f);
 
+// torch's @record JSON for a failure, as torchrun writes its own error file when a worker
+// failed: {"message": {"message": ..., "extraInfo": {"py_callstack": ..., "timestamp": ...},
+// "errorCode": <exit code, or -signal>}}.
+std::string error_file_json(const v1::WorkerFailure& f);
+
 // "SIGKILL" for 9; "signal 70" for numbers without a name.
 std::string signal_name(int sig);
 

@@ -63,6 +63,19 @@ struct LaunchConfig {
   std::string role = "default";
   bool module = false;     // -m: run the program as `python3 -u -m <module>`
   bool no_python = false;  // run the program directly, never through python
+  bool run_path = false;   // run the program as a python script whatever its name
+  // Output (torchrun's): --log_dir, --redirects, --tee, --local_ranks_filter.
+  std::string log_dir;
+  std::string redirects = "0";
+  std::string tee = "0";
+  std::string local_ranks_filter;
+  std::string event_log_handler = "console";  // accepted: events go to launch's own log
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  // Resolved per local rank: bit 1 stdout, bit 2 stderr.
+  std::vector<int> redirect_of;  // to the log files only
+  std::vector<int> tee_of;       // to the log files and the console
+  std::vector<bool> console_of;  // false: --local_ranks_filter hides this rank on the console
+  std::vector<int> signals;      // numbers of signals_to_handle
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
   std::string program;
   std::vector<std::string> program_args;
