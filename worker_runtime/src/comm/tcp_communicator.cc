@@ -101,38 +101,14 @@ class TcpCommunicator final : public Communicator {
   absl::Status broadcast(void* data, std::size_t count, DType dtype, int root, void*) override {
     if (absl::Status s = usable(); !s.ok()) return s;
     if (root < 0 || root >= size_) return absl::InvalidArgumentError("broadcast: bad root");
-    if (size_ == 1) return absl::OkStatus();
+    // A pipeline along the ring: the root streams the buffer; every other rank forwards each
+    // chunk as it lands, except the last before the root.
     char* p = static_cast<char*>(data);
     const std::size_t bytes = count * dtype_size(dtype);
-    const std::size_t chunk = opts_.chunk_bytes;
-    const std::size_t chunks = (bytes + chunk - 1) / chunk;
-    const bool is_root = rank_ == root;
-    const bool forwards = (rank_ + 1) % size_ != root;
-    // Pipeline: at step c, forward chunk c-1 while receiving chunk c.
-    for (std::size_t c = 0; c <= chunks; ++c) {
-      auto range = [&](std::size_t i) {
-        std::size_t off = i * chunk;
-        return std::make_pair(p + off, std::min(chunk, bytes - off));
-      };
-      const char* send = nullptr;
-      std::size_t send_n = 0;
-      char* recv = nullptr;
-      std::size_t recv_n = 0;
-      if (is_root) {
-        if (c < chunks) std::tie(send, send_n) = range(c);
-      } else {
-        if (forwards && c > 0) std::tie(send, send_n) = range(c - 1);
-        if (c < chunks) {
-          auto r = range(c);
-          recv = r.first;
-          recv_n = r.second;
-        }
-      }
-      if (absl::Status s = exchange(send, send_n, recv, recv_n, nullptr, "broadcast"); !s.ok()) {
-        return s;
-      }
-    }
-    return absl::OkStatus();
+    std::vector<Recv> plan;
+    if (rank_ != root) plan.push_back({p, bytes, false, (rank_ + 1) % size_ != root, false});
+    return stream(rank_ == root ? p : nullptr, rank_ == root ? bytes : 0, plan, nullptr, nullptr,
+                  "broadcast");
   }
 
   absl::Status all_gather(const void* send, void* recv, std::size_t count, DType dtype,
@@ -405,67 +381,6 @@ class TcpCommunicator final : public Communicator {
     if (op == ReduceOp::kAvg) divide(work + seg.start(rank_), recv_count, size_);
     std::memcpy(recv, work + seg.start(rank_), recv_count * sizeof(T));
     return absl::OkStatus();
-  }
-
-  // One ring step: writes `send` to the next rank while reading `recv` from the previous one
-  // in chunks, calling on_chunk(offset, bytes) as each lands. Bounded by the timeout; any
-  // failure breaks the communicator and shuts its sockets so the neighbours fail too.
-  absl::Status exchange(const char* send, std::size_t send_n, char* recv, std::size_t recv_n,
-                        const std::function<void(std::size_t, std::size_t)>& on_chunk,
-                        const char* what) {
-    if (send_n == 0 && recv_n == 0) return absl::OkStatus();
-    boost::system::error_code write_ec, read_ec;
-    bool write_done = send_n == 0, read_done = recv_n == 0, timed_out = false;
-    // write_some/read_some directly: asio's async_write/async_read stop every 64 KiB.
-    std::size_t sent = 0;
-    std::function<void()> write_next = [&] {
-      send_.async_write_some(asio::buffer(send + sent, send_n - sent),
-                             [&](const boost::system::error_code& ec, std::size_t n) {
-                               sent += n;
-                               if (ec || sent == send_n) {
-                                 write_ec = ec;
-                                 write_done = true;
-                               } else {
-                                 write_next();
-                               }
-                             });
-    };
-    if (!write_done) write_next();
-    std::size_t got = 0, reduced = 0;
-    std::function<void()> read_next = [&] {
-      recv_.async_read_some(asio::buffer(recv + got, recv_n - got),
-                            [&](const boost::system::error_code& ec, std::size_t n) {
-                              if (ec) {
-                                read_ec = ec;
-                                read_done = true;
-                                return;
-                              }
-                              got += n;
-                              // Reduce whole chunks as they land (the tail once complete).
-                              while (on_chunk && (got - reduced >= opts_.chunk_bytes ||
-                                                  (got == recv_n && reduced < got))) {
-                                const std::size_t len = std::min(opts_.chunk_bytes, got - reduced);
-                                on_chunk(reduced, len);
-                                reduced += len;
-                              }
-                              if (got == recv_n) read_done = true;
-                              else read_next();
-                            });
-    };
-    if (!read_done) read_next();
-    timer_.expires_after(opts_.timeout);
-    timer_.async_wait([&](const boost::system::error_code& ec) {
-      if (ec) return;
-      timed_out = true;
-      shut_sockets();
-    });
-    io_.restart();
-    while (!(write_done && read_done) && io_.run_one() > 0) {
-      if ((write_ec || read_ec) && !(write_done && read_done)) shut_sockets();
-    }
-    timer_.cancel();
-    io_.run();  // drain the cancelled timer (and anything a failure left pending)
-    return step_status(write_ec, read_ec, timed_out, what);
   }
 
   void shut_sockets() {

@@ -1,9 +1,9 @@
 // The TCP ring backend (Boost.Asio): what runs on machines without GPUs.
 //
-// all_reduce is a ring reduce-scatter followed by a ring all-gather over n uneven segments;
-// each step writes one segment to the next rank while reading the previous rank's in chunks
-// and reducing each chunk as it lands (pipelined). f16/bf16 are widened to f32 for the
-// reduction. Ranks find each other through the store: each listens on a free port and
+// all_reduce is a ring reduce-scatter followed by a ring all-gather over n uneven segments,
+// run as one stream: the segment a rank receives in one step is the one it sends in the next,
+// so each chunk is reduced as it lands and forwarded at once. broadcast is a pipeline along
+// the ring. f16/bf16 are widened to f32 for the reduction. Ranks find each other through the store: each listens on a free port and
 // publishes "tcp/<rank>" = host:port; every connection starts with a magic number, the
 // sender's rank and the group size.
 #pragma once
