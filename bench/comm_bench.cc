@@ -11,10 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "muster/rendezvous/grpc_store.h"
-#include "muster/v1/rendezvous.grpc.pb.h"
 #include "muster/worker/runtime.h"
 
 using namespace muster::worker;
@@ -63,21 +60,6 @@ int main(int argc, char** argv) {
       if (!store.get(key, std::chrono::seconds(10)).ok()) return 1;
     }
     std::printf("store %d %.6f\n", 2 * n, std::chrono::duration<double>(Clock::now() - t0).count());
-    return 0;
-  }
-  if (mode == "ping" && argc == 4) {  // latency of an empty round trip (GetStatus)
-    auto stub = muster::v1::Rendezvous::NewStub(
-        grpc::CreateChannel(argv[2], grpc::InsecureChannelCredentials()));
-    const int n = std::atoi(argv[3]);
-    auto t0 = Clock::now();
-    for (int i = 0; i < n; ++i) {
-      grpc::ClientContext ctx;
-      muster::v1::StatusRequest req;
-      req.set_run_id("none");
-      muster::v1::StatusReply reply;
-      if (!stub->GetStatus(&ctx, req, &reply).ok()) return 1;
-    }
-    std::printf("ping %.1f us\n", std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / n);
     return 0;
   }
   std::fprintf(stderr, "usage: comm_bench allreduce | store TARGET N ID\n");
