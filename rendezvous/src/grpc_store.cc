@@ -1,10 +1,11 @@
 #include "muster/rendezvous/grpc_store.h"
 
-#include <mutex>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 #include "muster/v1/rendezvous.grpc.pb.h"
 
@@ -62,7 +63,7 @@ class GrpcStore::Impl {
 
   std::unique_ptr<Stream> acquire() {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       if (!free.empty()) {
         auto s = std::move(free.back());
         free.pop_back();
@@ -75,11 +76,12 @@ class GrpcStore::Impl {
   }
 
   void release(std::unique_ptr<Stream> s) {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     free.push_back(std::move(s));
   }
 
   ~Impl() {
+    absl::MutexLock lock(&mu);
     for (auto& s : free) {
       s->rw->WritesDone();
       s->rw->Finish();
@@ -88,8 +90,8 @@ class GrpcStore::Impl {
 
   GrpcStoreOptions opts;
   std::unique_ptr<v1::Store::Stub> stub;
-  std::mutex mu;
-  std::vector<std::unique_ptr<Stream>> free;  // guarded by mu
+  absl::Mutex mu;
+  std::vector<std::unique_ptr<Stream>> free ABSL_GUARDED_BY(mu);
 };
 
 GrpcStore::GrpcStore(GrpcStoreOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

@@ -1,22 +1,23 @@
 #include "muster/rendezvous/memory_store.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace muster::rendezvous {
 
 absl::Status MemoryStore::set(const std::string& key, const std::string& value) {
-  std::lock_guard<std::mutex> lock(mu_);
-  absl::Status s = table_.set(key, value);
-  changed_.notify_all();
-  return s;
+  absl::MutexLock lock(&mu_);
+  return table_.set(key, value);
 }
 
-absl::Status MemoryStore::wait_locked(std::unique_lock<std::mutex>& lock,
-                                      const std::vector<std::string>& keys, Duration timeout) {
+absl::Status MemoryStore::wait_locked(const std::vector<std::string>& keys, Duration timeout) {
   for (const auto& k : keys) {
     if (absl::Status s = table_.check_key(k); !s.ok()) return s;
   }
-  if (!changed_.wait_for(lock, timeout, [&] { return table_.contains_all(keys); })) {
+  auto present = [this, &keys]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return table_.contains_all(keys);
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&present), absl::FromChrono(timeout))) {
     return absl::DeadlineExceededError(absl::StrCat("store: timed out after ", timeout.count(),
                                                     " ms waiting for ", keys.size(), " key(s)"));
   }
@@ -24,51 +25,47 @@ absl::Status MemoryStore::wait_locked(std::unique_lock<std::mutex>& lock,
 }
 
 absl::StatusOr<std::string> MemoryStore::get(const std::string& key, Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (absl::Status s = wait_locked(lock, {key}, timeout); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = wait_locked({key}, timeout); !s.ok()) return s;
   return *table_.find(key);
 }
 
 absl::StatusOr<std::int64_t> MemoryStore::add(const std::string& key, std::int64_t delta) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto r = table_.add(key, delta);
-  changed_.notify_all();
-  return r;
+  absl::MutexLock lock(&mu_);
+  return table_.add(key, delta);
 }
 
 absl::StatusOr<std::string> MemoryStore::compare_set(const std::string& key,
                                                      const std::string& expected,
                                                      const std::string& desired) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto r = table_.compare_set(key, expected, desired);
-  changed_.notify_all();
-  return r;
+  absl::MutexLock lock(&mu_);
+  return table_.compare_set(key, expected, desired);
 }
 
 absl::StatusOr<bool> MemoryStore::delete_key(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return table_.erase(key);
 }
 
 absl::StatusOr<bool> MemoryStore::check(const std::vector<std::string>& keys) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return table_.contains_all(keys);
 }
 
 absl::Status MemoryStore::wait(const std::vector<std::string>& keys, Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return wait_locked(lock, keys, timeout);
+  absl::MutexLock lock(&mu_);
+  return wait_locked(keys, timeout);
 }
 
 absl::StatusOr<std::int64_t> MemoryStore::num_keys() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return static_cast<std::int64_t>(table_.size());
 }
 
 absl::StatusOr<std::vector<std::string>> MemoryStore::multi_get(
     const std::vector<std::string>& keys, Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (absl::Status s = wait_locked(lock, keys, timeout); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = wait_locked(keys, timeout); !s.ok()) return s;
   std::vector<std::string> out;
   out.reserve(keys.size());
   for (const auto& k : keys) out.push_back(*table_.find(k));
@@ -80,14 +77,13 @@ absl::Status MemoryStore::multi_set(const std::vector<std::string>& keys,
   if (keys.size() != values.size()) {
     return absl::InvalidArgumentError("store: multi_set with different numbers of keys and values");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (std::size_t i = 0; i < keys.size(); ++i) {
     if (absl::Status s = table_.check_entry(keys[i], values[i]); !s.ok()) return s;
   }
   for (std::size_t i = 0; i < keys.size(); ++i) {
     if (absl::Status s = table_.set(keys[i], values[i]); !s.ok()) return s;
   }
-  changed_.notify_all();
   return absl::OkStatus();
 }
 

@@ -8,10 +8,11 @@
 #include <boost/asio/steady_timer.hpp>
 #include <deque>
 #include <list>
-#include <mutex>
 #include <unordered_map>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "store_server.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
 
@@ -27,8 +28,8 @@ class SessionReactor;
 
 // What the io thread holds for a session: a handle that outlives the reactor.
 struct SessionLink {
-  std::mutex mu;
-  SessionReactor* reactor = nullptr;  // null once the reactor is done; guarded by mu
+  absl::Mutex mu;
+  SessionReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;  // null once the reactor is done
 };
 
 }  // namespace
@@ -83,7 +84,10 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMs
  public:
   SessionReactor(std::shared_ptr<Core> core, SessionId id)
       : core_(std::move(core)), id_(id), link_(std::make_shared<SessionLink>()) {
-    link_->reactor = this;
+    {
+      absl::MutexLock lock(&link_->mu);
+      link_->reactor = this;
+    }
     boost::asio::post(core_->io(),
                       [core = core_, id = id_, link = link_] { core->on_open(id, link); });
     StartRead(&in_);
@@ -93,7 +97,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMs
   void enqueue(v1::ServerMsg msg) {
     v1::ServerMsg* start = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (finishing_) return;
       queue_.push_back(std::move(msg));
       if (!writing_) {
@@ -107,7 +111,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMs
   void finish(grpc::Status status) {
     bool now = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (finishing_) return;
       finishing_ = true;
       final_ = std::move(status);
@@ -137,7 +141,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMs
     v1::ServerMsg* next = nullptr;
     bool finish_now = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       queue_.pop_front();
       if (ok && !queue_.empty()) {
         next = &queue_.front();
@@ -158,7 +162,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMs
   void OnDone() override {
     post_closed();
     {
-      std::lock_guard<std::mutex> lock(link_->mu);
+      absl::MutexLock lock(&link_->mu);
       link_->reactor = nullptr;
     }
     delete this;
@@ -175,10 +179,10 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMs
   std::shared_ptr<SessionLink> link_;
   v1::AgentMsg in_;
   std::atomic<bool> closed_posted_{false};
-  std::mutex mu_;
-  std::deque<v1::ServerMsg> queue_;  // guarded by mu_; front() is being written
-  bool writing_ = false;             // guarded by mu_
-  bool finishing_ = false;           // guarded by mu_
+  absl::Mutex mu_;
+  std::deque<v1::ServerMsg> queue_ ABSL_GUARDED_BY(mu_);  // front() is being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status final_;
 };
 
@@ -239,7 +243,7 @@ void Core::apply(std::vector<Outgoing> out) {
   for (Outgoing& o : out) {
     auto it = links_.find(o.session);
     if (it == links_.end()) continue;
-    std::lock_guard<std::mutex> lock(it->second->mu);
+    absl::MutexLock lock(&it->second->mu);
     SessionReactor* r = it->second->reactor;
     if (r == nullptr) continue;
     if (o.msg) r->enqueue(std::move(*o.msg));

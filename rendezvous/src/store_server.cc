@@ -1,12 +1,13 @@
 #include "store_server.h"
 
 #include <list>
-#include <mutex>
 #include <unordered_map>
 
 #include <grpcpp/alarm.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "muster/rendezvous/kv_table.h"
 #include "muster/rendezvous/state_machine.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
@@ -67,7 +68,7 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
   }
 
   void drop(const std::string& run) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     tables_.erase(run);  // parked waits stay until their alarm
   }
 
@@ -76,13 +77,14 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
   struct Waiter {
     Reactor* reactor;
     grpc::Alarm alarm;
-    bool answered = false;  // guarded by mu_
+    bool answered = false;  // guarded by the Impl's mu_
     std::list<Waiter*>::iterator pos;
   };
 
   void serve(Reactor* r);
-  // REQUIRES: mu_ held. Answers the waiters of `run` whose keys now all exist.
-  void collect_ready(const std::string& run, const KvTable& table, std::vector<Reactor*>& ready);
+  // Answers the waiters of `run` whose keys now all exist.
+  void collect_ready(const std::string& run, const KvTable& table, std::vector<Reactor*>& ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void answer_read(const KvTable& table, const v1::StoreRequest& req, v1::StoreReply& out) {
     if (req.op() == v1::StoreRequest::WAIT) return;
     for (const auto& k : req.keys()) out.add_values(*table.find(k));
@@ -90,9 +92,9 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
 
   const StoreLimits limits_;
   const std::string token_;
-  std::mutex mu_;
-  std::unordered_map<std::string, KvTable> tables_;                  // guarded by mu_
-  std::unordered_map<std::string, std::list<Waiter*>> waiters_;     // guarded by mu_
+  absl::Mutex mu_;
+  std::unordered_map<std::string, KvTable> tables_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::list<Waiter*>> waiters_ ABSL_GUARDED_BY(mu_);
 };
 
 void StoreServer::Impl::serve(Reactor* r) {
@@ -123,7 +125,7 @@ void StoreServer::Impl::serve(Reactor* r) {
   absl::Status st;
   std::vector<Reactor*> ready;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     KvTable& table = tables_.try_emplace(req.run_id(), limits_).first->second;
     for (const auto& k : req.keys()) {
       if (st.ok()) st = table.check_key(k);
@@ -178,7 +180,7 @@ void StoreServer::Impl::serve(Reactor* r) {
                        [this, w, run, timeout_ms, keys](bool) {
                          bool timed_out = false;
                          {
-                           std::lock_guard<std::mutex> lock(mu_);
+                           absl::MutexLock lock(&mu_);
                            if (!w->answered) {
                              timed_out = true;
                              waiters_[run].erase(w->pos);

@@ -1,9 +1,9 @@
-// An in-process Store: a KvTable under a mutex; waiters sleep on a condition variable that
-// every write notifies.
+// An in-process Store: a KvTable under an absl::Mutex; a waiter sleeps in
+// Mutex::AwaitWithTimeout, which re-checks its condition whenever a writer releases the lock.
 #pragma once
 
-#include <condition_variable>
-#include <mutex>
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 #include "muster/rendezvous/kv_table.h"
 #include "muster/rendezvous/store.h"
@@ -29,13 +29,11 @@ class MemoryStore final : public Store {
                          const std::vector<std::string>& values) override;
 
  private:
-  // REQUIRES: lock holds mu_.
-  absl::Status wait_locked(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
-                           Duration timeout);
+  absl::Status wait_locked(const std::vector<std::string>& keys, Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  std::mutex mu_;
-  std::condition_variable changed_;
-  KvTable table_;  // guarded by mu_
+  absl::Mutex mu_;
+  KvTable table_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muster::rendezvous
