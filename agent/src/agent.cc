@@ -184,9 +184,16 @@ class Agent::Impl {
 
   void on_session_closed(const absl::Status& status) {
     if (phase_ == Phase::kExiting || after_ == After::kExit || after_ == After::kFail) return;
-    spdlog::error("rendezvous: {}", status.ok()
-                                        ? std::string("the server ended the session unexpectedly")
-                                        : std::string(status.message()));
+    // A refusal (token, bad config, timeout) carries its own message; a lost connection
+    // says which server went away.
+    const bool lost = status.ok() || status.code() == absl::StatusCode::kUnavailable ||
+                      status.code() == absl::StatusCode::kCancelled;
+    if (lost) {
+      spdlog::error("rendezvous: lost the server at {} ({}); stopping workers", opts_.rdzv_target,
+                    status.ok() ? std::string("it ended the session") : std::string(status.message()));
+    } else {
+      spdlog::error("rendezvous: {}", std::string(status.message()));
+    }
     exit_code_ = 1;
     after_ = After::kExit;
     stop_group(SIGTERM);
