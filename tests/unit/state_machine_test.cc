@@ -336,6 +336,8 @@ TEST_CASE("rendezvous: random event sequences keep the invariants", "[rdzv]") {
     Harness h(t);
     const int min = 1 + static_cast<int>(rng() % 3), max = min + static_cast<int>(rng() % 3);
     std::map<SessionId, int> round_of;  // session -> round of its last assignment
+    std::map<SessionId, int> nproc_of;  // session -> local_world_size of its last join
+    int last_round = 0;
     SessionId next = 1;
     std::set<SessionId> open;
     for (int step = 0; step < 60; ++step) {
@@ -345,7 +347,8 @@ TEST_CASE("rendezvous: random event sequences keep the invariants", "[rdzv]") {
           SessionId s =
               (open.empty() || rng() % 2) ? next++ : *std::next(open.begin(), rng() % open.size());
           open.insert(s);
-          h.join(s, "n" + std::to_string(s), min, max, 3, 1 + static_cast<int>(rng() % 3));
+          nproc_of[s] = 1 + static_cast<int>(rng() % 3);
+          h.join(s, "n" + std::to_string(s), min, max, 3, nproc_of[s]);
           break;
         }
         case 2:
@@ -365,10 +368,12 @@ TEST_CASE("rendezvous: random event sequences keep the invariants", "[rdzv]") {
           h.advance(std::chrono::milliseconds(rng() % 3000));
       }
       // Invariants over the assignments of this step.
-      std::vector<v1::Assignment> as;
+      std::vector<std::pair<SessionId, v1::Assignment>> as;
+      std::set<SessionId> assigned;
       for (const auto& o : h.last) {
         if (o.msg && o.msg->has_assignment()) {
-          as.push_back(o.msg->assignment());
+          as.emplace_back(o.session, o.msg->assignment());
+          REQUIRE(assigned.insert(o.session).second);  // a node is in at most one round
           round_of[o.session] = o.msg->assignment().round();
         }
         if (o.close) {
@@ -378,20 +383,25 @@ TEST_CASE("rendezvous: random event sequences keep the invariants", "[rdzv]") {
       }
       if (as.empty()) continue;
       const int n = static_cast<int>(as.size());
-      REQUIRE(n >= min);
+      REQUIRE(n >= min);  // no round closes below min
       REQUIRE(n <= max);
-      std::sort(as.begin(), as.end(),
-                [](const auto& a, const auto& b) { return a.group_rank() < b.group_rank(); });
-      int expected_offset = 0;
+      std::sort(as.begin(), as.end(), [](const auto& a, const auto& b) {
+        return a.second.group_rank() < b.second.group_rank();
+      });
+      int world = 0;
+      for (const auto& [session, a] : as) world += nproc_of.at(session);
+      REQUIRE(as[0].second.round() > last_round);
+      last_round = as[0].second.round();
+      int offset = 0;  // global ranks contiguous per node, in group-rank order
       for (int i = 0; i < n; ++i) {
-        REQUIRE(as[i].group_rank() == i);
-        REQUIRE(as[i].group_world_size() == n);
-        REQUIRE(as[i].round() == as[0].round());
-        REQUIRE(as[i].world_size() == as[0].world_size());
-        REQUIRE(as[i].rank_offset() == expected_offset);
-        expected_offset += (i + 1 < n) ? as[i + 1].rank_offset() - as[i].rank_offset() : 0;
+        const v1::Assignment& a = as[i].second;
+        REQUIRE(a.group_rank() == i);
+        REQUIRE(a.group_world_size() == n);
+        REQUIRE(a.round() == last_round);
+        REQUIRE(a.world_size() == world);
+        REQUIRE(a.rank_offset() == offset);
+        offset += nproc_of.at(as[i].first);
       }
-      REQUIRE(as.back().rank_offset() < as[0].world_size());
     }
   }
 }
