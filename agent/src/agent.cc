@@ -35,7 +35,7 @@ using Descriptor = asio::posix::stream_descriptor;
 // that left the group; stop waiting for it after this long.
 constexpr auto kPipeDrainLimit = std::chrono::seconds(2);
 
-void write_all(int fd, const std::string& data) {
+void write_all(int fd, std::string_view data) {
   const char* p = data.data();
   std::size_t left = data.size();
   while (left > 0) {
@@ -289,7 +289,7 @@ class Agent::Impl {
           if (ec == asio::error::operation_aborted && phase_ == Phase::kExiting) return;
           p->out.clear();
           if (!ec) {
-            if (p->file >= 0) write_all(p->file, std::string(p->buf.data(), n));
+            if (p->file >= 0) write_all(p->file, std::string_view(p->buf.data(), n));
             if (p->console >= 0) {
               p->splitter.feed(std::string_view(p->buf.data(), n), p->out);
               write_all(p->console, p->out);

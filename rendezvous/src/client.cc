@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "muster/v1/rendezvous.grpc.pb.h"
+#include "status_convert.h"
 
 namespace muster::rendezvous {
 
@@ -32,10 +33,7 @@ class SessionClient::Impl : public std::enable_shared_from_this<Impl> {
         if (!self->closed) self->on_message(msg);
       });
     }
-    grpc::Status st = stream->Finish();
-    absl::Status status =
-        st.ok() ? absl::OkStatus()
-                : absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message());
+    absl::Status status = from_grpc(stream->Finish());
     boost::asio::post(io, [self = shared_from_this(), status] {
       if (!self->closed) self->on_closed(status);
     });
@@ -92,10 +90,7 @@ absl::StatusOr<v1::StatusReply> get_status(const std::string& target, const std:
   req.set_run_id(run_id);
   req.set_token(token);
   v1::StatusReply reply;
-  grpc::Status st = stub->GetStatus(&ctx, req, &reply);
-  if (!st.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message());
-  }
+  if (absl::Status st = from_grpc(stub->GetStatus(&ctx, req, &reply)); !st.ok()) return st;
   return reply;
 }
 

@@ -7,22 +7,17 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <deque>
-#include <list>
 #include <unordered_map>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "status_convert.h"
 #include "store_server.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
 
 namespace muster::rendezvous {
 namespace {
-
-grpc::Status to_grpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 class SessionReactor;
 

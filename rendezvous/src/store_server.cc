@@ -11,16 +11,9 @@
 #include "muster/rendezvous/kv_table.h"
 #include "muster/rendezvous/state_machine.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
+#include "status_convert.h"
 
 namespace muster::rendezvous {
-namespace {
-
-grpc::Status to_grpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-}  // namespace
 
 class StoreServer::Impl final : public v1::Store::CallbackService {
  public:
@@ -75,6 +68,7 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
  private:
   // A request waiting for keys; its alarm calls back once: at the timeout, or cancelled.
   struct Waiter {
+    explicit Waiter(Reactor* r) : reactor(r) {}
     Reactor* reactor;
     grpc::Alarm alarm;
     bool answered = false;  // guarded by the Impl's mu_
@@ -170,7 +164,7 @@ void StoreServer::Impl::serve(Reactor* r) {
             answer_read(table, req, reply);
             break;
           }
-          auto* w = new Waiter{r};
+          auto* w = new Waiter(r);
           std::list<Waiter*>& list = waiters_[req.run_id()];
           w->pos = list.insert(list.end(), w);
           const std::string run = req.run_id();
