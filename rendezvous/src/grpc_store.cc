@@ -1,6 +1,8 @@
 #include "muster/rendezvous/grpc_store.h"
 
 
+#include <cstdio>
+
 #include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
@@ -22,18 +24,21 @@ class GrpcStore::Impl {
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
     args.SetString(GRPC_ARG_OPTIMIZATION_TARGET, "latency");
     args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);  // no per-call deadlines or census on these streams
     stub = v1::Store::NewStub(
         grpc::CreateCustomChannel(opts.target, grpc::InsecureChannelCredentials(), args));
   }
 
-  // An open stream; one request at a time.
+  // An open stream. Requests on one stream are served in order, so a set may be written
+  // behind: its reply ("ack") is read later, before the reply of the next request sent on it.
   struct Stream {
     grpc::ClientContext ctx;
     std::unique_ptr<grpc::ClientReaderWriter<v1::StoreRequest, v1::StoreReply>> rw;
+    bool answered_once = false;    // the first request on a stream is never written behind
+    bool finished = false;
+    std::vector<std::string> owed;  // keys of sets whose acks are still to be read
   };
 
-  // One request on a free stream (a new one when all are busy, e.g. another thread waits on
-  // a key this thread is about to set). A stream that breaks is dropped.
   absl::StatusOr<v1::StoreReply> call(Op op, std::vector<std::string> keys,
                                       std::vector<std::string> values = {},
                                       std::int64_t delta = 0,
@@ -47,13 +52,36 @@ class GrpcStore::Impl {
     req.set_delta(delta);
     req.set_timeout_ms(wait.count());
     std::unique_ptr<Stream> s = acquire();
-    v1::StoreReply reply;
-    if (!s->rw->Write(req) || !s->rw->Read(&reply)) {
-      grpc::Status st = s->rw->Finish();
-      return absl::UnavailableError(absl::StrCat(
-          "store: lost the connection to ", opts.target,
-          st.ok() ? std::string() : absl::StrCat(": ", st.error_message())));
+    const bool is_read = op == v1::StoreRequest::GET || op == v1::StoreRequest::WAIT ||
+                         op == v1::StoreRequest::CHECK || op == v1::StoreRequest::MULTI_GET ||
+                         op == v1::StoreRequest::NUM_KEYS;
+    // A write must not be carried out behind a refused set: settle the acks before sending it.
+    if (!is_read && op != v1::StoreRequest::SET) {
+      if (absl::Status st = settle(*s); !st.ok()) {
+        release(std::move(s));  // in step: every ack has been read
+        return st;
+      }
     }
+    if (!s->rw->Write(req)) return drop(std::move(s), lost(*s));
+    if (op == v1::StoreRequest::SET && s->answered_once && s->owed.size() < kMaxOwed) {
+      s->owed.push_back(req.keys(0));
+      release(std::move(s));
+      return v1::StoreReply();
+    }
+    // A read sent behind sets: their acks come first. A refused set fails this call; the
+    // read's answer is discarded (reads change nothing). One that may wait for keys is not
+    // waited for: its stream is dropped.
+    if (absl::Status st = settle(*s); !st.ok()) {
+      const bool may_wait = (op == v1::StoreRequest::GET || op == v1::StoreRequest::WAIT ||
+                             op == v1::StoreRequest::MULTI_GET) && wait.count() > 0;
+      v1::StoreReply discarded;
+      if (may_wait || !s->rw->Read(&discarded)) return drop(std::move(s), st);
+      release(std::move(s));
+      return st;
+    }
+    v1::StoreReply reply;
+    if (!s->rw->Read(&reply)) return drop(std::move(s), lost(*s));
+    s->answered_once = true;
     release(std::move(s));
     if (reply.code() != 0) {
       return absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.error());
@@ -61,12 +89,60 @@ class GrpcStore::Impl {
     return reply;
   }
 
+  // Reads the acks owed on `s`; the first refusal is returned, naming its key.
+  absl::Status settle(Stream& s) {
+    absl::Status first;
+    for (const std::string& key : s.owed) {
+      v1::StoreReply ack;
+      if (!s.rw->Read(&ack)) return lost(s);
+      if (ack.code() != 0 && first.ok()) {
+        first = absl::Status(static_cast<absl::StatusCode>(ack.code()),
+                             absl::StrCat("store: the earlier set of \"", key,
+                                          "\" was refused: ", ack.error()));
+      }
+    }
+    s.owed.clear();
+    absl::MutexLock lock(&mu);
+    if (behind == &s) behind = nullptr;  // the server has applied every set written behind
+    return first;
+  }
+
+  absl::Status lost(Stream& s) {
+    s.ctx.TryCancel();
+    grpc::Status st = s.rw->Finish();
+    s.finished = true;
+    return absl::UnavailableError(absl::StrCat(
+        "store: lost the connection to ", opts.target,
+        st.ok() ? std::string() : absl::StrCat(": ", st.error_message())));
+  }
+
+  // Abandons a stream whose replies are out of step (or broken), returning `st`.
+  absl::Status drop(std::unique_ptr<Stream> s, absl::Status st) {
+    if (!s->finished) {
+      s->ctx.TryCancel();
+      s->rw->Finish();
+    }
+    absl::MutexLock lock(&mu);
+    if (behind == s.get()) behind = nullptr;
+    return st;
+  }
+
+  // A free stream. While a stream has sets written behind, every call goes on that stream
+  // (waiting for it if another thread has it), so no request can overtake them; a new stream
+  // is opened only when none is behind and all are busy (e.g. one thread waits on a key that
+  // another is about to set).
   std::unique_ptr<Stream> acquire() {
-    {
-      absl::MutexLock lock(&mu);
-      if (!free.empty()) {
-        auto s = std::move(free.back());
-        free.pop_back();
+    absl::MutexLock lock(&mu);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      if (behind == nullptr) return true;
+      for (auto& f : free) if (f.get() == behind) return true;
+      return false;
+    };
+    mu.Await(absl::Condition(&ready));
+    for (auto it = free.begin(); it != free.end(); ++it) {
+      if (behind == nullptr || it->get() == behind) {
+        auto s = std::move(*it);
+        free.erase(it);
         return s;
       }
     }
@@ -77,21 +153,31 @@ class GrpcStore::Impl {
 
   void release(std::unique_ptr<Stream> s) {
     absl::MutexLock lock(&mu);
+    if (!s->owed.empty()) behind = s.get();
     free.push_back(std::move(s));
   }
 
   ~Impl() {
     absl::MutexLock lock(&mu);
     for (auto& s : free) {
+      if (!s->owed.empty()) {
+        mu.Unlock();
+        absl::Status st = settle(*s);
+        mu.Lock();
+        // Nobody is left to return it to: say it once on stderr rather than lose it.
+        if (!st.ok()) std::fprintf(stderr, "muster: %s\n", std::string(st.message()).c_str());
+      }
       s->rw->WritesDone();
       s->rw->Finish();
     }
   }
 
+  static constexpr std::size_t kMaxOwed = 64;
   GrpcStoreOptions opts;
   std::unique_ptr<v1::Store::Stub> stub;
   absl::Mutex mu;
   std::vector<std::unique_ptr<Stream>> free ABSL_GUARDED_BY(mu);
+  Stream* behind ABSL_GUARDED_BY(mu) = nullptr;  // the stream with sets written behind, if any
 };
 
 GrpcStore::GrpcStore(GrpcStoreOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

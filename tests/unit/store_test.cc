@@ -25,11 +25,13 @@ StoreLimits small_limits() {
 }
 
 struct MemoryFixture {
+  static constexpr bool kWritesBehind = false;
   muster::rendezvous::MemoryStore store{small_limits()};
   Store& get() { return store; }
 };
 
 struct PrefixFixture {
+  static constexpr bool kWritesBehind = false;
   muster::rendezvous::MemoryStore base{small_limits()};
   muster::rendezvous::PrefixStore store{"/run/1/", base};
   Store& get() { return store; }
@@ -37,6 +39,7 @@ struct PrefixFixture {
 
 // A real server on 127.0.0.1:0 with its io_context on a thread, and a client.
 struct GrpcFixture {
+  static constexpr bool kWritesBehind = true;  // see grpc_store.h
   boost::asio::io_context io;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
   std::unique_ptr<muster::rendezvous::RendezvousServer> server;
@@ -172,17 +175,43 @@ TEMPLATE_TEST_CASE("store: limits are enforced and leave the table as it was", "
                    MemoryFixture, PrefixFixture, GrpcFixture) {
   TestType f;
   Store& s = f.get();
-  auto key_error = s.set(std::string(100, 'k'), "v");
+  REQUIRE(s.check({"warm"}).ok());  // GrpcStore's first call on a stream is never written behind
+  // The refusal of a set: from set itself, or, where sets are written behind, from the next
+  // call (which is then not carried out).
+  auto refusal = [&](absl::Status from_set) {
+    if (!TestType::kWritesBehind) return from_set;
+    CHECK(from_set.ok());
+    return s.check({"k"}).status();
+  };
+  auto key_error = refusal(s.set(std::string(100, 'k'), "v"));
   CHECK(key_error.code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(key_error.message()), Catch::Contains("key"));
-  auto value_error = s.set("k", std::string(2000, 'v'));
+  auto value_error = refusal(s.set("k", std::string(2000, 'v')));
   CHECK(value_error.code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(value_error.message()), Catch::Contains("value"));
   CHECK_FALSE(*s.check({"k"}));
   for (int i = 0; i < 16; ++i) REQUIRE(s.set("key" + std::to_string(i), "v").ok());
-  CHECK(s.set("one-more", "v").code() == absl::StatusCode::kResourceExhausted);
+  CHECK(refusal(s.set("one-more", "v")).code() == absl::StatusCode::kResourceExhausted);
   CHECK(s.set("key3", "replaced").ok());  // replacing is not a new key
   CHECK(*s.num_keys() == 16);
+  CHECK(*s.get("key3", 1s) == "replaced");
+}
+
+TEST_CASE("store: a refused set written behind fails the next call, which is not carried out",
+          "[store]") {
+  GrpcFixture f;
+  Store& s = f.get();
+  REQUIRE(s.set("first", "v").ok());  // answered: the stream is open
+  REQUIRE(s.set("big", std::string(2000, 'v')).ok());  // written behind
+  auto next = s.add("n", 1);
+  REQUIRE(next.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(next.status().message()), Catch::Contains("earlier set of \"big\""));
+  CHECK_FALSE(*s.check({"n"}));
+  CHECK_FALSE(*s.check({"big"}));
+  // A read sent behind a refused set returns the refusal too.
+  REQUIRE(s.set("big", std::string(2000, 'v')).ok());
+  CHECK(s.get("first", 1s).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(*s.get("first", 1s) == "v");
 }
 
 TEST_CASE("store: a call with a wrong secret is refused", "[store]") {

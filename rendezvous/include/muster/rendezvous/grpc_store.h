@@ -2,6 +2,19 @@
 // over a small pool of long-lived streams, one request at a time per stream (a thread finding
 // every stream busy opens another); waits happen on the server, which answers when the keys
 // appear or the timeout passes. A call whose server cannot be reached fails with UNAVAILABLE.
+//
+// set() is written behind, as TCPStore's set is: it returns once the request is sent, and the
+// reply is read later, so a set followed by a get costs one round trip, not two.
+// - Order: the server serves one stream's requests in order, and while a stream has sets
+//   written behind every call of this GrpcStore, from any thread, goes on that stream (or
+//   waits for it), so no later call overtakes a set.
+// - Errors: the first call on a new stream is always answered before returning (a wrong token
+//   or an unreachable server shows at once). A set the server refuses later (a limit) is
+//   reported by the next call that is not a set, which returns that error instead of its own
+//   result: a write (add, compare_set, delete_key, multi_set) is then not carried out, and a
+//   read's answer is discarded. The destructor waits for the outstanding replies and writes a
+//   refusal nobody was told of to stderr.
+// - At most 64 sets are outstanding; the next one waits for their replies.
 #pragma once
 
 #include <memory>

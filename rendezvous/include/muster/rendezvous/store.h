@@ -22,7 +22,8 @@
 //   multi_set(keys, values) sets each (sizes must match).
 // Waiting never busy-polls: waiters are woken by the writes that complete them.
 // Limits (StoreLimits): a longer key or value, or a new key beyond the count, is refused with
-// INVALID_ARGUMENT / RESOURCE_EXHAUSTED naming the limit, and nothing is changed.
+// INVALID_ARGUMENT / RESOURCE_EXHAUSTED naming the limit, and nothing is changed. (GrpcStore
+// writes sets behind: it reports a refused set from its next call; see grpc_store.h.)
 //
 // Thread safety: every implementation may be called from several threads at once.
 #pragma once
