@@ -1,0 +1,85 @@
+// examples/train: mixed-precision data-parallel training of an MLP on a synthetic teacher task,
+// resumable from checkpoints. Run it under launch, e.g.
+//   launch --standalone --nproc_per_node=4 build/examples/train/train --checkpoint-dir /tmp/ck
+// See docs/train.md.
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "muster/worker/runtime.h"
+#include "trainer.h"
+
+using namespace muster;
+
+int main(int argc, char** argv) {
+  train::TrainOptions o;
+  std::string precision = "bf16", device = "auto";
+  CLI::App app{"examples/train: data-parallel mixed-precision training of an MLP (run it under launch)"};
+  app.add_option("--steps", o.steps, "Steps to train in all")->check(CLI::PositiveNumber);
+  app.add_option("--batch", o.batch, "Samples per rank per step")->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "Peak learning rate (after warm-up)")->check(CLI::PositiveNumber);
+  app.add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine decay")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", o.warmup, "Warm-up steps")->check(CLI::PositiveNumber);
+  app.add_option("--precision", precision, "Compute precision")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  app.add_option("--device", device, "Where to compute (auto: CUDA when a GPU is visible)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--seed", o.seed, "Seed of the task, the data and the initial weights");
+  app.add_option("--hidden", o.shape.hidden, "Hidden width")->check(CLI::PositiveNumber);
+  app.add_option("--depth", o.shape.depth, "Hidden layers")->check(CLI::PositiveNumber);
+  app.add_option("--growth-interval", o.growth_interval, "Loss scaler: finite steps before the scale doubles")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "Folder for checkpoints, shared by every node (none: no checkpoints)");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "Steps between checkpoints")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--log-every", o.log_every, "Steps between loss lines")->check(CLI::PositiveNumber);
+  app.add_option("--fail-at-step", o.fail_at_step, "Test switch: exit at this step (first attempt only)");
+  app.add_option("--fail-rank", o.fail_rank, "Test switch: the rank that exits");
+  app.add_option("--inject-inf-at-step", o.inject_inf_at_step, "Test switch: an inf gradient at this step (first attempt only)");
+  app.add_option("--inject-inf-rank", o.inject_inf_rank, "Test switch: the rank with the inf gradient");
+  app.add_option("--dump-params", o.dump_params, "Rank 0 writes the final fp32 parameters to this file");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "train: %s\n", e.what());
+    return 2;
+  }
+  o.precision = precision == "fp32" ? train::Precision::kF32
+                : precision == "fp16" ? train::Precision::kF16 : train::Precision::kBF16;
+  if (o.warmup >= o.steps) o.warmup = std::max<std::int64_t>(1, o.steps / 10);
+
+  auto rt = worker::Runtime::from_env();
+  if (!rt.ok()) {
+    std::fprintf(stderr, "train: %s\n", std::string(rt.status().message()).c_str());
+    return 2;
+  }
+  const worker::WorkerInfo& info = (*rt)->info();
+  const bool cuda = device == "cuda" || (device == "auto" && train::cuda_available());
+  std::unique_ptr<train::Engine> engine;
+  if (cuda) {
+    auto e = train::make_cuda_engine(o.shape, o.precision, o.seed, o.batch, info.local_rank);
+    if (!e.ok()) {
+      std::fprintf(stderr, "train: %s\n", std::string(e.status().message()).c_str());
+      return 1;
+    }
+    engine = std::move(*e);
+  } else {
+    engine = train::make_cpu_engine(o.shape, o.precision, o.seed, o.batch);
+  }
+  auto comm = (*rt)->communicator(cuda ? worker::Backend::kNccl : worker::Backend::kTcp);
+  if (!comm.ok()) {
+    std::fprintf(stderr, "train: rank %d: %s\n", info.rank, std::string(comm.status().message()).c_str());
+    return 1;
+  }
+  train::TrainContext ctx{**comm, *engine, (*rt)->store(), info.restart_count, std::cout};
+  if (absl::Status s = train::train(o, ctx); !s.ok()) {
+    std::fprintf(stderr, "train: rank %d: %s\n", info.rank, std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

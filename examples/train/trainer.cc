@@ -1,0 +1,150 @@
+#include "trainer.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <cstdio>
+#include <fstream>
+#include <ostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "checkpoint.h"
+#include "scaler.h"
+
+namespace muster::train {
+
+using worker::DType;
+using worker::ReduceOp;
+
+std::string fingerprint(const TrainOptions& o) {
+  const Shape& s = o.shape;
+  return absl::StrCat("mlp in=", s.in, " hidden=", s.hidden, " depth=", s.depth, " out=", s.out,
+                      " teacher=", s.teacher_hidden, " seed=", o.seed);
+}
+
+absl::Status train(const TrainOptions& o, TrainContext& ctx) {
+  worker::Communicator& comm = ctx.comm;
+  Engine& engine = ctx.engine;
+  const int rank = comm.rank();
+  const int world = comm.size();
+  const std::size_t n = engine.num_params();
+  LossScaler scaler({o.precision != Precision::kF32, 65536.0f, 2.0f, 0.5f, o.growth_interval});
+
+  // Start: the latest checkpoint, or the seed's initial parameters.
+  std::int64_t step = 0, adam_steps = 0;
+  std::vector<float> params = initial_params(o.shape, o.seed), m(n, 0.0f), v(n, 0.0f);
+  if (!o.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.checkpoint_dir, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.checkpoint_dir, ": ", ec.message()));
+    auto c = load_checkpoint(o.checkpoint_dir);
+    if (c.ok()) {
+      if (c->fingerprint != fingerprint(o) || c->params.size() != n) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint in ", o.checkpoint_dir, " belongs to another model (", c->fingerprint,
+            "; this run: ", fingerprint(o), ")"));
+      }
+      step = c->step;
+      adam_steps = c->adam_steps;
+      scaler.restore(c->scale, c->growth_tracker);
+      params = std::move(c->params);
+      m = std::move(c->m);
+      v = std::move(c->v);
+    } else if (c.status().code() != absl::StatusCode::kNotFound) {
+      return c.status();
+    }
+  }
+  // Every rank must resume from the same step (a checkpoint folder shared by every node).
+  if (absl::Status s = ctx.store.set(absl::StrCat("train/resume/", rank), std::to_string(step));
+      !s.ok()) {
+    return s;
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat("train/resume/", r));
+  auto steps = ctx.store.multi_get(keys, std::chrono::minutes(5));
+  if (!steps.ok()) return steps.status();
+  for (int r = 0; r < world; ++r) {
+    if ((*steps)[r] != std::to_string(step)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", r, " resumes after step ", (*steps)[r], " but rank ", rank, " after step ",
+          step, ": is ", o.checkpoint_dir, " shared by every node?"));
+    }
+  }
+  engine.set_state(params, m, v);
+  if (rank == 0) {
+    ctx.out << absl::StrFormat(
+        "train: %d rank(s) on %s, %s, %zu parameters, global batch %d, %s step %d of %d\n",
+        world, engine.device(), precision_name(o.precision), n, o.batch * world,
+        step > 0 ? "resuming after" : "from", step, o.steps)
+            << std::flush;
+  }
+
+  const std::int64_t global_batch = static_cast<std::int64_t>(o.batch) * world;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::int64_t first_step = step;
+  float loss = 0.0f;
+  while (step < o.steps) {
+    ++step;
+    const bool first_attempt = ctx.restart_count == 0;
+    if (first_attempt && step == o.fail_at_step && rank == o.fail_rank) {
+      ctx.out << absl::StrFormat("rank %d: injected failure at step %d\n", rank, step) << std::flush;
+      std::_Exit(3);
+    }
+    const float scale = scaler.scale();
+    engine.forward_backward((step - 1) * global_batch + static_cast<std::int64_t>(rank) * o.batch,
+                            o.batch, scale);
+    if (first_attempt && step == o.inject_inf_at_step && rank == o.inject_inf_rank) {
+      engine.poison_gradient();
+    }
+    if (absl::Status s = comm.all_reduce(engine.grad_buffer(), n + 1, DType::kF32, ReduceOp::kAvg,
+                                         engine.stream());
+        !s.ok()) {
+      return s;
+    }
+    const bool finite = engine.unscale_and_check(1.0f / scale);
+    loss = engine.loss_slot();
+    const float lr = learning_rate(step, o.warmup, o.steps, o.lr, o.min_lr);
+    if (finite) {
+      engine.adam_step(o.adam, lr, ++adam_steps);
+    } else {
+      ctx.out << absl::StrFormat(
+                     "rank %d: step %d: non-finite gradients, step skipped, loss scale %g -> %g\n",
+                     rank, step, scale, scale * 0.5f)
+              << std::flush;
+    }
+    scaler.update(finite);
+    if (rank == 0 && (step % o.log_every == 0 || step == 1 || step == o.steps)) {
+      ctx.out << absl::StrFormat("step %d loss %.6f lr %.3g scale %g\n", step, loss, lr,
+                                 scaler.scale())
+              << std::flush;
+    }
+    if (rank == 0 && !o.checkpoint_dir.empty() && o.checkpoint_every > 0 &&
+        step % o.checkpoint_every == 0) {
+      Checkpoint c{fingerprint(o), step, adam_steps, scaler.scale(), scaler.growth_tracker(), {}, {}, {}};
+      engine.get_state(c.params, c.m, c.v);
+      if (absl::Status s = save_checkpoint(o.checkpoint_dir, c); !s.ok()) return s;
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (rank == 0 && step == first_step) {
+    ctx.out << absl::StrFormat("final: nothing to do, the checkpoint is at step %d\n", step);
+  } else if (rank == 0) {
+    const double samples = static_cast<double>(step - first_step) * global_batch;
+    std::string perf = engine.perf_summary();
+    ctx.out << absl::StrFormat("final loss %.6f steps %d samples/s %.0f%s\n", loss, step,
+                               secs > 0 ? samples / secs : 0.0,
+                               perf.empty() ? "" : absl::StrCat(", ", perf))
+            << std::flush;
+    if (!o.dump_params.empty()) {
+      std::vector<float> p, mm, vv;
+      engine.get_state(p, mm, vv);
+      std::ofstream f(o.dump_params, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float)));
+      if (!f) return absl::InternalError("cannot write " + o.dump_params);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muster::train
