@@ -1,5 +1,7 @@
 #include "muster/worker/runtime.h"
 
+#include <thread>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "muster/rendezvous/grpc_store.h"
@@ -118,6 +120,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> Runtime::communicator(Backend back
   }
   TcpOptions opts;
   opts.advertise_host = info_.node_addr;
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores > 0 && static_cast<unsigned>(info_.local_world_size) > cores) {
+    opts.recv_low_water = 1 << 20;  // more ranks than cores here (see TcpOptions)
+  }
   return make_tcp_communicator(store, info_.rank, info_.world_size, opts);
 }
 

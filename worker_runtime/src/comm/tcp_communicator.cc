@@ -158,6 +158,14 @@ class TcpCommunicator final : public Communicator {
   }
 
  private:
+  // SO_RCVLOWAT, set only when it changes (the last piece of a segment needs a lower mark).
+  void set_low_water(std::size_t bytes) {
+    const int want = static_cast<int>(bytes);
+    if (want == low_water_) return;
+    ::setsockopt(recv_.native_handle(), SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want);
+    low_water_ = want;
+  }
+
   absl::Status usable() const {
     if (aborted_) return absl::CancelledError("tcp communicator: aborted");
     if (!broken_.ok()) return broken_;
@@ -238,6 +246,7 @@ class TcpCommunicator final : public Communicator {
       if (item == plan.size()) return;
       const Recv& r = plan[item];
       char* into = (r.reduce ? scratch_.data() : r.dst) + got;
+      if (opts_.recv_low_water > 0) set_low_water(std::min(r.bytes - got, opts_.recv_low_water));
       recv_.async_read_some(asio::buffer(into, r.bytes - got),
                             [&](const boost::system::error_code& ec, std::size_t n) {
                               if (ec) {
@@ -400,6 +409,7 @@ class TcpCommunicator final : public Communicator {
   std::atomic<bool> aborted_{false};
   absl::Status broken_;
   std::vector<char> scratch_, work_;
+  int low_water_ = 1;  // the socket's SO_RCVLOWAT (1: the default)
 };
 
 absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
