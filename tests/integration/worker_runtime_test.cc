@@ -24,6 +24,19 @@ TEST_CASE("runtime: every collective, dtype and size is right for 1 to 4 ranks",
   }
 }
 
+TEST_CASE("runtime: the collectives over TCP only (MUSTER_RING_UNIX=0), 2 and 3 ranks", "[runtime]") {
+  // By default ranks on one machine use Unix-domain sockets; this keeps the TCP path tested.
+  for (int k = 2; k <= 3; ++k) {
+    Proc p({kLaunch, "--standalone", "--nproc_per_node=" + std::to_string(k), kCollective, "check"},
+           {{"MUSTER_RING_UNIX", "0"}});
+    INFO("nproc " << k << "\n" << p.err());
+    REQUIRE(p.wait(300s) == 0);
+    for (int r = 0; r < k; ++r) {
+      CHECK_THAT(p.out(), Catch::Contains("rank " + std::to_string(r) + ": all collectives correct"));
+    }
+  }
+}
+
 TEST_CASE("runtime: a rank killed mid-collective gives the others an error, not a hang",
           "[runtime]") {
   // Workers run without an agent here, so nothing else stops them: only the ring can.

@@ -1,5 +1,6 @@
 #include "muster/worker/runtime.h"
 
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -123,6 +124,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Runtime::communicator(Backend back
   const unsigned cores = std::thread::hardware_concurrency();
   if (cores > 0 && static_cast<unsigned>(info_.local_world_size) > cores) {
     opts.recv_low_water = 1 << 20;  // more ranks than cores here (see TcpOptions)
+  }
+  if (const char* v = std::getenv("MUSTER_RING_UNIX"); v != nullptr && std::string(v) == "0") {
+    opts.same_host_unix = false;  // TCP between every pair, also on one machine
   }
   return make_tcp_communicator(store, info_.rank, info_.world_size, opts);
 }

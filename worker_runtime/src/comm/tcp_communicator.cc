@@ -10,9 +10,16 @@
 #include <type_traits>
 #include <vector>
 
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+
 #include <boost/asio/connect.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
@@ -26,6 +33,16 @@ namespace {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
+using unix_stream = asio::local::stream_protocol;
+using Socket = asio::generic::stream_protocol::socket;  // a TCP or a Unix-domain stream
+
+// This boot of this machine: ranks that share it may talk over Unix-domain sockets.
+std::string boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
 
 constexpr std::uint32_t kMagic = 0x4d555354;  // "MUST"
 
@@ -152,7 +169,7 @@ class TcpCommunicator final : public Communicator {
   void abort() override {
     if (aborted_.exchange(true)) return;
     // shutdown() is safe from any thread: pending reads and writes fail at once.
-    for (tcp::socket* s : {&send_, &recv_}) {
+    for (Socket* s : {&send_, &recv_}) {
       if (s->is_open()) ::shutdown(s->native_handle(), SHUT_RDWR);
     }
   }
@@ -395,7 +412,7 @@ class TcpCommunicator final : public Communicator {
   }
 
   void shut_sockets() {
-    for (tcp::socket* s : {&send_, &recv_}) {
+    for (Socket* s : {&send_, &recv_}) {
       if (s->is_open()) ::shutdown(s->native_handle(), SHUT_RDWR);
     }
   }
@@ -403,8 +420,8 @@ class TcpCommunicator final : public Communicator {
   const int rank_, size_;
   TcpOptions opts_;
   asio::io_context io_;
-  tcp::socket send_;  // to rank_ + 1
-  tcp::socket recv_;  // from rank_ - 1
+  Socket send_;  // to rank_ + 1
+  Socket recv_;  // from rank_ - 1
   asio::steady_timer timer_;
   std::atomic<bool> aborted_{false};
   absl::Status broken_;
@@ -412,6 +429,10 @@ class TcpCommunicator final : public Communicator {
   int low_water_ = 1;  // the socket's SO_RCVLOWAT (1: the default)
 };
 
+// Every rank listens on TCP and, when same_host_unix is set, on an abstract Unix-domain name,
+// and publishes "tcp/<rank>" = "host:port boot-id unix-name". A rank connects to the next one
+// over the Unix socket when both run on this boot of this machine (falling back to TCP if
+// that fails, e.g. across network namespaces), else over TCP; it accepts either.
 absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
   if (size_ == 1) return absl::OkStatus();
   boost::system::error_code ec;
@@ -422,8 +443,19 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
   if (!ec) acceptor.bind(local, ec);
   if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return absl::UnavailableError("tcp communicator: cannot listen: " + ec.message());
-  const std::string me =
-      absl::StrCat(opts_.advertise_host, ":", acceptor.local_endpoint().port());
+  unix_stream::acceptor uacceptor(io_);
+  std::string uname;  // without the leading NUL of the abstract namespace
+  const std::string boot = opts_.same_host_unix ? boot_id() : std::string();
+  if (!boot.empty()) {
+    uname = absl::StrCat("muster-ring-", ::getpid(), "-", std::random_device{}());
+    boost::system::error_code uec;
+    uacceptor.open(unix_stream(), uec);
+    if (!uec) uacceptor.bind(unix_stream::endpoint(std::string(1, '\0') + uname), uec);
+    if (!uec) uacceptor.listen(asio::socket_base::max_listen_connections, uec);
+    if (uec) uname.clear();  // TCP only
+  }
+  const std::string me = absl::StrCat(opts_.advertise_host, ":", acceptor.local_endpoint().port(),
+                                      " ", boot.empty() ? "-" : boot, " ", uname.empty() ? "-" : uname);
   if (absl::Status s = store.set(absl::StrCat("tcp/", rank_), me); !s.ok()) return s;
   const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
   auto addr = store.get(absl::StrCat("tcp/", next), opts_.timeout);
@@ -432,36 +464,71 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
                         absl::StrCat("tcp communicator: address of rank ", next, ": ",
                                      addr.status().message()));
   }
-  auto colon = addr->rfind(':');
-  tcp::resolver resolver(io_);
-  auto endpoints = resolver.resolve(addr->substr(0, colon), addr->substr(colon + 1), ec);
-  if (!ec) asio::connect(send_, endpoints, ec);
-  if (ec) {
-    return absl::UnavailableError(
-        absl::StrCat("tcp communicator: cannot connect to rank ", next, " at ", *addr, ": ",
-                     ec.message()));
+  std::vector<std::string> parts;
+  for (std::size_t at = 0; at <= addr->size();) {
+    const std::size_t sp = std::min(addr->find(' ', at), addr->size());
+    parts.push_back(addr->substr(at, sp - at));
+    at = sp + 1;
+  }
+  const std::string& hostport = parts[0];
+  if (!uname.empty() && parts.size() == 3 && parts[1] == boot && parts[2] != "-") {
+    unix_stream::socket us(io_);
+    boost::system::error_code uec;
+    us.connect(unix_stream::endpoint(std::string(1, '\0') + parts[2]), uec);
+    if (!uec) send_.assign(asio::generic::stream_protocol(AF_UNIX, 0), us.release(), uec);
+  }
+  if (!send_.is_open()) {
+    auto colon = hostport.rfind(':');
+    tcp::resolver resolver(io_);
+    auto endpoints = resolver.resolve(hostport.substr(0, colon), hostport.substr(colon + 1), ec);
+    tcp::socket ts(io_);
+    if (!ec) asio::connect(ts, endpoints, ec);
+    if (ec) {
+      return absl::UnavailableError(
+          absl::StrCat("tcp communicator: cannot connect to rank ", next, " at ", hostport, ": ",
+                       ec.message()));
+    }
+    ts.set_option(tcp::no_delay(true), ec);
+    const auto protocol = ts.local_endpoint().protocol();
+    send_.assign(asio::generic::stream_protocol(protocol.family(), IPPROTO_TCP), ts.release(), ec);
   }
   Header out{kMagic, static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(size_)};
   asio::write(send_, asio::buffer(&out, sizeof out), ec);
-  // Accept the previous rank, bounded by the timeout.
+  // Accept the previous rank on either listener, bounded by the timeout.
   bool accepted = false, timed_out = false;
   boost::system::error_code accept_ec;
-  acceptor.async_accept(recv_, [&](const boost::system::error_code& e) {
-    accept_ec = e;
+  tcp::socket tin(io_);
+  unix_stream::socket uin(io_);
+  acceptor.async_accept(tin, [&](const boost::system::error_code& e) {
+    if (accepted || e == asio::error::operation_aborted) return;
     accepted = true;
+    accept_ec = e;
+    if (e) return;
+    tin.set_option(tcp::no_delay(true), accept_ec);
+    const int family = tin.local_endpoint(accept_ec).protocol().family();
+    if (!accept_ec) recv_.assign(asio::generic::stream_protocol(family, IPPROTO_TCP), tin.release(), accept_ec);
   });
+  if (uacceptor.is_open()) {
+    uacceptor.async_accept(uin, [&](const boost::system::error_code& e) {
+      if (accepted || e == asio::error::operation_aborted) return;
+      accepted = true;
+      accept_ec = e;
+      if (!e) recv_.assign(asio::generic::stream_protocol(AF_UNIX, 0), uin.release(), accept_ec);
+    });
+  }
   timer_.expires_after(opts_.timeout);
   timer_.async_wait([&](const boost::system::error_code& e) {
     if (e) return;
     timed_out = true;
-    acceptor.cancel();
   });
   io_.restart();
-  while (!accepted && io_.run_one() > 0) {
+  while (!accepted && !timed_out && io_.run_one() > 0) {
   }
   timer_.cancel();
+  acceptor.close(ec);
+  uacceptor.close(ec);
   io_.run();
-  if (timed_out || accept_ec) {
+  if (!accepted || accept_ec) {
     return absl::DeadlineExceededError(absl::StrCat("tcp communicator: rank ", prev,
                                                     " did not connect within the timeout"));
   }
@@ -472,7 +539,6 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
     return absl::DataLossError("tcp communicator: bad handshake from the previous rank");
   }
   // Buffer sizes are left to the kernel's autotuning (setting them turns it off).
-  for (tcp::socket* s : {&send_, &recv_}) s->set_option(tcp::no_delay(true), ec);
   return absl::OkStatus();
 }
 
