@@ -24,6 +24,7 @@
 #include "muster/agent/process.h"
 #include "muster/agent/worker_env.h"
 #include "muster/rendezvous/client.h"
+#include "muster/rendezvous/host_id.h"
 
 namespace muster::agent {
 namespace {
@@ -233,7 +234,10 @@ class Agent::Impl {
       spec.max_restarts = opts_.max_restarts;
       spec.run_id = opts_.run_id;
       spec.error_file = w->error_file;
-      spec.store_addr = opts_.store_addr;
+      // The store's Unix-domain socket when the server runs on this machine and network
+      // namespace (faster than TCP loopback), else the address the agent was given.
+      spec.store_addr = store_target_for_workers(a.store_local_target(), a.server_host_identity(),
+                                                 host_identity_, opts_.store_addr);
       spec.round = a.round();
       spec.node_addr = opts_.host;
       spec.token = opts_.token;
@@ -504,6 +508,7 @@ class Agent::Impl {
   Phase phase_ = Phase::kJoining;
   After after_ = After::kNone;
   v1::Assignment assignment_;
+  const std::string host_identity_ = rendezvous::host_identity();
   v1::Fail fail_;
   std::vector<std::unique_ptr<Worker>> workers_;
   bool failure_reported_ = false;

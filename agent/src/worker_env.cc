@@ -59,4 +59,11 @@ std::vector<std::string> to_envp(const std::map<std::string, std::string>& env) 
   return out;
 }
 
+std::string store_target_for_workers(const std::string& local_target,
+                                     const std::string& server_identity,
+                                     const std::string& my_identity, const std::string& tcp_target) {
+  const bool local = !local_target.empty() && !my_identity.empty() && server_identity == my_identity;
+  return local ? local_target : tcp_target;
+}
+
 }  // namespace muster::agent

@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   // The bound port, for callers that asked for port 0.
-  std::printf("rdzvd listening on port %d\n", (*server)->port());
+  std::printf("rdzvd listening on port %d (store for this machine: %s)\n", (*server)->port(),
+              (*server)->local_store_target().empty() ? "-" : (*server)->local_store_target().c_str());
   std::fflush(stdout);
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&io](const boost::system::error_code&, int) { io.stop(); });

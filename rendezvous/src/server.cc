@@ -1,5 +1,9 @@
 #include "muster/rendezvous/server.h"
 
+#include <unistd.h>
+
+#include <random>
+
 #include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
@@ -12,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "muster/rendezvous/host_id.h"
 #include "status_convert.h"
 #include "store_server.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
@@ -47,6 +52,11 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   void set_store(StoreServer* store) { store_ = store; }
+  // Before serving: the store's local target, stamped into every Assignment.
+  void set_local_store(std::string target, std::string host) {
+    local_store_target_ = std::move(target);
+    host_identity_ = std::move(host);
+  }
 
  private:
   void arm_timer();
@@ -62,6 +72,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void drop_finished_tables();
 
   StoreServer* store_ = nullptr;  // outlives the core's use of it (shut down after the server)
+  std::string local_store_target_, host_identity_;
   std::set<std::string> seen_runs_;  // runs that have had a Join, for dropping their tables
 };
 
@@ -241,6 +252,10 @@ void Core::apply(std::vector<Outgoing> out) {
     absl::MutexLock lock(&it->second->mu);
     SessionReactor* r = it->second->reactor;
     if (r == nullptr) continue;
+    if (o.msg && o.msg->has_assignment() && !local_store_target_.empty()) {
+      o.msg->mutable_assignment()->set_store_local_target(local_store_target_);
+      o.msg->mutable_assignment()->set_server_host_identity(host_identity_);
+    }
     if (o.msg) r->enqueue(std::move(*o.msg));
     if (o.close) r->finish(to_grpc(o.status));
   }
@@ -270,6 +285,7 @@ class RendezvousServer::Impl {
   std::unique_ptr<StoreServer> store;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
+  std::string local_target;
   bool stopped = false;
 };
 
@@ -284,6 +300,15 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   impl->core->set_store(impl->store.get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
+  // Also on an abstract Unix-domain socket: workers on this machine (and network namespace)
+  // reach the store there, faster than over TCP loopback (docs/worker_runtime.md).
+  const std::string host = host_identity();
+  if (!host.empty()) {
+    impl->local_target = absl::StrCat("unix-abstract:muster-rdzv-", ::getpid(), "-",
+                                      std::random_device{}());
+    builder.AddListeningPort(impl->local_target, grpc::InsecureServerCredentials());
+    impl->core->set_local_store(impl->local_target, host);
+  }
   builder.RegisterService(impl->service.get());
   impl->store->register_with(builder);
   builder.SetMaxReceiveMessageSize(max_bytes);
@@ -309,6 +334,8 @@ RendezvousServer::RendezvousServer(std::unique_ptr<Impl> impl) : impl_(std::move
 RendezvousServer::~RendezvousServer() { shutdown(); }
 
 int RendezvousServer::port() const { return impl_->port; }
+
+const std::string& RendezvousServer::local_store_target() const { return impl_->local_target; }
 
 void RendezvousServer::shutdown(std::chrono::milliseconds grace) {
   if (impl_->stopped) return;

@@ -75,3 +75,15 @@ TEST_CASE("worker env: envp strings", "[env]") {
   CHECK(muster::agent::to_envp({{"A", "1"}, {"B", "x=y"}}) ==
         std::vector<std::string>{"A=1", "B=x=y"});
 }
+
+TEST_CASE("worker env: the store's Unix socket only for workers with the server's host identity",
+          "[env]") {
+  using muster::agent::store_target_for_workers;
+  const std::string local = "unix-abstract:muster-rdzv-1-2", tcp = "10.0.0.1:29400";
+  const std::string here = "boot-a net:[1]";
+  CHECK(store_target_for_workers(local, here, here, tcp) == local);
+  CHECK(store_target_for_workers(local, "boot-b net:[1]", here, tcp) == tcp);  // another machine
+  CHECK(store_target_for_workers(local, "boot-a net:[2]", here, tcp) == tcp);  // another namespace
+  CHECK(store_target_for_workers("", here, here, tcp) == tcp);                 // no local socket
+  CHECK(store_target_for_workers(local, "", "", tcp) == tcp);                  // identity unknown
+}

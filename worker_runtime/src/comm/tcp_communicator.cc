@@ -12,7 +12,6 @@
 
 #include <unistd.h>
 
-#include <fstream>
 #include <random>
 
 #include <boost/asio/connect.hpp>
@@ -26,6 +25,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "muster/rendezvous/host_id.h"
 #include "muster/worker/half.h"
 
 namespace muster::worker {
@@ -35,14 +35,6 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using unix_stream = asio::local::stream_protocol;
 using Socket = asio::generic::stream_protocol::socket;  // a TCP or a Unix-domain stream
-
-// This boot of this machine: ranks that share it may talk over Unix-domain sockets.
-std::string boot_id() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return id;
-}
 
 constexpr std::uint32_t kMagic = 0x4d555354;  // "MUST"
 
@@ -430,9 +422,9 @@ class TcpCommunicator final : public Communicator {
 };
 
 // Every rank listens on TCP and, when same_host_unix is set, on an abstract Unix-domain name,
-// and publishes "tcp/<rank>" = "host:port boot-id unix-name". A rank connects to the next one
-// over the Unix socket when both run on this boot of this machine (falling back to TCP if
-// that fails, e.g. across network namespaces), else over TCP; it accepts either.
+// and publishes "tcp/<rank>" = "host:port|host-identity|unix-name". A rank connects to the
+// next one over the Unix socket when both have the same host identity (machine boot and network
+// namespace; falling back to TCP if that connect fails), else over TCP; it accepts either.
 absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
   if (size_ == 1) return absl::OkStatus();
   boost::system::error_code ec;
@@ -445,7 +437,7 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
   if (ec) return absl::UnavailableError("tcp communicator: cannot listen: " + ec.message());
   unix_stream::acceptor uacceptor(io_);
   std::string uname;  // without the leading NUL of the abstract namespace
-  const std::string boot = opts_.same_host_unix ? boot_id() : std::string();
+  const std::string boot = opts_.same_host_unix ? rendezvous::host_identity() : std::string();
   if (!boot.empty()) {
     uname = absl::StrCat("muster-ring-", ::getpid(), "-", std::random_device{}());
     boost::system::error_code uec;
@@ -454,8 +446,9 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
     if (!uec) uacceptor.listen(asio::socket_base::max_listen_connections, uec);
     if (uec) uname.clear();  // TCP only
   }
+  // "host:port|identity|unix-name" (the identity holds a space).
   const std::string me = absl::StrCat(opts_.advertise_host, ":", acceptor.local_endpoint().port(),
-                                      " ", boot.empty() ? "-" : boot, " ", uname.empty() ? "-" : uname);
+                                      "|", boot.empty() ? "-" : boot, "|", uname.empty() ? "-" : uname);
   if (absl::Status s = store.set(absl::StrCat("tcp/", rank_), me); !s.ok()) return s;
   const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
   auto addr = store.get(absl::StrCat("tcp/", next), opts_.timeout);
@@ -466,7 +459,7 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
   }
   std::vector<std::string> parts;
   for (std::size_t at = 0; at <= addr->size();) {
-    const std::size_t sp = std::min(addr->find(' ', at), addr->size());
+    const std::size_t sp = std::min(addr->find('|', at), addr->size());
     parts.push_back(addr->substr(at, sp - at));
     at = sp + 1;
   }

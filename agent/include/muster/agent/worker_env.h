@@ -23,11 +23,17 @@ struct WorkerEnvSpec {
   int max_restarts = 0;
   std::string run_id;
   std::string error_file;
-  std::string store_addr;  // host:port of the rendezvous/store service
+  std::string store_addr;  // the store's gRPC target (see store_target_for_workers)
   int round = 0;
   std::string node_addr;  // how other nodes reach this one (MUSTER_NODE_ADDR)
   std::string token;      // the run's credential, when it has one (MUSTER_RDZV_TOKEN)
 };
+
+// Where workers reach the store: the server's Unix-domain target when the server runs with this
+// agent's host identity (same boot, same network namespace), else `tcp_target`.
+std::string store_target_for_workers(const std::string& local_target,
+                                     const std::string& server_identity,
+                                     const std::string& my_identity, const std::string& tcp_target);
 
 // The launcher's own environment as a map (from `environ`).
 std::map<std::string, std::string> current_environment();

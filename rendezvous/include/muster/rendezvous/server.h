@@ -38,6 +38,9 @@ class RendezvousServer {
   RendezvousServer& operator=(const RendezvousServer&) = delete;
 
   int port() const;
+  // The store's gRPC target on an abstract Unix-domain socket ("unix-abstract:NAME"), for
+  // clients with this process's host_identity(); empty when there is none.
+  const std::string& local_store_target() const;
 
   // Ends every stream and stops listening; waits at most `grace` for in-flight calls.
   // Safe to call twice. Must not be called from a gRPC callback thread.

@@ -5,8 +5,8 @@
 // so each chunk is reduced as it lands and forwarded at once. broadcast is a pipeline along
 // the ring. f16/bf16 are widened to f32 for the reduction. Ranks find each other through the
 // store: each listens on a free TCP port (and an abstract Unix-domain name) and publishes
-// "tcp/<rank>" = "host:port boot-id unix-name"; ranks on the same machine connect over the
-// Unix socket, others over TCP. Every connection starts with a magic number, the sender's rank
+// "tcp/<rank>" = "host:port|host-identity|unix-name"; ranks on the same machine (and network
+// namespace) connect over the Unix socket, others over TCP. Every connection starts with a magic number, the sender's rank
 // and the group size.
 #pragma once
 
@@ -30,7 +30,7 @@ struct TcpOptions {
   // wake-up preempts another rank; Runtime sets 1 MiB then (otherwise reading early overlaps
   // better: 2 ranks on 2 cores ran 17% slower at 16 MiB with it).
   std::size_t recv_low_water = 0;
-  // Ranks on the same machine (same boot id) connect over an abstract Unix-domain socket
+  // Ranks on the same machine (same boot and network namespace) connect over an abstract Unix-domain socket
   // instead of TCP loopback (about 20% more bandwidth here); false: TCP between every pair.
   bool same_host_unix = true;
 };
