@@ -1,19 +1,84 @@
 #include "muster/rendezvous/grpc_store.h"
 
 
+#include <atomic>
 #include <cstdio>
+#include <map>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 #include "muster/v1/rendezvous.grpc.pb.h"
 
 namespace muster::rendezvous {
 
 using Op = v1::StoreRequest::Op;
+
+// Cancels the stream of a call that has not been answered by its deadline: a server that is
+// alive but does not answer would otherwise block the caller for good (a dead one fails the
+// stream by itself). One thread, started by the first call, asleep until the next deadline.
+class Watchdog {
+ public:
+  ~Watchdog() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+      cv_.Signal();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::uint64_t arm(grpc::ClientContext* ctx, std::atomic<bool>* fired, absl::Duration after) {
+    absl::MutexLock lock(&mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    const std::uint64_t id = ++last_;
+    watches_[id] = Watch{absl::Now() + after, ctx, fired};
+    cv_.Signal();
+    return id;
+  }
+  void disarm(std::uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    watches_.erase(id);
+  }
+
+ private:
+  struct Watch {
+    absl::Time deadline;
+    grpc::ClientContext* ctx;
+    std::atomic<bool>* fired;
+  };
+  void run() {
+    absl::MutexLock lock(&mu_);
+    while (!stop_) {
+      absl::Time next = absl::InfiniteFuture();
+      const absl::Time now = absl::Now();
+      for (auto it = watches_.begin(); it != watches_.end();) {
+        if (it->second.deadline <= now) {
+          it->second.fired->store(true);
+          it->second.ctx->TryCancel();  // the caller's Read or Write returns false
+          it = watches_.erase(it);
+        } else {
+          next = std::min(next, it->second.deadline);
+          ++it;
+        }
+      }
+      cv_.WaitWithDeadline(&mu_, next);
+    }
+  }
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::map<std::uint64_t, Watch> watches_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t last_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
 
 class GrpcStore::Impl {
  public:
@@ -36,6 +101,8 @@ class GrpcStore::Impl {
     std::unique_ptr<grpc::ClientReaderWriter<v1::StoreRequest, v1::StoreReply>> rw;
     bool answered_once = false;    // the first request on a stream is never written behind
     bool finished = false;
+    std::uint64_t watch = 0;       // the watchdog's entry for the call using it, if any
+    std::atomic<bool> timed_out{false};
     std::vector<std::string> owed;  // keys of sets whose acks are still to be read
   };
 
@@ -52,6 +119,7 @@ class GrpcStore::Impl {
     req.set_delta(delta);
     req.set_timeout_ms(wait.count());
     std::unique_ptr<Stream> s = acquire();
+    s->watch = watchdog.arm(&s->ctx, &s->timed_out, absl::FromChrono(opts.timeout + wait));
     const bool is_read = op == v1::StoreRequest::GET || op == v1::StoreRequest::WAIT ||
                          op == v1::StoreRequest::CHECK || op == v1::StoreRequest::MULTI_GET ||
                          op == v1::StoreRequest::NUM_KEYS;
@@ -111,6 +179,11 @@ class GrpcStore::Impl {
     s.ctx.TryCancel();
     grpc::Status st = s.rw->Finish();
     s.finished = true;
+    if (s.timed_out) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "store: no answer from ", opts.target, " within ", opts.timeout.count(),
+          " ms (beyond the call's own wait)"));
+    }
     return absl::UnavailableError(absl::StrCat(
         "store: lost the connection to ", opts.target,
         st.ok() ? std::string() : absl::StrCat(": ", st.error_message())));
@@ -118,6 +191,7 @@ class GrpcStore::Impl {
 
   // Abandons a stream whose replies are out of step (or broken), returning `st`.
   absl::Status drop(std::unique_ptr<Stream> s, absl::Status st) {
+    watchdog.disarm(s->watch);
     if (!s->finished) {
       s->ctx.TryCancel();
       s->rw->Finish();
@@ -152,6 +226,7 @@ class GrpcStore::Impl {
   }
 
   void release(std::unique_ptr<Stream> s) {
+    watchdog.disarm(s->watch);
     absl::MutexLock lock(&mu);
     if (!s->owed.empty()) behind = s.get();
     free.push_back(std::move(s));
@@ -160,6 +235,7 @@ class GrpcStore::Impl {
   ~Impl() {
     absl::MutexLock lock(&mu);
     for (auto& s : free) {
+      s->watch = watchdog.arm(&s->ctx, &s->timed_out, absl::FromChrono(opts.timeout));
       if (!s->owed.empty()) {
         mu.Unlock();
         absl::Status st = settle(*s);
@@ -169,11 +245,13 @@ class GrpcStore::Impl {
       }
       s->rw->WritesDone();
       s->rw->Finish();
+      watchdog.disarm(s->watch);
     }
   }
 
   static constexpr std::size_t kMaxOwed = 64;
   GrpcStoreOptions opts;
+  Watchdog watchdog;  // before the streams: destroyed after them
   std::unique_ptr<v1::Store::Stub> stub;
   absl::Mutex mu;
   std::vector<std::unique_ptr<Stream>> free ABSL_GUARDED_BY(mu);

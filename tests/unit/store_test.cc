@@ -1,5 +1,8 @@
 // One conformance suite for every Store implementation (c10d's testHelper idea).
+#include <chrono>
 #include <thread>
+
+#include <grpcpp/grpcpp.h>
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -9,6 +12,7 @@
 #include "muster/rendezvous/memory_store.h"
 #include "muster/rendezvous/prefix_store.h"
 #include "muster/rendezvous/server.h"
+#include "muster/v1/rendezvous.grpc.pb.h"
 
 using namespace std::chrono_literals;
 using muster::rendezvous::Store;
@@ -229,4 +233,52 @@ TEST_CASE("store: runs have separate tables", "[store]") {
   REQUIRE(other.set("k", "theirs").ok());
   CHECK(*f.store->get("k", 1s) == "mine");
   CHECK(*other.get("k", 1s) == "theirs");
+}
+
+namespace {
+// A Store server that is alive but never answers: it reads requests and sits on them.
+class SilentStore final : public muster::v1::Store::CallbackService {
+  class Reactor final
+      : public grpc::ServerBidiReactor<muster::v1::StoreRequest, muster::v1::StoreReply> {
+   public:
+    Reactor() { StartRead(&req_); }
+    void OnReadDone(bool ok) override {
+      if (ok) {
+        StartRead(&req_);
+      } else {
+        Finish(grpc::Status::OK);
+      }
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    muster::v1::StoreRequest req_;
+  };
+  grpc::ServerBidiReactor<muster::v1::StoreRequest, muster::v1::StoreReply>* Stream(
+      grpc::CallbackServerContext*) override {
+    return new Reactor;
+  }
+};
+}  // namespace
+
+TEST_CASE("store: a server that stops answering fails the call after the timeout, not never",
+          "[store]") {
+  SilentStore service;
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  auto server = b.BuildAndStart();
+  REQUIRE(server);
+  muster::rendezvous::GrpcStoreOptions o{"127.0.0.1:" + std::to_string(port), "run", ""};
+  o.timeout = 200ms;
+  {
+    muster::rendezvous::GrpcStore store(o);
+    auto st = store.set("k", "v");  // the first call on a stream is answered: here, never
+    CHECK(st.code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK_THAT(std::string(st.message()), Catch::Contains("no answer"));
+    auto got = store.get("k", 300ms);  // its own wait, then the timeout
+    CHECK(got.status().code() == absl::StatusCode::kDeadlineExceeded);
+  }  // and the destructor does not hang either (a hang here is ctest's timeout)
+  server->Shutdown(std::chrono::system_clock::now());
 }

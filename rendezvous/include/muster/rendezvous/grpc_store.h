@@ -17,16 +17,22 @@
 // - At most 64 sets are outstanding; the next one waits for their replies.
 #pragma once
 
+#include <chrono>
 #include <memory>
+#include <string>
 
 #include "muster/rendezvous/store.h"
 
 namespace muster::rendezvous {
 
 struct GrpcStoreOptions {
-  std::string target;  // host:port of the server
+  std::string target;  // the server's gRPC target (host:port, or unix-abstract:NAME)
   std::string run_id;
   std::string token;
+  // A call the server has not answered this long after its own wait (get/wait/multi_get's
+  // timeout; 0 for the others) fails with DEADLINE_EXCEEDED and its stream is dropped: a
+  // server that is alive but stuck cannot block a caller for good (TCPStore's default, 300 s).
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
 
 class GrpcStore final : public Store {
