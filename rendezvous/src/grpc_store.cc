@@ -38,8 +38,9 @@ class Watchdog {
     absl::MutexLock lock(&mu_);
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
     const std::uint64_t id = ++last_;
-    watches_[id] = Watch{absl::Now() + after, ctx, fired};
-    cv_.Signal();
+    const absl::Time deadline = absl::Now() + after;
+    watches_[id] = Watch{deadline, ctx, fired};
+    if (deadline < wake_) cv_.Signal();  // only when it must wake earlier (no switch per call)
     return id;
   }
   void disarm(std::uint64_t id) {
@@ -68,7 +69,9 @@ class Watchdog {
           ++it;
         }
       }
+      wake_ = next;
       cv_.WaitWithDeadline(&mu_, next);
+      wake_ = absl::InfinitePast();  // awake: arm() need not signal
     }
   }
 
@@ -77,6 +80,7 @@ class Watchdog {
   std::map<std::uint64_t, Watch> watches_ ABSL_GUARDED_BY(mu_);
   std::uint64_t last_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time wake_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // when the thread will wake
   std::thread thread_;
 };
 
