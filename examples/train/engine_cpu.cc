@@ -93,7 +93,7 @@ class CpuEngine final : public Engine {
   std::vector<float> params_, m_, v_, grad_, wq_;
   const std::vector<float> t1_, t2_;
   std::vector<std::vector<float>> a_, z_;  // a_[l]: layer l's input; z_[l]: its pre-activation
-  std::vector<float> y_, dz_, dz_prev_;
+  std::vector<float> y_, dz_, dz_prev_, wt_;
 };
 
 // C[rows x cols] = A[rows x inner] B[inner x cols], all row-major, fp32 accumulation.
@@ -171,17 +171,17 @@ void CpuEngine::forward_backward(std::int64_t first, int count, float loss_scale
       }
     }
     if (l == 0) break;
+    // dA = dz Wq^T through Wq^T [fo x fi], so the inner loop runs over i and vectorises; each
+    // dA[b][i] still sums j = 0, 1, ... in order.
     const float* w = wq_.data() + s_.w_offset(l);
+    wt_.resize(static_cast<std::size_t>(fi) * fo);
+    for (int i = 0; i < fi; ++i) {
+      for (int j = 0; j < fo; ++j) wt_[static_cast<std::size_t>(j) * fi + i] = w[static_cast<std::size_t>(i) * fo + j];
+    }
+    gemm_nn(dz_.data(), wt_.data(), dz_prev_.data(), count, fo, fi);
     const float* zp = z_[l - 1].data();
-    for (int b = 0; b < count; ++b) {
-      const float* dzb = dz_.data() + static_cast<std::size_t>(b) * fo;
-      float* out = dz_prev_.data() + static_cast<std::size_t>(b) * fi;
-      for (int i = 0; i < fi; ++i) {
-        const float* wrow = w + static_cast<std::size_t>(i) * fo;
-        float acc = 0.0f;
-        for (int j = 0; j < fo; ++j) acc += dzb[j] * wrow[j];
-        out[i] = q(q(acc) * gelu_grad(zp[static_cast<std::size_t>(b) * fi + i]));
-      }
+    for (std::size_t i = 0; i < static_cast<std::size_t>(count) * fi; ++i) {
+      dz_prev_[i] = q(q(dz_prev_[i]) * gelu_grad(zp[i]));
     }
     std::swap(dz_, dz_prev_);
   }
