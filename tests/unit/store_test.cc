@@ -1,5 +1,7 @@
 // One conformance suite for every Store implementation (c10d's testHelper idea).
 #include <chrono>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -280,5 +282,91 @@ TEST_CASE("store: a server that stops answering fails the call after the timeout
     auto got = store.get("k", 300ms);  // its own wait, then the timeout
     CHECK(got.status().code() == absl::StatusCode::kDeadlineExceeded);
   }  // and the destructor does not hang either (a hang here is ctest's timeout)
+  server->Shutdown(std::chrono::system_clock::now());
+}
+
+namespace {
+// A Store server that applies a SET only 200 ms after reading it (then answers), and answers a
+// CHECK at once: a request on another stream overtakes a set still being applied.
+class SlowSetStore final : public muster::v1::Store::CallbackService {
+ public:
+  ~SlowSetStore() {
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  class Reactor final
+      : public grpc::ServerBidiReactor<muster::v1::StoreRequest, muster::v1::StoreReply> {
+   public:
+    explicit Reactor(SlowSetStore* s) : s_(s) { StartRead(&req_); }
+    void OnReadDone(bool ok) override {
+      if (!ok) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      rep_.Clear();
+      if (req_.op() == muster::v1::StoreRequest::SET) {
+        std::lock_guard lock(s_->mu_);
+        s_->threads_.emplace_back([this, key = req_.keys(0)] {
+          std::this_thread::sleep_for(200ms);
+          {
+            std::lock_guard lock(s_->mu_);
+            s_->keys_.insert(key);
+          }
+          StartWrite(&rep_);
+        });
+        return;
+      }
+      std::lock_guard lock(s_->mu_);
+      rep_.set_flag(s_->keys_.count(req_.keys(0)) > 0);
+      StartWrite(&rep_);
+    }
+    void OnWriteDone(bool ok) override {
+      if (ok) {
+        StartRead(&req_);
+      } else {
+        Finish(grpc::Status::OK);
+      }
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    SlowSetStore* s_;
+    muster::v1::StoreRequest req_;
+    muster::v1::StoreReply rep_;
+  };
+  grpc::ServerBidiReactor<muster::v1::StoreRequest, muster::v1::StoreReply>* Stream(
+      grpc::CallbackServerContext*) override {
+    return new Reactor(this);
+  }
+
+  std::mutex mu_;
+  std::set<std::string> keys_;
+  std::vector<std::thread> threads_;
+};
+}  // namespace
+
+TEST_CASE("store: a call after a set written behind is not overtaken on another stream",
+          "[store]") {
+  SlowSetStore service;
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  auto server = b.BuildAndStart();
+  REQUIRE(server);
+  {
+    muster::rendezvous::GrpcStore store({"127.0.0.1:" + std::to_string(port), "run", ""});
+    // Two overlapping first calls open two streams; both end up free.
+    std::thread other([&] { CHECK(store.set("a", "v").ok()); });
+    CHECK(store.set("b", "v").ok());
+    other.join();
+    // Written behind on one stream, which then sits last among the free ones. The check must
+    // follow it on that stream (and so see it), not take the other, idle one.
+    REQUIRE(store.set("k", "v").ok());
+    auto seen = store.check({"k"});
+    REQUIRE(seen.ok());
+    CHECK(*seen);
+  }
   server->Shutdown(std::chrono::system_clock::now());
 }
