@@ -238,13 +238,54 @@ TEST_CASE("store: runs have separate tables", "[store]") {
 }
 
 namespace {
-// A Store server that is alive but never answers: it reads requests and sits on them.
-class SilentStore final : public muster::v1::Store::CallbackService {
+// Serves a fake Store service on 127.0.0.1:0.
+std::unique_ptr<grpc::Server> serve_fake(grpc::Service& service, int& port) {
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  return b.BuildAndStart();
+}
+
+// A fake Store server. kSilent: alive, reads every request and never answers. kSlowSets:
+// applies a SET 200 ms after reading it (then answers) and answers a CHECK at once, so a
+// request on another stream can overtake a set still being applied.
+class FakeStore final : public muster::v1::Store::CallbackService {
+ public:
+  enum class Mode { kSilent, kSlowSets };
+  explicit FakeStore(Mode mode) : mode_(mode) {}
+  ~FakeStore() {
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
   class Reactor final
       : public grpc::ServerBidiReactor<muster::v1::StoreRequest, muster::v1::StoreReply> {
    public:
-    Reactor() { StartRead(&req_); }
+    explicit Reactor(FakeStore* s) : s_(s) { StartRead(&req_); }
     void OnReadDone(bool ok) override {
+      if (!ok) {
+        Finish(grpc::Status::OK);
+      } else if (s_->mode_ == Mode::kSilent) {
+        StartRead(&req_);
+      } else if (req_.op() == muster::v1::StoreRequest::SET) {
+        std::lock_guard lock(s_->mu_);
+        s_->threads_.emplace_back([this, key = req_.keys(0)] {
+          std::this_thread::sleep_for(200ms);  // the delay is the point of this fake
+          {
+            std::lock_guard lock(s_->mu_);
+            s_->keys_.insert(key);
+          }
+          rep_.Clear();
+          StartWrite(&rep_);
+        });
+      } else {
+        std::lock_guard lock(s_->mu_);
+        rep_.Clear();
+        rep_.set_flag(s_->keys_.count(req_.keys(0)) > 0);
+        StartWrite(&rep_);
+      }
+    }
+    void OnWriteDone(bool ok) override {
       if (ok) {
         StartRead(&req_);
       } else {
@@ -254,23 +295,28 @@ class SilentStore final : public muster::v1::Store::CallbackService {
     void OnDone() override { delete this; }
 
    private:
+    FakeStore* s_;
     muster::v1::StoreRequest req_;
+    muster::v1::StoreReply rep_;
   };
   grpc::ServerBidiReactor<muster::v1::StoreRequest, muster::v1::StoreReply>* Stream(
       grpc::CallbackServerContext*) override {
-    return new Reactor;
+    return new Reactor(this);
   }
+
+  const Mode mode_;
+  std::mutex mu_;
+  std::set<std::string> keys_;
+  std::vector<std::thread> threads_;
 };
+
 }  // namespace
 
 TEST_CASE("store: a server that stops answering fails the call after the timeout, not never",
           "[store]") {
-  SilentStore service;
-  grpc::ServerBuilder b;
+  FakeStore service(FakeStore::Mode::kSilent);
   int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(&service);
-  auto server = b.BuildAndStart();
+  auto server = serve_fake(service, port);
   REQUIRE(server);
   muster::rendezvous::GrpcStoreOptions o{"127.0.0.1:" + std::to_string(port), "run", ""};
   o.timeout = 200ms;
@@ -285,75 +331,11 @@ TEST_CASE("store: a server that stops answering fails the call after the timeout
   server->Shutdown(std::chrono::system_clock::now());
 }
 
-namespace {
-// A Store server that applies a SET only 200 ms after reading it (then answers), and answers a
-// CHECK at once: a request on another stream overtakes a set still being applied.
-class SlowSetStore final : public muster::v1::Store::CallbackService {
- public:
-  ~SlowSetStore() {
-    for (auto& t : threads_) t.join();
-  }
-
- private:
-  class Reactor final
-      : public grpc::ServerBidiReactor<muster::v1::StoreRequest, muster::v1::StoreReply> {
-   public:
-    explicit Reactor(SlowSetStore* s) : s_(s) { StartRead(&req_); }
-    void OnReadDone(bool ok) override {
-      if (!ok) {
-        Finish(grpc::Status::OK);
-        return;
-      }
-      rep_.Clear();
-      if (req_.op() == muster::v1::StoreRequest::SET) {
-        std::lock_guard lock(s_->mu_);
-        s_->threads_.emplace_back([this, key = req_.keys(0)] {
-          std::this_thread::sleep_for(200ms);
-          {
-            std::lock_guard lock(s_->mu_);
-            s_->keys_.insert(key);
-          }
-          StartWrite(&rep_);
-        });
-        return;
-      }
-      std::lock_guard lock(s_->mu_);
-      rep_.set_flag(s_->keys_.count(req_.keys(0)) > 0);
-      StartWrite(&rep_);
-    }
-    void OnWriteDone(bool ok) override {
-      if (ok) {
-        StartRead(&req_);
-      } else {
-        Finish(grpc::Status::OK);
-      }
-    }
-    void OnDone() override { delete this; }
-
-   private:
-    SlowSetStore* s_;
-    muster::v1::StoreRequest req_;
-    muster::v1::StoreReply rep_;
-  };
-  grpc::ServerBidiReactor<muster::v1::StoreRequest, muster::v1::StoreReply>* Stream(
-      grpc::CallbackServerContext*) override {
-    return new Reactor(this);
-  }
-
-  std::mutex mu_;
-  std::set<std::string> keys_;
-  std::vector<std::thread> threads_;
-};
-}  // namespace
-
 TEST_CASE("store: a call after a set written behind is not overtaken on another stream",
           "[store]") {
-  SlowSetStore service;
-  grpc::ServerBuilder b;
+  FakeStore service(FakeStore::Mode::kSlowSets);
   int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(&service);
-  auto server = b.BuildAndStart();
+  auto server = serve_fake(service, port);
   REQUIRE(server);
   {
     muster::rendezvous::GrpcStore store({"127.0.0.1:" + std::to_string(port), "run", ""});
