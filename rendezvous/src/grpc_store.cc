@@ -130,6 +130,7 @@ class GrpcStore::Impl {
     // A write must not be carried out behind a refused set: settle the acks before sending it.
     if (!is_read && op != v1::StoreRequest::SET) {
       if (absl::Status st = settle(*s); !st.ok()) {
+        if (s->finished) return drop(std::move(s), st);  // the stream broke
         release(std::move(s));  // in step: every ack has been read
         return st;
       }
@@ -147,7 +148,7 @@ class GrpcStore::Impl {
       const bool may_wait = (op == v1::StoreRequest::GET || op == v1::StoreRequest::WAIT ||
                              op == v1::StoreRequest::MULTI_GET) && wait.count() > 0;
       v1::StoreReply discarded;
-      if (may_wait || !s->rw->Read(&discarded)) return drop(std::move(s), st);
+      if (s->finished || may_wait || !s->rw->Read(&discarded)) return drop(std::move(s), st);
       release(std::move(s));
       return st;
     }
