@@ -248,8 +248,10 @@ class GrpcStore::Impl {
         // Nobody is left to return it to: say it once on stderr rather than lose it.
         if (!st.ok()) std::fprintf(stderr, "muster: %s\n", std::string(st.message()).c_str());
       }
-      s->rw->WritesDone();
-      s->rw->Finish();
+      if (!s->finished) {
+        s->rw->WritesDone();
+        s->rw->Finish();
+      }
       watchdog.disarm(s->watch);
     }
   }
