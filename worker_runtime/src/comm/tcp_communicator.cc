@@ -437,8 +437,8 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
   if (ec) return absl::UnavailableError("tcp communicator: cannot listen: " + ec.message());
   unix_stream::acceptor uacceptor(io_);
   std::string uname;  // without the leading NUL of the abstract namespace
-  const std::string boot = opts_.same_host_unix ? rendezvous::host_identity() : std::string();
-  if (!boot.empty()) {
+  const std::string identity = opts_.same_host_unix ? rendezvous::host_identity() : std::string();
+  if (!identity.empty()) {
     uname = absl::StrCat("muster-ring-", ::getpid(), "-", std::random_device{}());
     boost::system::error_code uec;
     uacceptor.open(unix_stream(), uec);
@@ -448,7 +448,7 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
   }
   // "host:port|identity|unix-name" (the identity holds a space).
   const std::string me = absl::StrCat(opts_.advertise_host, ":", acceptor.local_endpoint().port(),
-                                      "|", boot.empty() ? "-" : boot, "|", uname.empty() ? "-" : uname);
+                                      "|", identity.empty() ? "-" : identity, "|", uname.empty() ? "-" : uname);
   if (absl::Status s = store.set(absl::StrCat("tcp/", rank_), me); !s.ok()) return s;
   const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
   auto addr = store.get(absl::StrCat("tcp/", next), opts_.timeout);
@@ -464,7 +464,7 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
     at = sp + 1;
   }
   const std::string& hostport = parts[0];
-  if (!uname.empty() && parts.size() == 3 && parts[1] == boot && parts[2] != "-") {
+  if (!uname.empty() && parts.size() == 3 && parts[1] == identity && parts[2] != "-") {
     unix_stream::socket us(io_);
     boost::system::error_code uec;
     us.connect(unix_stream::endpoint(std::string(1, '\0') + parts[2]), uec);
@@ -482,8 +482,8 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
                        ec.message()));
     }
     ts.set_option(tcp::no_delay(true), ec);
-    const auto protocol = ts.local_endpoint().protocol();
-    send_.assign(asio::generic::stream_protocol(protocol.family(), IPPROTO_TCP), ts.release(), ec);
+    const int family = ts.local_endpoint(ec).protocol().family();
+    send_.assign(asio::generic::stream_protocol(family, IPPROTO_TCP), ts.release(), ec);
   }
   Header out{kMagic, static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(size_)};
   asio::write(send_, asio::buffer(&out, sizeof out), ec);
