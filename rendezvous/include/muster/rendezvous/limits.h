@@ -1,0 +1,65 @@
+// Every bound the rendezvous server and its clients enforce, in one place.
+//
+// Each is enforced at the edge (where a message, a request or a flag first arrives) and
+// written in docs/rendezvous.md ("Bounds"). Defaults that a caller may change are fields of
+// an options struct (StoreLimits, RendezvousTimeouts, ServerOptions) whose initialisers
+// name the constants below; nothing else repeats a number.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+namespace muster::rendezvous::limits {
+
+using std::chrono::milliseconds;
+
+// --- Rendezvous messages (Session stream) ---------------------------------------------
+// One AgentMsg (a Join, a failure report, a keep-alive). Larger messages end the stream with
+// RESOURCE_EXHAUSTED. A ServerMsg carries at most a Fail with a capped root cause and
+// kMaxFailureOthers capped failures, so it stays below kMaxServerMessageBytes.
+inline constexpr std::size_t kMaxAgentMessageBytes = 64 << 10;
+inline constexpr std::size_t kMaxServerMessageBytes = 1 << 20;
+// Run ids, node ids, hosts, tokens.
+inline constexpr std::size_t kMaxIdBytes = 256;
+// What one WorkerFailure may carry: message and traceback are cut to these (with a note).
+inline constexpr std::size_t kMaxFailureMessageBytes = 8 << 10;
+inline constexpr std::size_t kMaxFailureTracebackBytes = 16 << 10;
+inline constexpr std::size_t kMaxFailureOthers = 16;
+
+// --- Durations a client may set (Join, rdzv_conf) --------------------------------------
+// Larger values are refused by `launch` (usage error) and clamped by the server.
+inline constexpr milliseconds kMaxJoinTimeout = std::chrono::hours(24);
+inline constexpr milliseconds kMaxLastCallTimeout = std::chrono::hours(1);
+inline constexpr milliseconds kMaxKeepAliveInterval = std::chrono::minutes(10);
+inline constexpr int kMaxKeepAliveAttempts = 100;
+inline constexpr milliseconds kMaxShutdownTimeout = std::chrono::hours(1);
+inline constexpr milliseconds kMaxCloseTimeout = std::chrono::hours(1);
+inline constexpr milliseconds kMaxReadTimeout = std::chrono::hours(24);
+// Store waits (get, wait, multi_get): a longer timeout is clamped to this.
+inline constexpr milliseconds kMaxStoreWait = std::chrono::hours(24);
+
+// --- Server-wide ---------------------------------------------------------------------
+// Runs held at once (joining, running or within their finished grace); a Join that would
+// create one more is refused with RESOURCE_EXHAUSTED.
+inline constexpr std::size_t kMaxRuns = 4096;
+// HTTP/2 streams one connection may have open at once.
+inline constexpr int kMaxConcurrentStreamsPerConnection = 64;
+
+// --- Store -------------------------------------------------------------------------------
+inline constexpr std::size_t kMaxStoreKeyBytes = 4096;
+inline constexpr std::size_t kMaxStoreValueBytes = 4 << 20;
+inline constexpr std::size_t kMaxStoreKeysPerRun = 100000;
+// Keys plus values held by one run's table.
+inline constexpr std::size_t kMaxStoreBytesPerRun = 256 << 20;
+// Keys in one request (wait, multi_get, multi_set, check).
+inline constexpr std::size_t kMaxStoreKeysPerRequest = 100000;
+// One store request or reply on the wire (a value with its key and framing; a multi_get
+// whose values would exceed it is refused with RESOURCE_EXHAUSTED).
+inline constexpr std::size_t kMaxStoreMessageBytes = kMaxStoreValueBytes + (64 << 10);
+
+// The gRPC receive cap of the server (rendezvous and store share the port): the larger of
+// the two services' messages. The Session reactor applies the tighter agent bound itself.
+inline constexpr std::size_t kMaxServerReceiveBytes = kMaxStoreMessageBytes;
+
+}  // namespace muster::rendezvous::limits
