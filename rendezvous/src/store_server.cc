@@ -17,7 +17,8 @@ namespace muster::rendezvous {
 
 class StoreServer::Impl final : public v1::Store::CallbackService {
  public:
-  Impl(StoreLimits limits, std::string token) : limits_(limits), token_(std::move(token)) {}
+  Impl(StoreLimits limits, std::string token, bool require_open_runs)
+      : limits_(limits), token_(std::move(token)), require_open_runs_(require_open_runs) {}
 
   // One client stream: read a request, serve it, write the reply, read the next. Reactions
   // run on gRPC's threads; a request is served on the thread that read it. A parked wait
@@ -60,9 +61,38 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
     return new Reactor(this);
   }
 
+  void open_run(const std::string& run) {
+    absl::MutexLock lock(&mu_);
+    tables_.try_emplace(run, limits_);
+  }
   void drop(const std::string& run) {
     absl::MutexLock lock(&mu_);
     tables_.erase(run);  // parked waits stay until their alarm
+  }
+  void shutdown() {
+    std::vector<Reactor*> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      shutting_down_ = true;
+      for (auto& [run, list] : waiters_) {
+        for (Waiter* w : list) {
+          w->answered = true;
+          ready.push_back(w->reactor);
+          w->alarm.Cancel();
+        }
+        list.clear();
+      }
+    }
+    for (Reactor* r : ready) r->respond(unavailable());
+  }
+  std::size_t parked_waits() const {
+    absl::MutexLock lock(&mu_);
+    std::size_t n = 0;
+    for (auto& [run, list] : waiters_) n += list.size();
+    return n;
+  }
+  static grpc::Status unavailable() {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "store: the server is shutting down");
   }
 
  private:
@@ -86,7 +116,9 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
 
   const StoreLimits limits_;
   const std::string token_;
-  absl::Mutex mu_;
+  const bool require_open_runs_;
+  mutable absl::Mutex mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::unordered_map<std::string, KvTable> tables_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::list<Waiter*>> waiters_ ABSL_GUARDED_BY(mu_);
 };
@@ -119,7 +151,17 @@ void StoreServer::Impl::serve(Reactor* r) {
   absl::Status st;
   std::vector<Reactor*> ready;
   {
-    absl::MutexLock lock(&mu_);
+    absl::ReleasableMutexLock lock(&mu_);
+    if (shutting_down_) {
+      st = absl::UnavailableError("store: the server is shutting down");
+    } else if (require_open_runs_ && tables_.count(req.run_id()) == 0) {
+      st = absl::FailedPreconditionError(absl::StrCat("store: unknown run '", req.run_id(), "'"));
+    }
+    if (!st.ok()) {
+      lock.Release();  // never hold the lock across StartWrite
+      r->respond(to_grpc(st));
+      return;
+    }
     KvTable& table = tables_.try_emplace(req.run_id(), limits_).first->second;
     for (const auto& k : req.keys()) {
       if (st.ok()) st = table.check_key(k);
@@ -217,13 +259,19 @@ void StoreServer::Impl::collect_ready(const std::string& run, const KvTable& tab
   }
 }
 
-StoreServer::StoreServer(StoreLimits limits, std::string token)
-    : impl_(std::make_unique<Impl>(limits, std::move(token))) {}
+StoreServer::StoreServer(StoreLimits limits, std::string token, bool require_open_runs)
+    : impl_(std::make_unique<Impl>(limits, std::move(token), require_open_runs)) {}
 
 StoreServer::~StoreServer() = default;
 
 void StoreServer::register_with(grpc::ServerBuilder& builder) { builder.RegisterService(impl_.get()); }
 
 void StoreServer::drop(const std::string& run_id) { impl_->drop(run_id); }
+
+void StoreServer::open_run(const std::string& run_id) { impl_->open_run(run_id); }
+
+void StoreServer::shutdown() { impl_->shutdown(); }
+
+std::size_t StoreServer::parked_waits() const { return impl_->parked_waits(); }
 
 }  // namespace muster::rendezvous

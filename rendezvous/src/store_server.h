@@ -16,13 +16,25 @@ namespace muster::rendezvous {
 
 class StoreServer {
  public:
-  StoreServer(StoreLimits limits, std::string token);
+  // With `require_open_runs` (the default), a request for a run that open_run() has not
+  // named (or that drop() has ended) is refused with FAILED_PRECONDITION, so a client cannot
+  // create tables for runs the rendezvous never knew. false: the first request creates it.
+  StoreServer(StoreLimits limits, std::string token, bool require_open_runs = true);
   ~StoreServer();
 
   // Before BuildAndStart. The server must be shut down before this object goes.
   void register_with(grpc::ServerBuilder& builder);
-  // Drops a finished run's table. Any thread.
+  // Opens the run's table (the rendezvous calls it when it creates a run). Idempotent. Any
+  // thread.
+  void open_run(const std::string& run_id);
+  // Drops a finished run's table, answers its parked waits, and returns the memory. Any thread.
   void drop(const std::string& run_id);
+  // Answers every parked wait at once with UNAVAILABLE and refuses every later request the
+  // same way, so that grpc::Server::Shutdown() need not wait for the longest wait's timeout.
+  // Call before grpc::Server::Shutdown(). Idempotent. Any thread but a gRPC callback's.
+  void shutdown();
+  // Waits parked now (for tests and metrics).
+  std::size_t parked_waits() const;
 
   class Impl;
 

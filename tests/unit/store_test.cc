@@ -6,15 +6,14 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 
 #include "muster/rendezvous/grpc_store.h"
 #include "muster/rendezvous/memory_store.h"
 #include "muster/rendezvous/prefix_store.h"
-#include "muster/rendezvous/server.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
+// The store service itself (private to the rendezvous library; tests drive it directly).
+#include "../../rendezvous/src/store_server.h"
 
 using namespace std::chrono_literals;
 using muster::rendezvous::Store;
@@ -43,31 +42,35 @@ struct PrefixFixture {
   Store& get() { return store; }
 };
 
-// A real server on 127.0.0.1:0 with its io_context on a thread, and a client.
+// A real Store service on 127.0.0.1:0 (the StoreServer the rendezvous server embeds, on a
+// bare grpc::Server, so that the test opens its runs itself as the rendezvous does on a
+// Join), and a client.
 struct GrpcFixture {
   static constexpr bool kWritesBehind = true;  // see grpc_store.h
-  boost::asio::io_context io;
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
-  std::unique_ptr<muster::rendezvous::RendezvousServer> server;
-  std::thread thread;
+  muster::rendezvous::StoreServer service{small_limits(), "secret"};
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
   std::unique_ptr<muster::rendezvous::GrpcStore> store;
   GrpcFixture() {
-    muster::rendezvous::ServerOptions o;
-    o.token = "secret";
-    o.store_limits = small_limits();
-    auto s = muster::rendezvous::RendezvousServer::start(io, o);
-    REQUIRE(s.ok());
-    server = std::move(*s);
-    thread = std::thread([this] { io.run(); });
-    store = std::make_unique<muster::rendezvous::GrpcStore>(muster::rendezvous::GrpcStoreOptions{
-        "127.0.0.1:" + std::to_string(server->port()), "run", "secret"});
+    service.open_run("run");
+    service.open_run("other");
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    service.register_with(b);
+    server = b.BuildAndStart();
+    REQUIRE(server);
+    store = client("run", "secret");
+  }
+  std::unique_ptr<muster::rendezvous::GrpcStore> client(const std::string& run,
+                                                        const std::string& token) {
+    return std::make_unique<muster::rendezvous::GrpcStore>(muster::rendezvous::GrpcStoreOptions{
+        "127.0.0.1:" + std::to_string(port), run, token});
   }
   ~GrpcFixture() {
     store.reset();
-    server->shutdown();
-    work.reset();
-    io.stop();
-    thread.join();
+    service.shutdown();
+    server->Shutdown(std::chrono::system_clock::now());
+    server->Wait();
   }
   Store& get() { return *store; }
 };
@@ -222,19 +225,19 @@ TEST_CASE("store: a refused set written behind fails the next call, which is not
 
 TEST_CASE("store: a call with a wrong secret is refused", "[store]") {
   GrpcFixture f;
-  muster::rendezvous::GrpcStore bad({"127.0.0.1:" + std::to_string(f.server->port()), "run", "guess"});
-  auto st = bad.set("k", "v");
+  auto bad = f.client("run", "guess");
+  auto st = bad->set("k", "v");
   CHECK(st.code() == absl::StatusCode::kPermissionDenied);
   CHECK_FALSE(*f.store->check({"k"}));
 }
 
 TEST_CASE("store: runs have separate tables", "[store]") {
   GrpcFixture f;
-  muster::rendezvous::GrpcStore other({"127.0.0.1:" + std::to_string(f.server->port()), "other", "secret"});
+  auto other = f.client("other", "secret");
   REQUIRE(f.store->set("k", "mine").ok());
-  REQUIRE(other.set("k", "theirs").ok());
+  REQUIRE(other->set("k", "theirs").ok());
   CHECK(*f.store->get("k", 1s) == "mine");
-  CHECK(*other.get("k", 1s) == "theirs");
+  CHECK(*other->get("k", 1s) == "theirs");
 }
 
 namespace {
