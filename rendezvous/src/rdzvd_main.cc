@@ -6,7 +6,9 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <cstdio>
+#include <thread>
 
+#include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/server.h"
 
 int main(int argc, char** argv) {
@@ -20,13 +22,17 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)");
   app.add_option("--token", token, "Shared secret every join must carry (or $MUSTER_RDZV_TOKEN)")
       ->envname("MUSTER_RDZV_TOKEN");
+  namespace limits = muster::rendezvous::limits;
+  auto seconds_up_to = [](std::chrono::milliseconds cap) {
+    return CLI::Range(0.0, std::chrono::duration<double>(cap).count());
+  };
   app.add_option("--join_timeout,--join-timeout", join_timeout, "Seconds")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber & seconds_up_to(limits::kMaxJoinTimeout));
   app.add_option("--last_call_timeout,--last-call-timeout", last_call, "Seconds")
-      ->check(CLI::NonNegativeNumber);
+      ->check(seconds_up_to(limits::kMaxLastCallTimeout));
   app.add_option("--finished_run_grace,--finished-run-grace", grace,
                  "Seconds a finished run's id is kept (a late join then gets a clear error)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(seconds_up_to(limits::kMaxFinishedRunGrace));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -56,10 +62,20 @@ int main(int argc, char** argv) {
   std::printf("rdzvd listening on port %d (store for this machine: %s)\n", (*server)->port(),
               (*server)->local_store_target().empty() ? "-" : (*server)->local_store_target().c_str());
   std::fflush(stdout);
+  // A stop by SIGINT or SIGTERM is the normal way to end a daemon. Shutdown runs off the io
+  // thread while the loop keeps serving the calls it ends; the loop stops once it is done.
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-  signals.async_wait([&io](const boost::system::error_code&, int) { io.stop(); });
+  std::thread stopper;
+  signals.async_wait([&](const boost::system::error_code& ec, int) {
+    if (ec) return;
+    stopper = std::thread([&] {
+      (*server)->shutdown();
+      io.stop();
+    });
+  });
   auto guard = boost::asio::make_work_guard(io);
   io.run();
+  if (stopper.joinable()) stopper.join();
   (*server)->shutdown();
-  return 0;  // a stop by SIGINT or SIGTERM is the normal way to end a daemon
+  return 0;
 }

@@ -17,8 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "muster/rendezvous/host_id.h"
+#include "muster/rendezvous/limits.h"
 #include "status_convert.h"
 #include "store_server.h"
+#include "text_checks.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
 
 namespace muster::rendezvous {
@@ -30,6 +32,16 @@ class SessionReactor;
 struct SessionLink {
   absl::Mutex mu;
   SessionReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;  // null once the reactor is done
+};
+
+// A GetStatus call waiting for the io thread. Finished exactly once: by the io thread with
+// the answer, or by shutdown (the io_context may have stopped: an embedded server outlives
+// its agent's loop), so a status call can never hold up the server's Shutdown.
+struct PendingStatus {
+  absl::Mutex mu;
+  grpc::ServerUnaryReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;  // null once finished
+  const v1::StatusRequest* request = nullptr;
+  v1::StatusReply* reply ABSL_GUARDED_BY(mu) = nullptr;
 };
 
 }  // namespace
@@ -52,6 +64,23 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   void set_store(StoreServer* store) { store_ = store; }
+  void fill_store_stats(v1::StoreStats& out) const {
+    if (store_ != nullptr) out.set_parked_waits(static_cast<std::int64_t>(store_->parked_waits()));
+  }
+
+  // Any thread. Registers a status call; false once the server is stopping.
+  bool add_pending(const std::shared_ptr<PendingStatus>& p) {
+    absl::MutexLock lock(&pending_mu_);
+    if (stopping_) return false;
+    pending_.insert(p);
+    return true;
+  }
+  void remove_pending(const std::shared_ptr<PendingStatus>& p) {
+    absl::MutexLock lock(&pending_mu_);
+    pending_.erase(p);
+  }
+  // Any thread but the io one. Answers every waiting status call with UNAVAILABLE.
+  void stop_pending();
   // Before serving: the store's local target, stamped into every Assignment.
   void set_local_store(std::string target, std::string host) {
     local_store_target_ = std::move(target);
@@ -70,6 +99,10 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // Drops the store tables of runs the state machine has forgotten.
   void drop_finished_tables();
+
+  absl::Mutex pending_mu_;
+  std::set<std::shared_ptr<PendingStatus>> pending_ ABSL_GUARDED_BY(pending_mu_);
+  bool stopping_ ABSL_GUARDED_BY(pending_mu_) = false;
 
   StoreServer* store_ = nullptr;  // outlives the core's use of it (shut down after the server)
   std::string local_store_target_, host_identity_;
@@ -132,7 +165,17 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMs
       finish(grpc::Status::OK);
       return;
     }
-    if (in_.has_join() && !core_->token().empty() && in_.join().token() != core_->token()) {
+    // The server's receive cap is the store's (values of megabytes share the port); an
+    // agent's message has the tighter bound of its own.
+    if (in_.ByteSizeLong() > limits::kMaxAgentMessageBytes) {
+      post_closed();
+      finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat("rendezvous: a message of ", in_.ByteSizeLong(),
+                                       " bytes is over the limit of ",
+                                       limits::kMaxAgentMessageBytes)));
+      return;
+    }
+    if (in_.has_join() && !token_matches(in_.join().token(), core_->token())) {
       post_closed();
       finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                           "rendezvous refused the join: wrong or missing token"));
@@ -163,6 +206,13 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMs
     } else if (!ok) {
       finish(grpc::Status::OK);
     }
+  }
+
+  // The client went away or the server is shutting down: a pending read or write also
+  // completes (not ok), which finishes the call; this only makes the end prompt.
+  void OnCancel() override {
+    post_closed();
+    finish(grpc::Status(grpc::StatusCode::CANCELLED, "rendezvous: the session was cancelled"));
   }
 
   void OnDone() override {
@@ -204,15 +254,39 @@ class Service final : public v1::Rendezvous::CallbackService {
                                       const v1::StatusRequest* request,
                                       v1::StatusReply* reply) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (!core_->token().empty() && request->token() != core_->token()) {
+    if (!token_matches(request->token(), core_->token())) {
       reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                                    "rendezvous refused the status call: wrong or missing token"));
       return reactor;
     }
+    if (request->run_id().size() > limits::kMaxIdBytes || !is_valid_utf8(request->run_id())) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                   "status: the run id is longer than 256 bytes or not UTF-8"));
+      return reactor;
+    }
+    auto pending = std::make_shared<PendingStatus>();
+    {
+      absl::MutexLock lock(&pending->mu);
+      pending->reactor = reactor;
+      pending->request = request;
+      pending->reply = reply;
+    }
+    if (!core_->add_pending(pending)) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   "rendezvous: the server is shutting down"));
+      return reactor;
+    }
     // request and reply stay valid until Finish.
-    boost::asio::post(core_->io(), [core = core_, request, reply, reactor] {
-      for (auto& run : core->status(request->run_id())) *reply->add_runs() = std::move(run);
-      reactor->Finish(grpc::Status::OK);
+    boost::asio::post(core_->io(), [core = core_, pending] {
+      core->remove_pending(pending);
+      absl::MutexLock lock(&pending->mu);
+      if (pending->reactor == nullptr) return;  // shutdown answered it
+      for (auto& run : core->status(pending->request->run_id())) {
+        *pending->reply->add_runs() = std::move(run);
+      }
+      core->fill_store_stats(*pending->reply->mutable_store());
+      pending->reactor->Finish(grpc::Status::OK);
+      pending->reactor = nullptr;
     });
     return reactor;
   }
@@ -223,6 +297,22 @@ class Service final : public v1::Rendezvous::CallbackService {
 };
 
 }  // namespace
+
+void Core::stop_pending() {
+  std::set<std::shared_ptr<PendingStatus>> pending;
+  {
+    absl::MutexLock lock(&pending_mu_);
+    stopping_ = true;
+    pending.swap(pending_);
+  }
+  for (const auto& p : pending) {
+    absl::MutexLock lock(&p->mu);
+    if (p->reactor == nullptr) continue;
+    p->reactor->Finish(
+        grpc::Status(grpc::StatusCode::UNAVAILABLE, "rendezvous: the server is shutting down"));
+    p->reactor = nullptr;
+  }
+}
 
 void Core::drop_finished_tables() {
   for (auto it = seen_runs_.begin(); it != seen_runs_.end();) {
@@ -236,8 +326,16 @@ void Core::drop_finished_tables() {
 }
 
 void Core::on_message(SessionId id, const v1::AgentMsg& msg) {
-  if (msg.has_join()) seen_runs_.insert(msg.join().run_id());
-  apply(machine_.on_message(id, msg, Clock::now()));
+  std::vector<Outgoing> out = machine_.on_message(id, msg, Clock::now());
+  // The store serves only runs the state machine holds, so a run's table exists before its
+  // first Assignment is sent and goes when the run goes (drop_finished_tables).
+  if (msg.has_join()) {
+    const std::string& run = msg.join().run_id();
+    if (machine_.has_run(run) && seen_runs_.insert(run).second && store_ != nullptr) {
+      store_->open_run(run);
+    }
+  }
+  apply(std::move(out));
 }
 
 void Core::on_closed(SessionId id) {
@@ -259,6 +357,9 @@ void Core::apply(std::vector<Outgoing> out) {
     if (o.msg) r->enqueue(std::move(*o.msg));
     if (o.close) r->finish(to_grpc(o.status));
   }
+  // A run may have gone with this event (its last node left): its table goes now, before a
+  // later Join could create a run of the same id and find the old keys.
+  drop_finished_tables();
   arm_timer();
 }
 
@@ -274,7 +375,6 @@ void Core::arm_timer() {
     if (ec || !core || core->armed_for_ != when) return;
     core->armed_for_.reset();
     core->apply(core->machine_.on_tick(Clock::now()));
-    core->drop_finished_tables();
   });
 }
 
@@ -293,7 +393,7 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
     boost::asio::io_context& io, ServerOptions options) {
   auto impl = std::make_unique<Impl>();
   std::string address = options.listen_address;
-  int max_bytes = options.max_message_bytes;
+  const int max_bytes = static_cast<int>(options.max_message_bytes);
   impl->store = std::make_unique<StoreServer>(options.store_limits, options.token);
   impl->core = std::make_shared<Core>(io, std::move(options));
   impl->service = std::make_unique<Service>(impl->core);
@@ -312,6 +412,9 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   builder.RegisterService(impl->service.get());
   impl->store->register_with(builder);
   builder.SetMaxReceiveMessageSize(max_bytes);
+  builder.SetMaxSendMessageSize(max_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             limits::kMaxConcurrentStreamsPerConnection);
   // Exactly one server per port: a second agent on this host must fail to bind and connect.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_OPTIMIZATION_TARGET, std::string("latency"));
@@ -340,6 +443,10 @@ const std::string& RendezvousServer::local_store_target() const { return impl_->
 void RendezvousServer::shutdown(std::chrono::milliseconds grace) {
   if (impl_->stopped) return;
   impl_->stopped = true;
+  // Calls that would otherwise wait past the deadline end first: status calls waiting for the
+  // io thread (which may have stopped) and parked store waits (up to their own timeouts).
+  impl_->core->stop_pending();
+  impl_->store->shutdown();
   impl_->server->Shutdown(std::chrono::system_clock::now() + grace);
   impl_->server->Wait();
 }

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/state_machine.h"
 #include "muster/rendezvous/store.h"
 
@@ -22,9 +23,9 @@ struct ServerOptions {
   // When non-empty, a Join must carry this token or its stream ends with PERMISSION_DENIED.
   std::string token;
   RendezvousTimeouts timeouts;
-  // Cap on one incoming message: a store value (4 MiB at most) with its key. Joins are
-  // validated field by field.
-  int max_message_bytes = 8 << 20;
+  // Cap on one message either way: a store value with its key (limits.h). Agents' messages
+  // have the tighter limits::kMaxAgentMessageBytes, checked by the Session reactor.
+  std::size_t max_message_bytes = limits::kMaxServerReceiveBytes;
   StoreLimits store_limits;
 };
 
@@ -42,8 +43,10 @@ class RendezvousServer {
   // clients with this process's host_identity(); empty when there is none.
   const std::string& local_store_target() const;
 
-  // Ends every stream and stops listening; waits at most `grace` for in-flight calls.
-  // Safe to call twice. Must not be called from a gRPC callback thread.
+  // Ends every stream and stops listening; waits at most `grace` for in-flight calls. Parked
+  // store waits and status calls end at once (UNAVAILABLE); sessions may finish within the
+  // grace (members reading Done or Fail). Does not need the io_context to run. Safe to call
+  // twice. Must not be called from a gRPC callback thread.
   void shutdown(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
 
   class Impl;
