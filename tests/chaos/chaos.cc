@@ -77,9 +77,44 @@ struct Options {
   std::string worker = CHAOS_WORKER_BIN;
   double hang_timeout_s = 30;
   bool verbose = false;
+  bool setsid_strict = false;  // setsid escapes fail even without a usable cgroup v2
 };
 
+// Whether launch can put a job in a cgroup v2 of its own and kill it with cgroup.kill: only
+// then can it catch a process that left its process group and session (a setsid daemon).
+// Elsewhere launch falls back to process groups (docs/launch.md), and such an escape is
+// reported apart, not as a failure, unless --setsid_strict.
+bool cgroup_kill_usable() {
+  std::string mount;
+  std::ifstream mi("/proc/self/mountinfo");
+  for (std::string line; std::getline(mi, line);) {
+    auto dash = line.find(" - cgroup2 ");
+    if (dash == std::string::npos) continue;
+    std::istringstream in(line);
+    std::string f;
+    for (int i = 0; i < 5 && in >> f; ++i) {
+    }
+    mount = f;
+    break;
+  }
+  if (mount.empty()) return false;
+  std::string rel;
+  std::ifstream cg("/proc/self/cgroup");
+  for (std::string line; std::getline(cg, line);) {
+    if (line.rfind("0::", 0) == 0) rel = line.substr(3);
+  }
+  const std::string dir = mount + rel;
+  if (::access((dir + "/cgroup.procs").c_str(), W_OK) != 0 || ::access(dir.c_str(), W_OK) != 0)
+    return false;
+  int major = 0, minor = 0;
+  std::ifstream rel_in("/proc/sys/kernel/osrelease");
+  char dot;
+  rel_in >> major >> dot >> minor;
+  return major > 5 || (major == 5 && minor >= 14);
+}
+
 Options g_opt;
+bool g_cgroup = false;
 
 int pidfd_open(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 int pidfd_send_signal(int fd, int sig) {
@@ -294,6 +329,7 @@ std::unique_ptr<Child> spawn(const std::string& name, const std::vector<std::str
 
 struct Result {
   int orphans = 0;  // processes
+  int setsid_escapes = 0;  // setsid grandchildren left where no cgroup v2 can catch them
   bool hang = false;
   int wrong_exit = 0;
   int temp_left = 0;
@@ -650,11 +686,19 @@ class Trial {
       }
     }
     if (left.empty()) return;
+    if (!g_cgroup && !g_opt.setsid_strict &&
+        std::all_of(left.begin(), left.end(), [](auto& m) { return m.role() == "gchild"; })) {
+      res_.setsid_escapes += static_cast<int>(left.size());
+      log("setsid escape(s) not counted (no usable cgroup v2 here): " +
+          std::to_string(left.size()));
+      kill_everything();
+      return;
+    }
     std::string what;
     for (const auto& m : left) {
       auto parent = read_proc(m.ppid);
       what += "  pid " + std::to_string(m.pid) + " state " + m.state + " parent " +
-              std::to_string(m.ppid) + (parent ? " (" + parent->cmdline() + ")" : "") + ": " +
+              std::to_string(m.ppid) + (parent ? " (" + parent->cmdline().substr(0, 60) + ")" : "") + ": " +
               m.cmdline() + "\n";
     }
     res_.orphans += static_cast<int>(left.size());
@@ -685,12 +729,13 @@ class Trial {
   }
 
   static std::string tail(const std::string& s, int lines) {
-    std::size_t pos = s.size();
-    for (int i = 0; i <= lines && pos > 0; ++i) {
-      pos = s.rfind('\n', pos - 1);
-      if (pos == std::string::npos) return s;
+    std::size_t start = s.size();
+    int seen = 0;
+    while (start > 0) {
+      if (s[start - 1] == '\n' && start != s.size() && ++seen == lines) break;
+      --start;
     }
-    return s.substr(pos + 1);
+    return s.substr(start);
   }
 
   // SIGKILL to everything of the trial: the harness's own children by pidfd, the rest by the
@@ -809,6 +854,8 @@ int main(int argc, char** argv) {
       g_opt.worker = value();
     } else if (key == "--hang_timeout") {
       g_opt.hang_timeout_s = std::stod(value());
+    } else if (key == "--setsid_strict") {
+      g_opt.setsid_strict = true;
     } else if (key == "--verbose" || key == "-v") {
       g_opt.verbose = true;
     } else if (key == "--help" || key == "-h") {
@@ -831,16 +878,20 @@ int main(int argc, char** argv) {
   ::sigaction(SIGHUP, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
+  g_cgroup = cgroup_kill_usable();
   const char* t = std::getenv("TMPDIR");
   std::string root_tmpl = std::string(t != nullptr && *t ? t : "/tmp") + "/muster_chaos_XXXXXX";
   if (::mkdtemp(root_tmpl.data()) == nullptr) usage("cannot create the test root");
   const fs::path root = root_tmpl;
 
-  std::printf("chaos: seed %llu, %s\n", static_cast<unsigned long long>(g_opt.seed),
+  std::printf("chaos: seed %llu, cgroup v2 %s, %s\n", static_cast<unsigned long long>(g_opt.seed),
+              g_cgroup ? "usable (setsid escapes are failures)"
+                       : "not usable (setsid escapes reported apart)",
               g_opt.only_trial ? ("trial " + std::to_string(*g_opt.only_trial)).c_str()
                                : (std::to_string(g_opt.trials) + " trials").c_str());
   std::fflush(stdout);
 
+  int setsid_escapes = 0;
   int run = 0, orphan_procs = 0, orphan_trials = 0, hangs = 0, wrong_exits = 0, temps = 0,
       harness = 0;
   std::map<std::string, int> orphan_by_role, fail_by_topology;
@@ -856,6 +907,7 @@ int main(int argc, char** argv) {
     ++run;
     trial.report(g_opt.seed);
     orphan_procs += r.orphans;
+    setsid_escapes += r.setsid_escapes;
     orphan_trials += r.orphans > 0;
     for (const auto& role : trial.orphan_roles()) ++orphan_by_role[role];
     hangs += r.hang;
@@ -871,6 +923,25 @@ int main(int argc, char** argv) {
   std::error_code ec;
   fs::remove_all(root, ec);
 
+  // The harness itself leaks nothing: no process of any of this run's trials is left.
+  const std::string run_prefix = std::string(kMarker) + "=chaos-" + std::to_string(::getpid()) + "-";
+  int leaked = 0;
+  if (DIR* d = ::opendir("/proc")) {
+    while (dirent* e = ::readdir(d)) {
+      char* end = nullptr;
+      long pid = std::strtol(e->d_name, &end, 10);
+      if (end == e->d_name || *end != '\0' || pid <= 0 || pid == ::getpid()) continue;
+      std::string env = slurp("/proc/" + std::string(e->d_name) + "/environ");
+      if (env.find(run_prefix) == std::string::npos) continue;
+      auto m = read_proc(static_cast<pid_t>(pid));
+      if (!m || m->state == 'Z') continue;
+      std::printf("HARNESS LEAK: pid %ld %s\n", pid, m->cmdline().c_str());
+      ++leaked;
+    }
+    ::closedir(d);
+  }
+  if (leaked > 0) ++harness;
+
   const double secs = std::chrono::duration<double>(Clock::now() - started).count();
   std::printf("chaos summary: seed %llu, %d trials in %.0f s; orphans %d (in %d trials",
               static_cast<unsigned long long>(g_opt.seed), run, secs, orphan_procs,
@@ -879,6 +950,7 @@ int main(int argc, char** argv) {
   std::printf("), hangs %d, wrong exit codes %d, leftover temp folders %d", hangs, wrong_exits,
               temps);
   if (harness > 0) std::printf(", harness errors %d", harness);
+  if (setsid_escapes > 0) std::printf(", setsid escapes not counted %d", setsid_escapes);
   std::printf("; failing trials:");
   if (failing.empty()) std::printf(" none");
   for (int k : failing) std::printf(" %d", k);
@@ -900,5 +972,5 @@ int main(int argc, char** argv) {
     std::printf("chaos: interrupted\n");
     return 130;
   }
-  return failing.empty() ? 0 : 1;
+  return failing.empty() && harness == 0 ? 0 : 1;
 }
