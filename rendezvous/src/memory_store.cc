@@ -1,5 +1,7 @@
 #include "muster/rendezvous/memory_store.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
@@ -11,14 +13,14 @@ absl::Status MemoryStore::set(const std::string& key, const std::string& value) 
 }
 
 absl::Status MemoryStore::wait_locked(const std::vector<std::string>& keys, Duration timeout) {
-  for (const auto& k : keys) {
-    if (absl::Status s = table_.check_key(k); !s.ok()) return s;
-  }
+  if (absl::Status s = table_.check_keys(keys); !s.ok()) return s;
   auto present = [this, &keys]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return table_.contains_all(keys);
   };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&present), absl::FromChrono(timeout))) {
-    return absl::DeadlineExceededError(absl::StrCat("store: timed out after ", timeout.count(),
+  // A negative timeout is 0; a huge one waits at most max_wait (no overflow).
+  const Duration wait = std::clamp(timeout, Duration(0), table_.limits().max_wait);
+  if (!mu_.AwaitWithTimeout(absl::Condition(&present), absl::FromChrono(wait))) {
+    return absl::DeadlineExceededError(absl::StrCat("store: timed out after ", wait.count(),
                                                     " ms waiting for ", keys.size(), " key(s)"));
   }
   return absl::OkStatus();
@@ -49,6 +51,7 @@ absl::StatusOr<bool> MemoryStore::delete_key(const std::string& key) {
 
 absl::StatusOr<bool> MemoryStore::check(const std::vector<std::string>& keys) {
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = table_.check_keys(keys); !s.ok()) return s;
   return table_.contains_all(keys);
 }
 
@@ -66,6 +69,11 @@ absl::StatusOr<std::vector<std::string>> MemoryStore::multi_get(
     const std::vector<std::string>& keys, Duration timeout) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = wait_locked(keys, timeout); !s.ok()) return s;
+  if (absl::Status s = table_.check_reply(
+          keys.size(), [&](std::size_t i) -> const std::string& { return keys[i]; });
+      !s.ok()) {
+    return s;
+  }
   std::vector<std::string> out;
   out.reserve(keys.size());
   for (const auto& k : keys) out.push_back(*table_.find(k));
@@ -74,17 +82,8 @@ absl::StatusOr<std::vector<std::string>> MemoryStore::multi_get(
 
 absl::Status MemoryStore::multi_set(const std::vector<std::string>& keys,
                                     const std::vector<std::string>& values) {
-  if (keys.size() != values.size()) {
-    return absl::InvalidArgumentError("store: multi_set with different numbers of keys and values");
-  }
   absl::MutexLock lock(&mu_);
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    if (absl::Status s = table_.check_entry(keys[i], values[i]); !s.ok()) return s;
-  }
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    if (absl::Status s = table_.set(keys[i], values[i]); !s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return table_.multi_set(keys, values);
 }
 
 }  // namespace muster::rendezvous

@@ -1,28 +1,46 @@
 #include "store_server.h"
 
-#include <list>
-#include <unordered_map>
-
-#include <grpcpp/alarm.h>
+#include <atomic>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "muster/rendezvous/kv_table.h"
-#include "muster/rendezvous/state_machine.h"
+#include "absl/time/time.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
 #include "status_convert.h"
+#include "store_core.h"
 
 namespace muster::rendezvous {
 
 class StoreServer::Impl final : public v1::Store::CallbackService {
  public:
   Impl(StoreLimits limits, std::string token, bool require_open_runs)
-      : limits_(limits), token_(std::move(token)), require_open_runs_(require_open_runs) {}
+      : core_(StoreCore::Options{limits, std::move(token), require_open_runs}) {
+    core_.set_on_earlier_deadline([this] { poke_timer(); });
+    timer_ = std::thread([this] { timer_loop(); });
+  }
+  ~Impl() override {
+    {
+      absl::MutexLock lock(&timer_mu_);
+      stop_ = true;
+      ++generation_;
+    }
+    timer_cv_.Signal();
+    timer_.join();
+  }
+
+  class Reactor;
+  // A parked request's handle, pointing back at its stream.
+  struct Wait final : StoreWait {
+    Wait(Reactor* r, const v1::StoreRequest* req, v1::StoreReply* rep)
+        : StoreWait(req, rep), reactor(r) {}
+    Reactor* const reactor;
+  };
 
   // One client stream: read a request, serve it, write the reply, read the next. Reactions
   // run on gRPC's threads; a request is served on the thread that read it. A parked wait
-  // keeps the reactor alive: no read is pending then, so it cannot finish before the reply.
+  // keeps the reactor alive: no read is pending then, so only its answer (which some other
+  // thread delivers, exactly once: see store_core.h) or OnCancel can move it on.
   class Reactor final : public grpc::ServerBidiReactor<v1::StoreRequest, v1::StoreReply> {
    public:
     explicit Reactor(Impl* impl) : impl_(impl) { StartRead(&req_); }
@@ -32,28 +50,69 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
         return;
       }
       reply_.Clear();
-      impl_->serve(this);
-    }
-    void OnWriteDone(bool ok) override {
-      if (ok) {
-        StartRead(&req_);
-      } else {
-        Finish(grpc::Status::OK);
+      // A fresh wait per request: a StoreWait parks at most once. Published before the core
+      // can park it, so that OnCancel always finds the wait it must take out.
+      auto w = std::make_shared<Wait>(this, &req_, &reply_);
+      {
+        absl::MutexLock lock(&mu_);
+        wait_ = w;
+      }
+      std::vector<StoreWaitPtr> woken;
+      std::optional<absl::Status> st = impl_->core_.handle(w, StoreClock::now(), woken);
+      if (st) respond(*st);
+      Impl::deliver(woken);
+      if (!st) {
+        // Parked. A cancel that came before the wait was parked found nothing to take out.
+        bool cancelled = false;
+        {
+          absl::MutexLock lock(&mu_);
+          cancelled = cancelled_;
+        }
+        if (cancelled) cancel_parked(*w);
       }
     }
+    void OnWriteDone(bool ok) override {
+      if (!ok) {
+        Finish(grpc::Status::OK);
+      } else if (impl_->core_.shutting_down()) {
+        Finish(to_grpc(StoreCore::unavailable()));  // no more requests: let Shutdown end
+      } else {
+        StartRead(&req_);
+      }
+    }
+    // The client went or the server is shutting down. Only a parked wait needs us: a pending
+    // read or write fails on its own.
+    void OnCancel() override {
+      std::shared_ptr<Wait> w;
+      {
+        absl::MutexLock lock(&mu_);
+        cancelled_ = true;
+        w = wait_;
+      }
+      if (w) cancel_parked(*w);
+    }
     void OnDone() override { delete this; }
-    void respond(const grpc::Status& status) {
-      reply_.set_code(status.error_code());
-      if (!status.ok()) reply_.set_error(status.error_message());
+
+    // Answers the current request (exactly once per request).
+    void respond(const absl::Status& status) {
+      reply_.set_code(static_cast<int>(status.code()));
+      if (!status.ok()) reply_.set_error(std::string(status.message()));
       StartWrite(&reply_);
     }
-    const v1::StoreRequest& req() const { return req_; }
-    v1::StoreReply& reply() { return reply_; }
 
    private:
+    void cancel_parked(Wait& w) {
+      if (impl_->core_.cancel(w, absl::CancelledError("store: the call was cancelled"))) {
+        Finish(grpc::Status(grpc::StatusCode::CANCELLED, "store: the call was cancelled"));
+      }
+    }
+
     Impl* impl_;
     v1::StoreRequest req_;
     v1::StoreReply reply_;
+    absl::Mutex mu_;
+    std::shared_ptr<Wait> wait_ ABSL_GUARDED_BY(mu_);  // the latest request's
+    bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   };
 
   grpc::ServerBidiReactor<v1::StoreRequest, v1::StoreReply>* Stream(
@@ -61,203 +120,59 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
     return new Reactor(this);
   }
 
-  void open_run(const std::string& run) {
-    absl::MutexLock lock(&mu_);
-    tables_.try_emplace(run, limits_);
+  // Answers waits that have left the core. No lock is held here (Start* must not run under one).
+  static void deliver(const std::vector<StoreWaitPtr>& waits) {
+    for (const StoreWaitPtr& w : waits) static_cast<Wait&>(*w).reactor->respond(w->status);
   }
-  void drop(const std::string& run) {
-    absl::MutexLock lock(&mu_);
-    tables_.erase(run);  // parked waits stay until their alarm
-  }
-  void shutdown() {
-    std::vector<Reactor*> ready;
-    {
-      absl::MutexLock lock(&mu_);
-      shutting_down_ = true;
-      for (auto& [run, list] : waiters_) {
-        for (Waiter* w : list) {
-          w->answered = true;
-          ready.push_back(w->reactor);
-          w->alarm.Cancel();
-        }
-        list.clear();
-      }
-    }
-    for (Reactor* r : ready) r->respond(unavailable());
-  }
-  std::size_t parked_waits() const {
-    absl::MutexLock lock(&mu_);
-    std::size_t n = 0;
-    for (auto& [run, list] : waiters_) n += list.size();
-    return n;
-  }
-  static grpc::Status unavailable() {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "store: the server is shutting down");
-  }
+
+  StoreCore core_;
 
  private:
-  // A request waiting for keys; its alarm calls back once: at the timeout, or cancelled.
-  struct Waiter {
-    explicit Waiter(Reactor* r) : reactor(r) {}
-    Reactor* reactor;
-    grpc::Alarm alarm;
-    bool answered = false;  // guarded by the Impl's mu_
-    std::list<Waiter*>::iterator pos;
-  };
-
-  void serve(Reactor* r);
-  // Answers the waiters of `run` whose keys now all exist.
-  void collect_ready(const std::string& run, const KvTable& table, std::vector<Reactor*>& ready)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static void answer_read(const KvTable& table, const v1::StoreRequest& req, v1::StoreReply& out) {
-    if (req.op() == v1::StoreRequest::WAIT) return;
-    for (const auto& k : req.keys()) out.add_values(*table.find(k));
+  void poke_timer() {
+    {
+      absl::MutexLock lock(&timer_mu_);
+      ++generation_;
+    }
+    timer_cv_.Signal();
   }
 
-  const StoreLimits limits_;
-  const std::string token_;
-  const bool require_open_runs_;
-  mutable absl::Mutex mu_;
-  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  std::unordered_map<std::string, KvTable> tables_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<std::string, std::list<Waiter*>> waiters_ ABSL_GUARDED_BY(mu_);
-};
-
-void StoreServer::Impl::serve(Reactor* r) {
-  using R = v1::StoreRequest;
-  const v1::StoreRequest& req = r->req();
-  v1::StoreReply& reply = r->reply();
-  if (!token_.empty() && req.token() != token_) {
-    r->respond(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                            "store refused the call: wrong or missing token"));
-    return;
-  }
-  const int nkeys = req.keys_size();
-  const int nvalues = req.values_size();
-  bool shape_ok = true;
-  switch (req.op()) {
-    case R::SET: shape_ok = nkeys == 1 && nvalues == 1; break;
-    case R::GET: case R::ADD: case R::DELETE: shape_ok = nkeys == 1; break;
-    case R::COMPARE_SET: shape_ok = nkeys == 1 && nvalues == 2; break;
-    case R::CHECK: case R::WAIT: case R::MULTI_GET: shape_ok = nkeys >= 1; break;
-    case R::NUM_KEYS: break;
-    case R::MULTI_SET: shape_ok = nkeys == nvalues; break;
-    default: shape_ok = false;
-  }
-  if (!shape_ok || req.run_id().empty() || req.run_id().size() > kMaxIdLength) {
-    r->respond(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "store: malformed request"));
-    return;
-  }
-  absl::Status st;
-  std::vector<Reactor*> ready;
-  {
-    absl::ReleasableMutexLock lock(&mu_);
-    if (shutting_down_) {
-      st = absl::UnavailableError("store: the server is shutting down");
-    } else if (require_open_runs_ && tables_.count(req.run_id()) == 0) {
-      st = absl::FailedPreconditionError(absl::StrCat("store: unknown run '", req.run_id(), "'"));
-    }
-    if (!st.ok()) {
-      lock.Release();  // never hold the lock across StartWrite
-      r->respond(to_grpc(st));
-      return;
-    }
-    KvTable& table = tables_.try_emplace(req.run_id(), limits_).first->second;
-    for (const auto& k : req.keys()) {
-      if (st.ok()) st = table.check_key(k);
-    }
-    bool wrote = false;
-    if (st.ok()) {
-      switch (req.op()) {
-        case R::SET:
-          st = table.set(req.keys(0), req.values(0));
-          wrote = true;
-          break;
-        case R::ADD: {
-          auto v = table.add(req.keys(0), req.delta());
-          st = v.status();
-          if (v.ok()) reply.set_number(*v);
-          wrote = true;
-          break;
-        }
-        case R::COMPARE_SET: {
-          auto v = table.compare_set(req.keys(0), req.values(0), req.values(1));
-          st = v.status();
-          if (v.ok()) reply.add_values(*v);
-          wrote = true;
-          break;
-        }
-        case R::DELETE:
-          reply.set_flag(table.erase(req.keys(0)));
-          break;
-        case R::CHECK:
-          reply.set_flag(table.contains_all({req.keys().begin(), req.keys().end()}));
-          break;
-        case R::NUM_KEYS:
-          reply.set_number(static_cast<std::int64_t>(table.size()));
-          break;
-        case R::MULTI_SET:
-          for (int i = 0; i < nkeys && st.ok(); ++i) st = table.check_entry(req.keys(i), req.values(i));
-          for (int i = 0; i < nkeys && st.ok(); ++i) st = table.set(req.keys(i), req.values(i));
-          wrote = true;
-          break;
-        default: {  // GET, WAIT, MULTI_GET
-          if (table.contains_all({req.keys().begin(), req.keys().end()})) {
-            answer_read(table, req, reply);
-            break;
-          }
-          auto* w = new Waiter(r);
-          std::list<Waiter*>& list = waiters_[req.run_id()];
-          w->pos = list.insert(list.end(), w);
-          const std::string run = req.run_id();
-          const std::int64_t timeout_ms = std::max<std::int64_t>(0, req.timeout_ms());
-          const int keys = nkeys;
-          w->alarm.Set(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms),
-                       [this, w, run, timeout_ms, keys](bool) {
-                         bool timed_out = false;
-                         {
-                           absl::MutexLock lock(&mu_);
-                           if (!w->answered) {
-                             timed_out = true;
-                             waiters_[run].erase(w->pos);
-                           }
-                         }
-                         if (timed_out) {
-                           w->reactor->respond(grpc::Status(
-                               grpc::StatusCode::DEADLINE_EXCEEDED,
-                               absl::StrCat("store: timed out after ", timeout_ms,
-                                            " ms waiting for ", keys, " key(s)")));
-                         }
-                         delete w;  // the alarm has called back: nothing refers to it now
-                       });
-          return;  // answered by a write, or by the alarm
-        }
+  // Sleeps until the earliest parked deadline (or a new, earlier one) and answers the waits
+  // that are due. The core's locks are never taken under timer_mu_ (poke_timer runs under
+  // them).
+  void timer_loop() {
+    for (;;) {
+      std::uint64_t seen = 0;
+      {
+        absl::MutexLock lock(&timer_mu_);
+        if (stop_) return;
+        seen = generation_;
       }
+      const std::optional<StoreClock::time_point> next = core_.next_deadline();
+      {
+        absl::MutexLock lock(&timer_mu_);
+        if (stop_) return;
+        if (generation_ == seen) {
+          if (!next) {
+            timer_cv_.Wait(&timer_mu_);
+          } else {
+            const auto left = *next - StoreClock::now();
+            if (left > StoreClock::duration::zero()) {
+              timer_cv_.WaitWithTimeout(&timer_mu_, absl::FromChrono(left));
+            }
+          }
+        }
+        if (stop_) return;
+      }
+      deliver(core_.expire(StoreClock::now()));
     }
-    if (wrote && st.ok()) collect_ready(req.run_id(), table, ready);
   }
-  r->respond(to_grpc(st));
-  for (Reactor* w : ready) w->respond(grpc::Status::OK);
-}
 
-void StoreServer::Impl::collect_ready(const std::string& run, const KvTable& table,
-                                      std::vector<Reactor*>& ready) {
-  auto wl = waiters_.find(run);
-  if (wl == waiters_.end()) return;
-  for (auto it = wl->second.begin(); it != wl->second.end();) {
-    Waiter* w = *it;
-    const auto& keys = w->reactor->req().keys();
-    if (!table.contains_all({keys.begin(), keys.end()})) {
-      ++it;
-      continue;
-    }
-    answer_read(table, w->reactor->req(), w->reactor->reply());
-    w->answered = true;
-    ready.push_back(w->reactor);
-    it = wl->second.erase(it);
-    w->alarm.Cancel();  // calls back with ok=false and frees the waiter
-  }
-}
+  absl::Mutex timer_mu_;
+  absl::CondVar timer_cv_;
+  bool stop_ ABSL_GUARDED_BY(timer_mu_) = false;
+  std::uint64_t generation_ ABSL_GUARDED_BY(timer_mu_) = 0;
+  std::thread timer_;
+};
 
 StoreServer::StoreServer(StoreLimits limits, std::string token, bool require_open_runs)
     : impl_(std::make_unique<Impl>(limits, std::move(token), require_open_runs)) {}
@@ -266,12 +181,18 @@ StoreServer::~StoreServer() = default;
 
 void StoreServer::register_with(grpc::ServerBuilder& builder) { builder.RegisterService(impl_.get()); }
 
-void StoreServer::drop(const std::string& run_id) { impl_->drop(run_id); }
+void StoreServer::open_run(const std::string& run_id) { impl_->core_.open_run(run_id); }
 
-void StoreServer::open_run(const std::string& run_id) { impl_->open_run(run_id); }
+void StoreServer::drop(const std::string& run_id) { Impl::deliver(impl_->core_.drop(run_id)); }
 
-void StoreServer::shutdown() { impl_->shutdown(); }
+void StoreServer::shutdown() { Impl::deliver(impl_->core_.shutdown()); }
 
-std::size_t StoreServer::parked_waits() const { return impl_->parked_waits(); }
+std::size_t StoreServer::parked_waits() const { return impl_->core_.parked_waits(); }
+
+std::optional<StoreServer::RunStats> StoreServer::run_stats(const std::string& run_id) const {
+  auto s = impl_->core_.stats(run_id);
+  if (!s) return std::nullopt;
+  return RunStats{s->keys, s->bytes, s->parked, s->wait_visits};
+}
 
 }  // namespace muster::rendezvous

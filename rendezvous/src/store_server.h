@@ -1,11 +1,13 @@
 // The Store service (private to the rendezvous server). Clients keep long-lived streams open
 // (a unary call per operation would cost a new HTTP/2 stream each time) and send one request
-// at a time on each. Every request is served on the gRPC thread that read it, under one mutex
-// over the tables (no hand-off to another thread); a wait parks until a write completes it or
-// its grpc::Alarm times it out. Nothing polls.
+// at a time on each. Every request is served on the gRPC thread that read it by a StoreCore
+// (store_core.h: per-run locks, waits indexed by the keys they miss); a wait parks until a
+// write completes it, its deadline passes (one timer thread sleeps until the earliest), its
+// client goes (OnCancel), its run is dropped or the server shuts down. Nothing polls.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -17,8 +19,9 @@ namespace muster::rendezvous {
 class StoreServer {
  public:
   // With `require_open_runs` (the default), a request for a run that open_run() has not
-  // named (or that drop() has ended) is refused with FAILED_PRECONDITION, so a client cannot
-  // create tables for runs the rendezvous never knew. false: the first request creates it.
+  // named (or that drop() has ended) is refused with FAILED_PRECONDITION "store: unknown run
+  // 'X'", so a client cannot create tables for runs the rendezvous never knew. false: the
+  // first request for a run creates its table.
   StoreServer(StoreLimits limits, std::string token, bool require_open_runs = true);
   ~StoreServer();
 
@@ -27,14 +30,25 @@ class StoreServer {
   // Opens the run's table (the rendezvous calls it when it creates a run). Idempotent. Any
   // thread.
   void open_run(const std::string& run_id);
-  // Drops a finished run's table, answers its parked waits, and returns the memory. Any thread.
+  // Drops a finished run's table, answers its parked waits (FAILED_PRECONDITION), and returns
+  // the memory to the OS when the table was large. Any thread.
   void drop(const std::string& run_id);
-  // Answers every parked wait at once with UNAVAILABLE and refuses every later request the
-  // same way, so that grpc::Server::Shutdown() need not wait for the longest wait's timeout.
-  // Call before grpc::Server::Shutdown(). Idempotent. Any thread but a gRPC callback's.
+  // Answers every parked wait at once with UNAVAILABLE "store: the server is shutting down",
+  // ends those streams, and refuses every later request the same way, so that
+  // grpc::Server::Shutdown() need not wait for the longest wait's timeout. Call before
+  // grpc::Server::Shutdown(). Idempotent. Any thread but a gRPC callback's.
   void shutdown();
   // Waits parked now (for tests and metrics).
   std::size_t parked_waits() const;
+
+  // For tests: a run's table and waiter index (nullopt for a run that is not open).
+  struct RunStats {
+    std::size_t keys = 0;
+    std::size_t bytes = 0;
+    std::size_t parked = 0;
+    std::uint64_t wait_visits = 0;  // times a write looked at one of the run's waits
+  };
+  std::optional<RunStats> run_stats(const std::string& run_id) const;
 
   class Impl;
 

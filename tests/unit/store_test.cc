@@ -1,5 +1,7 @@
 // One conformance suite for every Store implementation (c10d's testHelper idea).
 #include <chrono>
+#include <future>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -26,6 +28,9 @@ StoreLimits small_limits() {
   l.max_key_bytes = 64;
   l.max_value_bytes = 1024;
   l.max_keys = 16;
+  l.max_bytes = 3000;
+  l.max_keys_per_request = 32;
+  l.max_message_bytes = 2500;
   return l;
 }
 
@@ -206,6 +211,94 @@ TEMPLATE_TEST_CASE("store: limits are enforced and leave the table as it was", "
   CHECK(*s.get("key3", 1s) == "replaced");
 }
 
+TEMPLATE_TEST_CASE("store: a multi_set at the key limit writes nothing or everything",
+                   "[store][limits]", MemoryFixture, PrefixFixture, GrpcFixture) {
+  TestType f;
+  Store& s = f.get();
+  for (int i = 0; i < 14; ++i) REQUIRE(s.multi_set({"key" + std::to_string(i)}, {"v"}).ok());
+  auto st = s.multi_set({"a", "b", "c"}, {"1", "2", "3"});
+  CHECK(st.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(*s.num_keys() == 14);
+  CHECK_FALSE(*s.check({"a"}));
+  CHECK_FALSE(*s.check({"b"}));
+  // Two distinct new keys (one named twice) and a replaced one fit exactly; the last value of
+  // a key named twice wins.
+  REQUIRE(s.multi_set({"a", "b", "a", "key0"}, {"1", "2", "3", "4"}).ok());
+  CHECK(*s.num_keys() == 16);
+  CHECK(*s.get("a", 1s) == "3");
+  CHECK(*s.get("key0", 1s) == "4");
+}
+
+TEMPLATE_TEST_CASE("store: a run's table is bounded by bytes as well as keys", "[store][limits]",
+                   MemoryFixture, PrefixFixture, GrpcFixture) {
+  TestType f;
+  Store& s = f.get();
+  const std::string kb(1000, 'v');
+  REQUIRE(s.multi_set({"b0", "b1"}, {kb, kb}).ok());
+  auto st = s.multi_set({"b2"}, {kb});  // over 3000 bytes of keys and values
+  CHECK(st.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(st.message()), Catch::Contains("bytes"));
+  CHECK_FALSE(*s.check({"b2"}));
+  REQUIRE(s.multi_set({"b0"}, {kb}).ok());   // replacing costs no more
+  REQUIRE(s.multi_set({"b1"}, {"x"}).ok());  // and a smaller value frees room
+  REQUIRE(s.multi_set({"b2"}, {kb}).ok());
+  CHECK(s.multi_set({"b3"}, {kb}).code() == absl::StatusCode::kResourceExhausted);
+  CHECK(*s.num_keys() == 3);
+}
+
+TEMPLATE_TEST_CASE("store: requests with too many keys or too large a reply are refused",
+                   "[store][limits]", MemoryFixture, PrefixFixture, GrpcFixture) {
+  TestType f;
+  Store& s = f.get();
+  std::vector<std::string> many;
+  for (int i = 0; i < 33; ++i) many.push_back("k" + std::to_string(i));
+  CHECK(s.check(many).status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(s.wait(many, 10ms).code() == absl::StatusCode::kResourceExhausted);
+  const std::string big(900, 'v');
+  REQUIRE(s.multi_set({"x", "y", "z"}, {big, big, big}).ok());
+  auto got = s.multi_get({"x", "y", "z"}, 1s);  // 2700 bytes of values: over 2500
+  CHECK(got.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(s.multi_get({"x", "y"}, 1s).ok());
+}
+
+TEMPLATE_TEST_CASE("store: a huge timeout waits and a negative one does not", "[store][timeout]",
+                   MemoryFixture, PrefixFixture, GrpcFixture) {
+  TestType f;
+  Store& s = f.get();
+  const Store::Duration huge(std::numeric_limits<std::int64_t>::max() / 2);
+  absl::StatusOr<std::string> got;
+  absl::Status waited;
+  std::thread getter([&] { got = s.get("late", huge); });
+  std::thread waiter([&] { waited = s.wait({"late"}, huge); });
+  std::this_thread::sleep_for(100ms);  // let both park (they must not have returned)
+  REQUIRE(s.set("late", "v").ok());
+  getter.join();
+  waiter.join();
+  REQUIRE(got.ok());
+  CHECK(*got == "v");
+  CHECK(waited.ok());
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(s.get("missing", -5ms).status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  CHECK(*s.get("late", -5ms) == "v");
+}
+
+TEMPLATE_TEST_CASE("store: add does not wrap", "[store][add]", MemoryFixture, PrefixFixture,
+                   GrpcFixture) {
+  TestType f;
+  Store& s = f.get();
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+  CHECK(*s.add("n", kMax) == kMax);
+  auto over = s.add("n", 1);
+  CHECK(over.status().code() == absl::StatusCode::kOutOfRange);
+  CHECK_THAT(std::string(over.status().message()), Catch::Contains("n' "));  // PrefixStore names its full key
+  CHECK(*s.get("n", 1s) == std::to_string(kMax));
+  CHECK(*s.add("m", kMin) == kMin);
+  CHECK(s.add("m", -1).status().code() == absl::StatusCode::kOutOfRange);
+  CHECK(*s.add("m", kMax) == -1);
+}
+
 TEST_CASE("store: a refused set written behind fails the next call, which is not carried out",
           "[store]") {
   GrpcFixture f;
@@ -238,6 +331,152 @@ TEST_CASE("store: runs have separate tables", "[store]") {
   REQUIRE(other->set("k", "theirs").ok());
   CHECK(*f.store->get("k", 1s) == "mine");
   CHECK(*other->get("k", 1s) == "theirs");
+}
+
+namespace {
+using muster::v1::StoreReply;
+using muster::v1::StoreRequest;
+
+// One raw stream to the fixture's server, for requests GrpcStore would not send.
+struct RawStream {
+  grpc::ClientContext ctx;
+  std::unique_ptr<muster::v1::Store::Stub> stub;
+  std::unique_ptr<grpc::ClientReaderWriter<StoreRequest, StoreReply>> rw;
+  explicit RawStream(int port)
+      : stub(muster::v1::Store::NewStub(grpc::CreateChannel(
+            "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()))),
+        rw(stub->Stream(&ctx)) {}
+  // Sends and reads the answer on another thread.
+  std::future<StoreReply> send(const StoreRequest& req) {
+    REQUIRE(rw->Write(req));
+    return std::async(std::launch::async, [this] {
+      StoreReply rep;
+      if (!rw->Read(&rep)) rep.set_code(-1);  // the stream ended
+      return rep;
+    });
+  }
+};
+
+StoreRequest request(StoreRequest::Op op, const std::string& run, std::vector<std::string> keys,
+                     std::int64_t timeout_ms = 0) {
+  StoreRequest r;
+  r.set_op(op);
+  r.set_run_id(run);
+  r.set_token("secret");
+  for (auto& k : keys) r.add_keys(k);
+  r.set_timeout_ms(timeout_ms);
+  return r;
+}
+
+// Waits (bounded) until `pred` holds; the store has no event to wait on for these counters.
+template <class P>
+bool eventually(P pred) {
+  for (auto end = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < end;) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return pred();
+}
+}  // namespace
+
+TEST_CASE("store: a request for a run the rendezvous never opened is refused", "[store][runs]") {
+  GrpcFixture f;
+  auto stranger = f.client("nobody", "secret");
+  auto st = stranger->check({"k"}).status();
+  CHECK(st.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(st.message()), Catch::Contains("store: unknown run 'nobody'"));
+  f.service.drop("other");
+  auto other = f.client("other", "secret");
+  CHECK(other->check({"k"}).status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("store: a run id that is not UTF-8 is refused; keys may be any bytes",
+          "[store][runs]") {
+  GrpcFixture f;
+  RawStream raw(f.port);
+  auto bad = raw.send(request(StoreRequest::CHECK, "run\xff\xfe", {"k"})).get();
+  CHECK(bad.code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(bad.error(), Catch::Contains("UTF-8"));
+  REQUIRE(f.store->set(std::string("\xff\x00k", 3), "v").ok());
+  CHECK(*f.store->get(std::string("\xff\x00k", 3), 1s) == "v");
+}
+
+TEST_CASE("store: a GET of INT64_MAX ms parks instead of timing out", "[store][timeout]") {
+  GrpcFixture f;
+  RawStream raw(f.port);
+  auto reply = raw.send(request(StoreRequest::GET, "run", {"k"},
+                                std::numeric_limits<std::int64_t>::max()));
+  REQUIRE(eventually([&] { return f.service.parked_waits() == 1; }));
+  CHECK(reply.wait_for(50ms) == std::future_status::timeout);
+  REQUIRE(f.store->set("k", "v").ok());
+  REQUIRE(reply.wait_for(5s) == std::future_status::ready);
+  auto rep = reply.get();
+  CHECK(rep.code() == 0);
+  CHECK(rep.values(0) == "v");
+}
+
+TEST_CASE("store: shutdown answers parked waits at once and refuses later requests",
+          "[store][shutdown]") {
+  GrpcFixture f;
+  RawStream raw(f.port);
+  auto reply = raw.send(request(StoreRequest::GET, "run", {"never"}, 300000));
+  REQUIRE(eventually([&] { return f.service.parked_waits() == 1; }));
+  auto stopped = std::async(std::launch::async, [&] {
+    f.service.shutdown();
+    f.server->Shutdown(std::chrono::system_clock::now() + 30s);  // the grace is not needed
+    f.server->Wait();
+  });
+  REQUIRE(reply.wait_for(1s) == std::future_status::ready);
+  auto rep = reply.get();
+  CHECK(rep.code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(rep.error() == "store: the server is shutting down");
+  CHECK(stopped.wait_for(1s) == std::future_status::ready);
+  CHECK(f.service.parked_waits() == 0);
+}
+
+TEST_CASE("store: server shutdown cancels parked waits (OnCancel)", "[store][shutdown]") {
+  GrpcFixture f;
+  RawStream raw(f.port);
+  auto reply = raw.send(request(StoreRequest::GET, "run", {"never"}, 300000));
+  REQUIRE(eventually([&] { return f.service.parked_waits() == 1; }));
+  auto stopped = std::async(std::launch::async, [&] {
+    f.server->Shutdown(std::chrono::system_clock::now());
+    f.server->Wait();
+  });
+  REQUIRE(stopped.wait_for(1s) == std::future_status::ready);
+  CHECK(f.service.parked_waits() == 0);
+  CHECK(reply.wait_for(1s) == std::future_status::ready);
+}
+
+TEST_CASE("store: a client that cancels its parked wait frees it", "[store][shutdown]") {
+  GrpcFixture f;
+  {
+    RawStream raw(f.port);
+    auto reply = raw.send(request(StoreRequest::WAIT, "run", {"never", "either"}, 300000));
+    REQUIRE(eventually([&] { return f.service.parked_waits() == 1; }));
+    raw.ctx.TryCancel();
+    REQUIRE(reply.wait_for(5s) == std::future_status::ready);
+  }
+  CHECK(eventually([&] { return f.service.parked_waits() == 0; }));
+  // The store still serves, and the freed waiter is not answered by a later write.
+  REQUIRE(f.store->set("never", "v").ok());
+  REQUIRE(f.store->set("either", "v").ok());
+  CHECK(*f.store->get("never", 1s) == "v");
+}
+
+TEST_CASE("store: drop answers the run's parked waits and frees its table", "[store][runs]") {
+  GrpcFixture f;
+  RawStream raw(f.port);
+  REQUIRE(f.store->set("k", std::string(1000, 'v')).ok());
+  auto reply = raw.send(request(StoreRequest::GET, "run", {"never"}, 300000));
+  REQUIRE(eventually([&] { return f.service.parked_waits() == 1; }));
+  f.service.drop("run");
+  REQUIRE(reply.wait_for(1s) == std::future_status::ready);
+  auto rep = reply.get();
+  CHECK(rep.code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(f.service.parked_waits() == 0);
+  f.service.open_run("run");  // a run opened again starts empty
+  CHECK_FALSE(*f.store->check({"k"}));
 }
 
 namespace {

@@ -21,9 +21,20 @@
 // - multi_get(keys, timeout) waits like wait() and returns the values in order;
 //   multi_set(keys, values) sets each (sizes must match).
 // Waiting never busy-polls: waiters are woken by the writes that complete them.
-// Limits (StoreLimits): a longer key or value, or a new key beyond the count, is refused with
-// INVALID_ARGUMENT / RESOURCE_EXHAUSTED naming the limit, and nothing is changed. (GrpcStore
-// writes sets behind: it reports a refused set from its next call; see grpc_store.h.)
+// Limits (StoreLimits, defaults in limits.h), each refused with a message naming the limit,
+// and nothing changed by the refused request:
+// - a key longer than max_key_bytes or a value longer than max_value_bytes: INVALID_ARGUMENT;
+// - a write that would make the table hold more than max_keys keys, or more than max_bytes
+//   bytes of keys plus values: RESOURCE_EXHAUSTED. A multi_set is checked as a whole (its
+//   distinct new keys and its new byte total) before any of it is written;
+// - a request naming more than max_keys_per_request keys: RESOURCE_EXHAUSTED;
+// - a multi_get whose values would exceed max_message_bytes in one reply: RESOURCE_EXHAUSTED.
+// Timeouts: a wait longer than max_wait is clamped to it (so a huge timeout waits, it does not
+// overflow into an immediate DEADLINE_EXCEEDED); a negative timeout counts as 0.
+// add: a sum outside int64 is OUT_OF_RANGE naming the key; the key keeps its value.
+// (GrpcStore writes sets behind: it reports a refused set from its next call; see
+// grpc_store.h.) The server's Store service also refuses requests for runs the rendezvous
+// does not know (FAILED_PRECONDITION) and run ids that are not UTF-8 (INVALID_ARGUMENT).
 //
 // Thread safety: every implementation may be called from several threads at once.
 #pragma once
@@ -35,13 +46,18 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "muster/rendezvous/limits.h"
 
 namespace muster::rendezvous {
 
 struct StoreLimits {
-  std::size_t max_key_bytes = 4096;
-  std::size_t max_value_bytes = 4 << 20;
-  std::size_t max_keys = 100000;
+  std::size_t max_key_bytes = limits::kMaxStoreKeyBytes;
+  std::size_t max_value_bytes = limits::kMaxStoreValueBytes;
+  std::size_t max_keys = limits::kMaxStoreKeysPerRun;
+  std::size_t max_bytes = limits::kMaxStoreBytesPerRun;
+  std::size_t max_keys_per_request = limits::kMaxStoreKeysPerRequest;
+  std::size_t max_message_bytes = limits::kMaxStoreMessageBytes;
+  std::chrono::milliseconds max_wait = limits::kMaxStoreWait;
 };
 
 class Store {
