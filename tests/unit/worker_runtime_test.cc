@@ -67,6 +67,23 @@ TEST_CASE("runtime: a missing or malformed variable is named", "[runtime]") {
   CHECK_FALSE(parse_worker_env(env).ok());
 }
 
+TEST_CASE("runtime: LOCAL_WORLD_SIZE above WORLD_SIZE names the value it was given",
+          "[runtime]") {
+  auto env = good_env();
+  env["LOCAL_WORLD_SIZE"] = "4";
+  env["WORLD_SIZE"] = "1";
+  env["RANK"] = "0";
+  env["LOCAL_RANK"] = "0";
+  env["ROLE_RANK"] = "0";
+  env["ROLE_WORLD_SIZE"] = "1";
+  auto w = parse_worker_env(env);
+  REQUIRE_FALSE(w.ok());
+  const std::string msg(w.status().message());
+  CHECK_THAT(msg, Catch::Contains("LOCAL_WORLD_SIZE=4"));
+  CHECK_THAT(msg, Catch::Contains("WORLD_SIZE=1"));
+  CHECK_THAT(msg, !Catch::Contains("LOCAL_WORLD_SIZE=3"));
+}
+
 TEST_CASE("half: bf16 rounds to nearest even", "[half]") {
   CHECK(f32_to_bf16(1.0f) == 0x3f80);
   CHECK(bf16_to_f32(0x3f80) == 1.0f);

@@ -38,6 +38,12 @@ class EnvReader {
   void below(const char* key, int value, const char* limit_key, int limit) {
     if (value >= limit) fail(absl::StrCat(key, "=", value, " is not below ", limit_key, "=", limit));
   }
+  // The message names the value as given (not value - 1, as a below() check would).
+  void at_most(const char* key, int value, const char* limit_key, int limit) {
+    if (value > limit) {
+      fail(absl::StrCat(key, "=", value, " is above ", limit_key, "=", limit));
+    }
+  }
   const absl::Status& status() const { return status_; }
 
  private:
@@ -77,7 +83,7 @@ absl::StatusOr<WorkerInfo> parse_worker_env(const std::map<std::string, std::str
   r.below("RANK", w.rank, "WORLD_SIZE", w.world_size);
   r.below("LOCAL_RANK", w.local_rank, "LOCAL_WORLD_SIZE", w.local_world_size);
   r.below("GROUP_RANK", w.group_rank, "GROUP_WORLD_SIZE", w.group_world_size);
-  r.below("LOCAL_WORLD_SIZE", w.local_world_size - 1, "WORLD_SIZE", w.world_size);
+  r.at_most("LOCAL_WORLD_SIZE", w.local_world_size, "WORLD_SIZE", w.world_size);
   r.below("MASTER_PORT", w.master_port, "the port limit", 65536);
   if (!r.status().ok()) return r.status();
   if (w.node_addr.empty()) w.node_addr = w.master_addr;
