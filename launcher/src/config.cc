@@ -21,8 +21,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "muster/rendezvous/limits.h"
 
 namespace muster::launcher {
+
+namespace limits = muster::rendezvous::limits;
 namespace {
 
 absl::StatusOr<int> parse_positive(absl::string_view flag, absl::string_view v) {
@@ -91,14 +94,29 @@ bool is_executable_file(const std::string& p) {
 absl::Status resolve_rendezvous(LaunchConfig& c);
 absl::Status resolve_output(LaunchConfig& c);
 
-absl::StatusOr<std::chrono::milliseconds> parse_seconds(absl::string_view key,
-                                                        absl::string_view v) {
+std::string seconds_text(std::chrono::milliseconds d) {
+  return absl::StrCat(std::chrono::duration_cast<std::chrono::seconds>(d).count());
+}
+
+// Seconds (a decimal number) -> milliseconds, refused above `max`: a huge value must be a
+// usage error naming the bound, never an overflow that ends the wait at once.
+absl::StatusOr<std::chrono::milliseconds> to_duration(absl::string_view what, double secs,
+                                                      std::chrono::milliseconds max) {
+  if (secs * 1000 > static_cast<double>(max.count())) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", secs, " s is above the limit of ",
+                                                   seconds_text(max), " s"));
+  }
+  return std::chrono::milliseconds(static_cast<long long>(secs * 1000));
+}
+
+absl::StatusOr<std::chrono::milliseconds> parse_seconds(absl::string_view key, absl::string_view v,
+                                                        std::chrono::milliseconds max) {
   double secs = 0;
   if (!absl::SimpleAtod(v, &secs) || !(secs >= 0) || !std::isfinite(secs)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--rdzv_conf ", key, ": expected seconds, got '", v, "'"));
   }
-  return std::chrono::milliseconds(static_cast<long long>(secs * 1000));
+  return to_duration(absl::StrCat("--rdzv_conf ", key), secs, max);
 }
 
 constexpr int kDefaultRdzvPort = 29400;
@@ -157,31 +175,38 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
       return absl::InvalidArgumentError(absl::StrCat("--rdzv_conf: '", item, "' is not key=value"));
     }
     absl::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
-    auto seconds = [&](std::chrono::milliseconds& into) -> absl::Status {
-      auto v = parse_seconds(key, value);
+    auto seconds = [&](std::chrono::milliseconds& into,
+                       std::chrono::milliseconds max) -> absl::Status {
+      auto v = parse_seconds(key, value, max);
       if (!v.ok()) return v.status();
       into = *v;
       return absl::OkStatus();
     };
     absl::Status st;
     if (key == "join_timeout") {
-      st = seconds(c.timeouts.join_timeout);
+      st = seconds(c.timeouts.join_timeout, limits::kMaxJoinTimeout);
     } else if (key == "last_call_timeout") {
-      st = seconds(c.timeouts.last_call_timeout);
+      st = seconds(c.timeouts.last_call_timeout, limits::kMaxLastCallTimeout);
     } else if (key == "close_timeout") {
-      st = seconds(c.close_timeout);
+      st = seconds(c.close_timeout, limits::kMaxCloseTimeout);
     } else if (key == "read_timeout") {
-      st = seconds(c.read_timeout);
+      st = seconds(c.read_timeout, limits::kMaxReadTimeout);
     } else if (key == "keep_alive_interval") {
-      st = seconds(c.timeouts.keep_alive_interval);
+      st = seconds(c.timeouts.keep_alive_interval, limits::kMaxKeepAliveInterval);
       if (st.ok() && c.timeouts.keep_alive_interval.count() == 0) {
         st = absl::InvalidArgumentError("--rdzv_conf keep_alive_interval: must be above 0");
       }
     } else if (key == "keep_alive_max_attempt") {
-      if (!absl::SimpleAtoi(value, &c.timeouts.keep_alive_max_attempt) ||
-          c.timeouts.keep_alive_max_attempt < 1) {
+      std::int64_t n = 0;
+      if (!absl::SimpleAtoi(value, &n) || n < 1) {
         st = absl::InvalidArgumentError(absl::StrCat(
             "--rdzv_conf keep_alive_max_attempt: expected a positive integer, got '", value, "'"));
+      } else if (n > limits::kMaxKeepAliveAttempts) {
+        st = absl::InvalidArgumentError(
+            absl::StrCat("--rdzv_conf keep_alive_max_attempt: ", n, " is above the limit of ",
+                         limits::kMaxKeepAliveAttempts));
+      } else {
+        c.timeouts.keep_alive_max_attempt = static_cast<int>(n);
       }
     } else if (key == "token") {
       c.token = std::string(value);
@@ -504,7 +529,13 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
     result.error = absl::InvalidArgumentError("--shutdown_timeout: must be 0 or more seconds");
     return result;
   }
-  c.shutdown_timeout = std::chrono::milliseconds(static_cast<long long>(shutdown_s * 1000));
+  if (auto d = to_duration("--shutdown_timeout", shutdown_s, limits::kMaxShutdownTimeout);
+      d.ok()) {
+    c.shutdown_timeout = *d;
+  } else {
+    result.error = d.status();
+    return result;
+  }
   if (static_cast<int>(c.module) + c.no_python + c.run_path > 1) {
     result.error = absl::InvalidArgumentError(
         "-m/--module, --no_python and --run_path cannot be combined");

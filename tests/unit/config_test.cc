@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "muster/rendezvous/limits.h"
 #include "proc.h"
 
 using muster::launcher::HostInfo;
@@ -376,4 +377,56 @@ TEST_CASE("flags: output and signal options", "[config]") {
              Catch::Contains("event_log_handler"));
   CHECK_THAT(parse_err({"--standalone", "--run_path", "--no_python", "p"}),
              Catch::Contains("cannot be combined"));
+}
+
+TEST_CASE("rendezvous flags: durations above their bound are usage errors naming it",
+          "[config]") {
+  using muster::launcher::parse_rdzv_conf;
+  namespace limits = muster::rendezvous::limits;
+  auto secs = [](std::chrono::milliseconds d) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(d).count());
+  };
+  struct Case {
+    const char* key;
+    std::chrono::milliseconds bound;
+  };
+  for (const Case& c : {Case{"join_timeout", limits::kMaxJoinTimeout},
+                        Case{"last_call_timeout", limits::kMaxLastCallTimeout},
+                        Case{"keep_alive_interval", limits::kMaxKeepAliveInterval},
+                        Case{"close_timeout", limits::kMaxCloseTimeout},
+                        Case{"read_timeout", limits::kMaxReadTimeout}}) {
+    INFO(c.key);
+    // Far beyond the bound (10^10 s overflowed the milliseconds before), then just above it.
+    for (const std::string& v : {std::string("10000000000"), std::string("1e300"),
+                                 std::to_string(c.bound.count() / 1000 + 1)}) {
+      auto r = parse_rdzv_conf(std::string(c.key) + "=" + v);
+      INFO(v);
+      REQUIRE_FALSE(r.ok());
+      CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+      CHECK_THAT(std::string(r.status().message()), Catch::Contains(c.key));
+      CHECK_THAT(std::string(r.status().message()), Catch::Contains("limit of " + secs(c.bound)));
+    }
+    // The bound itself is accepted.
+    auto at = parse_rdzv_conf(std::string(c.key) + "=" + secs(c.bound));
+    REQUIRE(at.ok());
+  }
+  auto attempts = parse_rdzv_conf("keep_alive_max_attempt=" +
+                                  std::to_string(limits::kMaxKeepAliveAttempts + 1));
+  REQUIRE_FALSE(attempts.ok());
+  CHECK_THAT(std::string(attempts.status().message()),
+             Catch::Contains("limit of " + std::to_string(limits::kMaxKeepAliveAttempts)));
+  CHECK_FALSE(parse_rdzv_conf("keep_alive_max_attempt=99999999999999999999").ok());
+  CHECK(parse_rdzv_conf("keep_alive_max_attempt=" +
+                        std::to_string(limits::kMaxKeepAliveAttempts))
+            .ok());
+
+  for (const std::string& v : {std::string("10000000000"), std::string("1e300"),
+                               std::to_string(limits::kMaxShutdownTimeout.count() / 1000 + 1)}) {
+    INFO(v);
+    CHECK_THAT(parse_err({"--shutdown_timeout=" + v, "prog"}),
+               Catch::Contains("--shutdown_timeout") &&
+                   Catch::Contains("limit of " + secs(limits::kMaxShutdownTimeout)));
+  }
+  CHECK(parse_ok({"--shutdown_timeout=" + secs(limits::kMaxShutdownTimeout), "prog"})
+            .shutdown_timeout == limits::kMaxShutdownTimeout);
 }
