@@ -39,6 +39,12 @@ inline constexpr milliseconds kMaxReadTimeout = std::chrono::hours(24);
 // Store waits (get, wait, multi_get): a longer timeout is clamped to this.
 inline constexpr milliseconds kMaxStoreWait = std::chrono::hours(24);
 
+// --- Agent and launch ------------------------------------------------------------------
+// Bytes of a worker's error file (TORCHELASTIC_ERROR_FILE) the agent reads: room for a
+// capped message and traceback even when JSON escaping sixfolds them. The rest of a larger
+// file is not read; what it held is reported as cut.
+inline constexpr std::size_t kMaxErrorFileReadBytes = 1 << 20;
+
 // --- Server-wide ---------------------------------------------------------------------
 // Runs held at once (joining, running or within their finished grace); a Join that would
 // create one more is refused with RESOURCE_EXHAUSTED.
