@@ -3,19 +3,27 @@
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <csignal>
+#include <optional>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
+#include "muster/rendezvous/limits.h"
+
 namespace muster::agent {
 namespace {
 
-const google::protobuf::Value* field(const google::protobuf::Struct& s, const char* name) {
-  auto it = s.fields().find(name);
-  return it == s.fields().end() ? nullptr : &it->second;
-}
+namespace limits = rendezvous::limits;
 
 std::string format_time(std::int64_t ms) {
   std::time_t t = static_cast<std::time_t>(ms / 1000);
@@ -49,32 +57,313 @@ void append_one(std::ostringstream& os, int idx, const v1::WorkerFailure& f) {
   }
 }
 
+// The string values of torch's @record error file that the summary shows.
+struct JsonText {
+  std::string text;
+  bool cut = false;  // the input ended inside this string
+};
+struct ErrorFileFields {
+  std::optional<JsonText> plain_message;  // {"message": "text"}
+  std::optional<JsonText> message;        // {"message": {"message": "text"}}
+  std::optional<JsonText> traceback;      // {"message": {"extraInfo": {"py_callstack": ...}}}
+};
+
+// A JSON reader for a prefix of a document: it walks the structure, keeps the strings at the
+// three paths above, and stops quietly where the input ends (the read bound) or stops being
+// JSON. Nesting deeper than the @record format needs is skipped without recursion limits
+// mattering: it stops at kMaxDepth.
+class PrefixJson {
+ public:
+  PrefixJson(std::string_view in, ErrorFileFields& out) : in_(in), out_(out) {}
+  void parse() { value(kRoot, 0); }
+
+ private:
+  enum Path { kOther, kRoot, kMessage, kExtraInfo, kPlainMessage, kInnerMessage, kCallstack };
+  static constexpr int kMaxDepth = 64;
+
+  static Path child(Path parent, std::string_view key) {
+    if (parent == kRoot && key == "message") return kMessage;
+    if (parent == kMessage && key == "message") return kInnerMessage;
+    if (parent == kMessage && key == "extraInfo") return kExtraInfo;
+    if (parent == kExtraInfo && key == "py_callstack") return kCallstack;
+    return kOther;
+  }
+
+  void ws() {
+    while (pos_ < in_.size() && (in_[pos_] == ' ' || in_[pos_] == '\n' || in_[pos_] == '\t' ||
+                                 in_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  bool eat(char c) {
+    ws();
+    if (pos_ < in_.size() && in_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+
+  // false: the input ended or is not JSON here; parsing stops.
+  bool value(Path path, int depth) {
+    ws();
+    if (pos_ >= in_.size() || depth > kMaxDepth) return false;
+    const char c = in_[pos_];
+    if (c == '{') return object(path, depth);
+    if (c == '[') return array(depth);
+    if (c == '"') {
+      JsonText s;
+      const bool whole = string(s);
+      if (path == kMessage) path = kPlainMessage;
+      std::optional<JsonText>* into = path == kPlainMessage   ? &out_.plain_message
+                                      : path == kInnerMessage ? &out_.message
+                                      : path == kCallstack    ? &out_.traceback
+                                                              : nullptr;
+      if (into != nullptr) *into = std::move(s);
+      return whole;
+    }
+    const std::size_t start = pos_;
+    while (pos_ < in_.size() && (std::isalnum(static_cast<unsigned char>(in_[pos_])) ||
+                                 in_[pos_] == '-' || in_[pos_] == '+' || in_[pos_] == '.')) {
+      ++pos_;
+    }
+    return pos_ > start && pos_ < in_.size();
+  }
+
+  bool object(Path path, int depth) {
+    ++pos_;  // '{'
+    if (eat('}')) return true;
+    for (;;) {
+      ws();
+      if (pos_ >= in_.size() || in_[pos_] != '"') return false;
+      JsonText key;
+      if (!string(key) || !eat(':')) return false;
+      if (!value(child(path, key.text), depth + 1)) return false;
+      if (eat(',')) continue;
+      return eat('}');
+    }
+  }
+
+  bool array(int depth) {
+    ++pos_;  // '['
+    if (eat(']')) return true;
+    for (;;) {
+      if (!value(kOther, depth + 1)) return false;
+      if (eat(',')) continue;
+      return eat(']');
+    }
+  }
+
+  static void put_utf8(std::string& s, std::uint32_t cp) {
+    if (cp < 0x80) {
+      s += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      s += static_cast<char>(0xc0 | (cp >> 6));
+      s += static_cast<char>(0x80 | (cp & 0x3f));
+    } else if (cp < 0x10000) {
+      s += static_cast<char>(0xe0 | (cp >> 12));
+      s += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+      s += static_cast<char>(0x80 | (cp & 0x3f));
+    } else {
+      s += static_cast<char>(0xf0 | (cp >> 18));
+      s += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
+      s += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+      s += static_cast<char>(0x80 | (cp & 0x3f));
+    }
+  }
+
+  bool hex4(std::uint32_t& cp) {
+    if (pos_ + 4 > in_.size()) return false;
+    cp = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char h = in_[pos_++];
+      cp <<= 4;
+      if (h >= '0' && h <= '9') {
+        cp |= static_cast<std::uint32_t>(h - '0');
+      } else if (h >= 'a' && h <= 'f') {
+        cp |= static_cast<std::uint32_t>(h - 'a' + 10);
+      } else if (h >= 'A' && h <= 'F') {
+        cp |= static_cast<std::uint32_t>(h - 'A' + 10);
+      } else {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Decodes the string at pos_ (its opening quote). false when the input ended inside it
+  // (s.cut) or an escape is malformed.
+  bool string(JsonText& s) {
+    ++pos_;  // '"'
+    while (pos_ < in_.size()) {
+      const char c = in_[pos_++];
+      if (c == '"') return true;
+      if (c != '\\') {
+        s.text += c;
+        continue;
+      }
+      if (pos_ >= in_.size()) break;
+      const char e = in_[pos_++];
+      switch (e) {
+        case 'n': s.text += '\n'; break;
+        case 't': s.text += '\t'; break;
+        case 'r': s.text += '\r'; break;
+        case 'b': s.text += '\b'; break;
+        case 'f': s.text += '\f'; break;
+        case 'u': {
+          std::uint32_t cp = 0;
+          if (!hex4(cp)) {
+            s.cut = pos_ >= in_.size();
+            return false;
+          }
+          if (cp >= 0xd800 && cp < 0xdc00 && pos_ + 6 <= in_.size() && in_[pos_] == '\\' &&
+              in_[pos_ + 1] == 'u') {
+            const std::size_t save = pos_;
+            pos_ += 2;
+            std::uint32_t lo = 0;
+            if (hex4(lo) && lo >= 0xdc00 && lo < 0xe000) {
+              cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+            } else {
+              pos_ = save;
+            }
+          }
+          put_utf8(s.text, cp >= 0xd800 && cp < 0xe000 ? 0xfffd : cp);
+          break;
+        }
+        default: s.text += e; break;  // \" \\ \/ and anything unknown, as itself
+      }
+    }
+    s.cut = true;
+    return false;
+  }
+
+  std::string_view in_;
+  std::size_t pos_ = 0;
+  ErrorFileFields& out_;
+};
+
+// Valid UTF-8 with every bad byte (and control characters other than tab and newline, which
+// could drive the terminal) replaced by U+FFFD; the server checks ids, not messages, but a
+// message is for people to read.
+std::string sanitize_utf8(const std::string& in) {
+  static constexpr char kReplacement[] = "\xef\xbf\xbd";
+  std::string out;
+  out.reserve(in.size());
+  std::size_t i = 0;
+  while (i < in.size()) {
+    const auto c = static_cast<unsigned char>(in[i]);
+    if (c < 0x80) {
+      if (c < 0x20 && c != '\n' && c != '\t') {
+        out += kReplacement;
+      } else if (c == 0x7f) {
+        out += kReplacement;
+      } else {
+        out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    std::size_t n = 0;
+    std::uint32_t min = 0;
+    if ((c & 0xe0) == 0xc0) {
+      n = 2;
+      min = 0x80;
+    } else if ((c & 0xf0) == 0xe0) {
+      n = 3;
+      min = 0x800;
+    } else if ((c & 0xf8) == 0xf0) {
+      n = 4;
+      min = 0x10000;
+    }
+    bool ok = n > 0 && i + n <= in.size();
+    std::uint32_t cp = ok ? (c & (0x7f >> n)) : 0;
+    for (std::size_t k = 1; ok && k < n; ++k) {
+      const auto cc = static_cast<unsigned char>(in[i + k]);
+      ok = (cc & 0xc0) == 0x80;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    ok = ok && cp >= min && cp <= 0x10ffff && !(cp >= 0xd800 && cp < 0xe000);
+    if (ok) {
+      out.append(in, i, n);
+      i += n;
+    } else {
+      out += kReplacement;
+      ++i;
+    }
+  }
+  return out;
+}
+
+// The largest length <= n that does not split a UTF-8 sequence of s.
+std::size_t utf8_floor(const std::string& s, std::size_t n) {
+  while (n > 0 && n < s.size() && (static_cast<unsigned char>(s[n]) & 0xc0) == 0x80) --n;
+  return n;
+}
+
+// s's beginning within `cap` bytes, the note included. `source_cut`: the read bound ended the
+// text, so its full length is unknown (the file's size is given instead).
+std::string cut_head(const std::string& s, bool source_cut, std::size_t file_size, std::size_t cap,
+                     absl::string_view what) {
+  if (!source_cut && s.size() <= cap) return s;
+  auto note = [&](std::size_t shown) {
+    return source_cut ? absl::StrCat(" [", what, " cut: first ", shown,
+                                     " bytes shown; the error file has ", file_size, " bytes]")
+                      : absl::StrCat(" [", what, " cut: first ", shown, " of ", s.size(),
+                                     " bytes shown]");
+  };
+  std::size_t shown = std::min(s.size(), cap);
+  std::string n = note(shown);
+  shown = utf8_floor(s, std::min(s.size(), cap > n.size() ? cap - n.size() : 0));
+  return s.substr(0, shown) + note(shown);
+}
+
+// s's end within `cap` bytes, after a note on its first line.
+std::string cut_tail(const std::string& s, std::size_t cap) {
+  if (s.size() <= cap) return s;
+  auto note = [&](std::size_t shown) {
+    return absl::StrCat("[traceback cut: last ", shown, " of ", s.size(), " bytes shown]\n");
+  };
+  std::size_t shown = cap - note(cap).size();
+  std::size_t from = s.size() - shown;
+  while (from < s.size() && (static_cast<unsigned char>(s[from]) & 0xc0) == 0x80) ++from;
+  return note(s.size() - from) + s.substr(from);
+}
+
 }  // namespace
 
 void read_error_file(const std::string& path, v1::WorkerFailure& f) {
   if (path.empty()) return;
-  std::ifstream in(path);
-  if (!in) return;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  google::protobuf::Struct root;
-  if (!google::protobuf::util::JsonStringToMessage(ss.str(), &root).ok()) return;
-  const google::protobuf::Value* msg = field(root, "message");
-  if (msg == nullptr) return;
-  if (msg->has_string_value()) {
-    f.set_message(msg->string_value());
-    return;
+  // A bounded prefix only: a worker may write any amount, the agent's memory stays bounded.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st {};
+  const std::size_t file_size = ::fstat(fd, &st) == 0 ? static_cast<std::size_t>(st.st_size) : 0;
+  std::string text(std::min(file_size, limits::kMaxErrorFileReadBytes), '\0');
+  std::size_t got = 0;
+  while (got < text.size()) {
+    ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
   }
-  if (!msg->has_struct_value()) return;
-  const google::protobuf::Struct& m = msg->struct_value();
-  if (const auto* text = field(m, "message"); text != nullptr && text->has_string_value()) {
-    f.set_message(text->string_value());
+  ::close(fd);
+  text.resize(got);
+
+  ErrorFileFields fields;
+  PrefixJson(text, fields).parse();
+  std::optional<JsonText>& msg = fields.message ? fields.message : fields.plain_message;
+  if (msg) {
+    f.set_message(cut_head(sanitize_utf8(msg->text), msg->cut, file_size,
+                           limits::kMaxFailureMessageBytes, "message"));
   }
-  if (const auto* extra = field(m, "extraInfo"); extra != nullptr && extra->has_struct_value()) {
-    if (const auto* cs = field(extra->struct_value(), "py_callstack");
-        cs != nullptr && cs->has_string_value()) {
-      f.set_traceback(cs->string_value());
-    }
+  if (fields.traceback) {
+    std::string tb = sanitize_utf8(fields.traceback->text);
+    // A whole traceback keeps its end, where Python names the exception; one the read bound
+    // cut off keeps what was read.
+    f.set_traceback(fields.traceback->cut
+                        ? cut_head(tb, true, file_size, limits::kMaxFailureTracebackBytes,
+                                   "traceback")
+                        : cut_tail(tb, limits::kMaxFailureTracebackBytes));
   }
   if (f.message().empty() && !f.traceback().empty()) f.set_message("(see traceback)");
 }

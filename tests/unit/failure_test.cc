@@ -2,8 +2,10 @@
 
 #include <catch2/catch.hpp>
 #include <csignal>
+#include <filesystem>
 #include <fstream>
 
+#include "muster/rendezvous/limits.h"
 #include "proc.h"
 
 using muster::agent::format_failure_summary;
@@ -79,4 +81,86 @@ TEST_CASE("error file: a plain message, garbage, and no file", "[failure]") {
   read_error_file(dir.file("absent.json"), g);
   CHECK(g.message().empty());
   CHECK(g.traceback().empty());
+}
+
+namespace {
+bool valid_utf8(const std::string& s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (std::size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+}  // namespace
+
+TEST_CASE("error file: a huge message and traceback are cut with a note", "[failure]") {
+  namespace limits = muster::rendezvous::limits;
+  muster::testing::TempDir dir;
+  const std::string path = dir.file("error.json");
+  {
+    // 9 MiB: a message of 5 MiB, then a traceback of 4 MiB whose end is the exception.
+    std::ofstream out(path);
+    out << R"({"message": {"message": "RuntimeError: )" << std::string(5 << 20, 'm')
+        << R"(", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n)"
+        << std::string(4 << 20, 't') << R"(\nRuntimeError: the end\n", "timestamp": "1"}}})";
+  }
+  auto f = failure(0, 1, 0);
+  read_error_file(path, f);
+  CHECK_THAT(f.message(), Catch::StartsWith("RuntimeError: mmm"));
+  CHECK(f.message().size() <= limits::kMaxFailureMessageBytes);
+  CHECK(f.message().size() > limits::kMaxFailureMessageBytes / 2);
+  CHECK_THAT(f.message(), Catch::Contains("cut"));
+  // Only a bounded prefix is read: the traceback after a 5 MiB message is not reached, and
+  // the note says how large the file was.
+  CHECK(f.traceback().size() <= limits::kMaxFailureTracebackBytes);
+  CHECK_THAT(f.message(), Catch::Contains("the error file has " + std::to_string(std::filesystem::file_size(path)) + " bytes"));
+  CHECK(valid_utf8(f.message()));
+  CHECK(valid_utf8(f.traceback()));
+  std::string s = format_failure_summary("train", f, {});
+  CHECK_THAT(s, Catch::Contains("  message   : RuntimeError: mmm"));
+}
+
+TEST_CASE("error file: a message that fits with a long traceback keeps the traceback's end",
+          "[failure]") {
+  namespace limits = muster::rendezvous::limits;
+  muster::testing::TempDir dir;
+  const std::string path = dir.file("error.json");
+  std::ofstream(path) << R"({"message": {"message": "ValueError: x", "extraInfo": {"py_callstack": "Traceback\n)"
+                      << std::string(100 << 10, 't') << R"(\nValueError: x\n"}}})";
+  auto f = failure(0, 1, 0);
+  read_error_file(path, f);
+  CHECK(f.message() == "ValueError: x");
+  CHECK(f.traceback().size() <= limits::kMaxFailureTracebackBytes);
+  CHECK_THAT(f.traceback(), Catch::EndsWith("ValueError: x\n"));
+  CHECK_THAT(f.traceback(), Catch::Contains("cut"));
+}
+
+TEST_CASE("error file: invalid UTF-8 is replaced, valid text is kept", "[failure]") {
+  muster::testing::TempDir dir;
+  const std::string path = dir.file("error.json");
+  // JSON itself must be UTF-8; a torch error file written from raw bytes may not be.
+  std::ofstream(path) << "{\"message\": \"caf\xc3\xa9 \xff\xfe bad \xe2\x82\"}";
+  auto f = failure(0, 1, 0);
+  read_error_file(path, f);
+  CHECK_THAT(f.message(), Catch::StartsWith("caf\xc3\xa9 "));
+  CHECK_THAT(f.message(), Catch::Contains("bad"));
+  CHECK(valid_utf8(f.message()));
+}
+
+TEST_CASE("error file: a plain string message of many MiB is cut", "[failure]") {
+  namespace limits = muster::rendezvous::limits;
+  muster::testing::TempDir dir;
+  const std::string path = dir.file("error.json");
+  std::ofstream(path) << R"({"message": ")" << std::string(9 << 20, 'p') << R"("})";
+  auto f = failure(0, 1, 0);
+  read_error_file(path, f);
+  CHECK(f.message().size() <= limits::kMaxFailureMessageBytes);
+  CHECK_THAT(f.message(), Catch::StartsWith("ppp"));
+  CHECK_THAT(f.message(), Catch::Contains("cut"));
 }

@@ -13,6 +13,10 @@ namespace muster::agent {
 // one in torch's @record format:
 //   {"message": {"message": "ValueError: x", "extraInfo": {"py_callstack": "...", ...}}}
 // or {"message": "text"}. Leaves `f` as it was when the file is absent or unreadable.
+// Bounded whatever the worker wrote: at most limits::kMaxErrorFileReadBytes are read (a
+// document cut there still yields what it holds), the message keeps its first and the
+// traceback its last limits::kMaxFailure{Message,Traceback}Bytes (a note inside the bound
+// says how much was cut), and invalid UTF-8 and control characters become U+FFFD.
 void read_error_file(const std::string& path, v1::WorkerFailure& f);
 
 // torch's @record JSON for a failure, as torchrun writes its own error file when a worker
