@@ -4,7 +4,14 @@
 
 #include <atomic>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <mutex>
 #include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "muster/rendezvous/limits.h"
 
 #include "muster/v1/rendezvous.grpc.pb.h"
 #include "status_convert.h"
@@ -13,29 +20,70 @@ namespace muster::rendezvous {
 
 class SessionClient::Impl : public std::enable_shared_from_this<Impl> {
  public:
+  using Stream = grpc::ClientReaderWriter<v1::AgentMsg, v1::ServerMsg>;
+
   Impl(boost::asio::io_context& io, OnMessage m, OnClosed c)
       : io(io), on_message(std::move(m)), on_closed(std::move(c)) {}
 
   boost::asio::io_context& io;
   OnMessage on_message;
   OnClosed on_closed;
+  std::string target;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Rendezvous::Stub> stub;
   grpc::ClientContext ctx;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMsg, v1::ServerMsg>> stream;
   std::thread reader;
   std::atomic<bool> closed{false};
 
-  void read_loop() {
+  // Until the reader thread has the stream, messages wait here, in order.
+  std::mutex mu;
+  std::unique_ptr<Stream> stream;  // set once, under mu; then used without it
+  std::vector<v1::AgentMsg> pending;
+  bool ready = false;   // under mu: stream is set and `pending` has been written
+  bool broken = false;  // under mu: a write failed (the stream has ended)
+
+  // io thread only.
+  std::unique_ptr<boost::asio::steady_timer> connect_timer;
+  bool timed_out = false;
+  std::chrono::milliseconds connect_timeout{0};
+
+  // The reader thread: starts the call (with wait_for_ready this blocks until the server is
+  // reachable, or the call is cancelled by close() or the connect timer), writes what was
+  // queued, then reads until the stream ends.
+  void run() {
+    std::unique_ptr<Stream> s = stub->Session(&ctx);
+    Stream* raw = s.get();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stream = std::move(s);
+      for (const auto& msg : pending) {
+        if (!stream->Write(msg)) {
+          broken = true;
+          break;
+        }
+      }
+      pending.clear();
+      ready = true;
+    }
+    boost::asio::post(io, [self = shared_from_this()] {
+      if (self->connect_timer) self->connect_timer->cancel();
+    });
     v1::ServerMsg msg;
-    while (stream->Read(&msg)) {
+    while (raw->Read(&msg)) {
       boost::asio::post(io, [self = shared_from_this(), msg] {
         if (!self->closed) self->on_message(msg);
       });
     }
-    absl::Status status = from_grpc(stream->Finish());
+    absl::Status status = from_grpc(raw->Finish());
     boost::asio::post(io, [self = shared_from_this(), status] {
-      if (!self->closed) self->on_closed(status);
+      if (self->closed) return;
+      if (self->timed_out) {
+        self->on_closed(absl::DeadlineExceededError(absl::StrFormat(
+            "rendezvous server at %s not reachable within %g s", self->target,
+            static_cast<double>(self->connect_timeout.count()) / 1000)));
+        return;
+      }
+      self->on_closed(status);
     });
   }
 };
@@ -54,29 +102,58 @@ void SessionClient::open(const std::string& target, bool wait_for_ready,
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Each agent gets its own connection, never one shared through gRPC's subchannel pool.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // The server's bound on what it sends (a Fail with capped failures), so both ends agree.
+  args.SetMaxReceiveMessageSize(static_cast<int>(limits::kMaxServerMessageBytes));
+  // A node that starts before its server retries at least once a second, not on gRPC's
+  // default backoff of up to two minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  impl_->target = target;
   impl_->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   impl_->stub = v1::Rendezvous::NewStub(impl_->channel);
   if (wait_for_ready) {
+    // The wait is the reader thread's (the caller's loop keeps serving signals); the timeout
+    // is a timer on the caller's loop, so close() and the timer both end it by cancelling.
     impl_->ctx.set_wait_for_ready(true);
-    if (!impl_->channel->WaitForConnected(std::chrono::system_clock::now() + connect_timeout)) {
-      // Fall through: the stream fails with UNAVAILABLE and reports through on_closed.
-      impl_->ctx.set_wait_for_ready(false);
-    }
+    impl_->connect_timeout = connect_timeout;
+    impl_->connect_timer = std::make_unique<boost::asio::steady_timer>(impl_->io, connect_timeout);
+    impl_->connect_timer->async_wait([self = impl_](const boost::system::error_code& ec) {
+      if (ec || self->closed) return;
+      self->timed_out = true;
+      self->ctx.TryCancel();
+    });
   }
-  impl_->stream = impl_->stub->Session(&impl_->ctx);
-  impl_->reader = std::thread([impl = impl_] { impl->read_loop(); });
+  impl_->reader = std::thread([impl = impl_] { impl->run(); });
 }
 
 bool SessionClient::send(const v1::AgentMsg& msg) {
-  if (!impl_->stream || impl_->closed) return false;
-  return impl_->stream->Write(msg);
+  if (impl_->closed) return false;
+  Impl::Stream* stream = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->broken) return false;
+    if (!impl_->ready) {
+      if (!impl_->reader.joinable()) return false;  // never opened
+      impl_->pending.push_back(msg);
+      return true;
+    }
+    stream = impl_->stream.get();
+  }
+  if (!stream->Write(msg)) {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->broken = true;
+    return false;
+  }
+  return true;
 }
 
 void SessionClient::close() {
   if (impl_->closed.exchange(true)) return;
-  if (!impl_->stream) return;
+  // Cancelling first: it ends a wait for the server, a blocked write and the read at once
+  // (a call not yet started is cancelled as it starts).
   impl_->ctx.TryCancel();
   if (impl_->reader.joinable()) impl_->reader.join();
+  impl_->connect_timer.reset();
 }
 
 absl::StatusOr<v1::StatusReply> get_status(const std::string& target, const std::string& run_id,

@@ -1,7 +1,9 @@
 // The agent's end of a rendezvous Session stream.
 //
-// A reader thread blocks on the stream and posts each message, and finally the stream's
-// status, onto the owner's io_context. send() and close() are called from that io_context.
+// A reader thread starts the call (waiting for the server when asked to), blocks on the
+// stream and posts each message, and finally the stream's status, onto the owner's
+// io_context. open(), send() and close() are called from that io_context's thread and never
+// wait for the server: the owner's loop keeps running (signals, timers) while it is away.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -26,16 +28,20 @@ class SessionClient {
   SessionClient(const SessionClient&) = delete;
   SessionClient& operator=(const SessionClient&) = delete;
 
-  // Opens the stream to `target` (host:port). When wait_for_ready, the call waits for the
-  // server to come up until `connect_timeout` passes; otherwise an unreachable server fails
-  // at once. Failures arrive through on_closed.
+  // Opens the stream to `target` (host:port) without blocking. When wait_for_ready, the
+  // stream waits for the server to come up until `connect_timeout` passes (a timer on the
+  // io_context; then on_closed gets DEADLINE_EXCEEDED "rendezvous server at X not reachable
+  // within N s"); otherwise an unreachable server fails at once. Failures arrive through
+  // on_closed. The channel accepts messages up to limits::kMaxServerMessageBytes.
   void open(const std::string& target, bool wait_for_ready,
             std::chrono::milliseconds connect_timeout);
 
-  // Writes one message. Returns false when the stream has already ended.
+  // Writes one message; before the stream is up it is queued and written, in order, once it
+  // is. Returns false when the stream has already ended.
   bool send(const v1::AgentMsg& msg);
 
-  // Cancels the stream (the server sees this node leave) and joins the reader thread.
+  // Cancels the stream (the server sees this node leave), or the wait for the server, at
+  // once, and joins the reader thread.
   // on_closed is not called after close() returns. Safe to call twice.
   void close();
 
