@@ -11,7 +11,6 @@
 
 #include <array>
 #include <boost/asio/posix/stream_descriptor.hpp>
-#include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <cstring>
@@ -80,19 +79,19 @@ class Agent::Impl {
   Impl(asio::io_context& io, AgentOptions opts)
       : io_(io),
         opts_(std::move(opts)),
-        signals_(io),
         grace_timer_(io),
         drain_timer_(io),
         keep_alive_timer_(io),
         client_(
             io, [this](const v1::ServerMsg& m) { on_server_message(m); },
-            [this](const absl::Status& s) { on_session_closed(s); }) {
-    if (opts_.signals.empty()) opts_.signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
-    for (int sig : opts_.signals) signals_.add(sig);
-  }
+            [this](const absl::Status& s) { on_session_closed(s); }) {}
 
   int run() {
-    wait_for_signal();
+    if (opts_.wait_for_server) {
+      // The wait is the session client's reader thread's: this loop keeps serving signals.
+      spdlog::info("waiting for the rendezvous server at {} (up to {} ms)", opts_.rdzv_target,
+                   opts_.connect_timeout.count());
+    }
     client_.open(opts_.rdzv_target, opts_.wait_for_server, opts_.connect_timeout);
     send_join();
     keep_alive();
@@ -151,6 +150,9 @@ class Agent::Impl {
     j->set_last_call_timeout_ms(t.last_call_timeout.count());
     j->set_keep_alive_interval_ms(t.keep_alive_interval.count());
     j->set_keep_alive_max_attempt(t.keep_alive_max_attempt);
+    // How long this node may take to stop its workers after a Restart: the server waits
+    // that long for it before a round closes without it.
+    j->set_shutdown_timeout_ms(opts_.shutdown_timeout.count());
     client_.send(msg);  // a dead stream reports itself through on_session_closed
   }
 
@@ -207,7 +209,7 @@ class Agent::Impl {
     phase_ = Phase::kRunning;
     after_ = After::kNone;
     failure_reported_ = false;
-    workers_.clear();
+    release_workers();
     const std::string tmpl =
         opts_.prefix_template.empty() ? std::string(kDefaultPrefixTemplate) : opts_.prefix_template;
     for (int lr = 0; lr < opts_.nproc_per_node; ++lr) {
@@ -242,7 +244,8 @@ class Agent::Impl {
       spec.node_addr = opts_.host;
       spec.token = opts_.token;
       SpawnRequest req{opts_.program_path, opts_.argv,
-                       to_envp(build_worker_env(opts_.base_env, spec))};
+                       to_envp(build_worker_env(opts_.base_env, spec)),
+                       opts_.supervisor != nullptr ? opts_.supervisor->cgroup_procs_fd() : -1};
       absl::StatusOr<ChildProcess> child = spawn_worker(req);
       if (!child.ok()) {
         spdlog::error("cannot start worker local rank {}: {}", lr,
@@ -256,6 +259,7 @@ class Agent::Impl {
         return;
       }
       w->pid = child->pid;
+      if (opts_.supervisor != nullptr) opts_.supervisor->track_group(child->pid);
       std::string prefix = expand_prefix_template(tmpl, opts_.role, w->rank, lr);
       w->out = make_pipe(child->out_fd, prefix, lr, 1, opts_.stdout_fd, dir / "stdout.log");
       w->err = make_pipe(child->err_fd, prefix, lr, 2, opts_.stderr_fd, dir / "stderr.log");
@@ -356,8 +360,10 @@ class Agent::Impl {
       return;
     }
     if (all_reaped()) {
-      // Whatever is left in the workers' process groups must not outlive them.
+      // Whatever is left in the workers' process groups (and, with a job cgroup, whatever
+      // they started anywhere) must not outlive them.
       signal_groups(SIGKILL);
+      if (opts_.supervisor != nullptr) opts_.supervisor->kill_cgroup();
       arm_drain_timer();
     }
     advance();
@@ -412,10 +418,22 @@ class Agent::Impl {
                        opts_.shutdown_timeout.count());
         }
         signal_groups(SIGKILL);
+        if (all_reaped() && opts_.supervisor != nullptr) opts_.supervisor->kill_cgroup();
         arm_drain_timer();
       });
     }
     advance();
+  }
+
+  // Drops the (reaped, killed) workers; their group ids may now be reused, so the supervisor
+  // must no longer kill them.
+  void release_workers() {
+    if (opts_.supervisor != nullptr) {
+      for (const auto& w : workers_) {
+        if (w->pid > 0) opts_.supervisor->forget_group(w->pid);
+      }
+    }
+    workers_.clear();
   }
 
   void arm_drain_timer() {
@@ -447,7 +465,7 @@ class Agent::Impl {
       case After::kNone:
         return;  // the server decides: Restart or Fail
       case After::kRejoin:
-        workers_.clear();
+        release_workers();
         send_join();
         return;
       case After::kFail: {
@@ -474,33 +492,30 @@ class Agent::Impl {
     grace_timer_.cancel();
     drain_timer_.cancel();
     keep_alive_timer_.cancel();
-    boost::system::error_code ignored;
-    signals_.cancel(ignored);
     io_.stop();
   }
 
+ public:
   // --- signals ------------------------------------------------------------------------
 
-  void wait_for_signal() {
-    signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
-      if (ec) return;
-      if (signal_ != 0) {  // a second signal: no more grace
-        signal_groups(SIGKILL);
-      } else {
-        signal_ = sig;
-        exit_code_ = 128 + sig;
-        spdlog::warn("received {}; stopping workers", signal_name(sig));
-        after_ = After::kExit;
-        client_.close();  // leave the run: the server sees this node go
-        stop_group(sig);
-      }
-      wait_for_signal();
-    });
+  void on_signal(int sig) {
+    if (phase_ == Phase::kExiting) return;
+    if (signal_ != 0) {  // a second signal: no more grace
+      signal_groups(SIGKILL);
+      return;
+    }
+    signal_ = sig;
+    exit_code_ = 128 + sig;
+    spdlog::warn("received {}; stopping workers", signal_name(sig));
+    after_ = After::kExit;
+    client_.close();  // leave the run (or the wait for the server) at once
+    stop_group(sig);
   }
+
+ private:
 
   asio::io_context& io_;
   AgentOptions opts_;
-  asio::signal_set signals_;
   asio::steady_timer grace_timer_;
   asio::steady_timer drain_timer_;
   asio::steady_timer keep_alive_timer_;
@@ -522,5 +537,7 @@ Agent::Agent(asio::io_context& io, AgentOptions options)
 Agent::~Agent() = default;
 
 int Agent::run() { return impl_->run(); }
+
+void Agent::on_signal(int sig) { impl_->on_signal(sig); }
 
 }  // namespace muster::agent

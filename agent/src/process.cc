@@ -38,6 +38,7 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
     return absl::ErrnoToStatus(e, "pipe2");
   }
   const pid_t parent = ::getpid();
+  const int cgroup_procs_fd = req.cgroup_procs_fd;
   // Signals stay blocked from before the fork until the child has put every handler back to
   // default: a signal sent to a child that has not exec'd yet must not run the agent's
   // handlers there (asio's would write into the agent's own self-pipe).
@@ -61,6 +62,11 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
       }
     }
     ::setpgid(0, 0);
+    if (cgroup_procs_fd >= 0) {
+      // "0" moves the writer. A failed move leaves the worker to the process-group fallback.
+      ssize_t unused = ::write(cgroup_procs_fd, "0", 1);
+      (void)unused;
+    }
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);  // the agent died before prctl took effect
     ::dup2(out[1], STDOUT_FILENO);

@@ -9,9 +9,14 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <memory>
+#include <string_view>
 #include <random>
 #include <thread>
 
@@ -19,6 +24,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_format.h"
 #include "muster/agent/agent.h"
+#include "muster/agent/failure.h"
+#include "muster/agent/supervisor.h"
 #include "muster/agent/worker_env.h"
 #include "muster/launcher/config.h"
 #include "muster/rendezvous/server.h"
@@ -90,11 +97,22 @@ void setup_logging() {
 
 int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
+  // First, while launch has one thread: the process that kills whatever the job leaves
+  // when launch ends, however it ends (docs/launch.md, "Orphans").
+  const char* cgroup_env = std::getenv("MUSTER_CGROUP");
+  std::unique_ptr<muster::agent::JobSupervisor> supervisor = muster::agent::JobSupervisor::start(
+      cgroup_env == nullptr || std::string_view(cgroup_env) != "0");
   // Debian's abseil checks every absl::Mutex (gRPC's too) for lock-order cycles; not needed
   // on the embedded server's hot path.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   setup_logging();
   muster::rendezvous::route_grpc_logs_to_spdlog();
+  if (supervisor) {
+    spdlog::info("job supervisor pid {}; containment: {}", supervisor->pid(),
+                 supervisor->mechanism());
+  } else {
+    spdlog::warn("cannot start the job supervisor: what workers start may outlive launch");
+  }
 
   muster::launcher::HostInfo host;
   host.cpu_count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -113,6 +131,22 @@ int main(int argc, char** argv) {
   if (!entry.ok()) return usage_error(entry.status());
 
   boost::asio::io_context io(1);
+  // Signals are handled from here until launch exits: by the agent while it runs, and by
+  // main during the close that follows (see below). One set for the whole life: were it
+  // replaced, a signal in between would find the default action and kill launch, leaving
+  // its temporary folder. (A signal before this point kills launch before it made anything
+  // but the supervisor, which then cleans up.)
+  boost::asio::signal_set signals(io);
+  for (int sig : cfg.signals) signals.add(sig);
+  std::function<void(int)> on_signal = [](int) {};
+  std::function<void()> wait_signal = [&] {
+    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      on_signal(sig);
+      wait_signal();
+    });
+  };
+  wait_signal();
   std::unique_ptr<muster::rendezvous::RendezvousServer> server;
   std::string rdzv_addr;
   bool hosting = false;
@@ -201,7 +235,7 @@ int main(int argc, char** argv) {
   opts.redirect_of = cfg.redirect_of;
   opts.tee_of = cfg.tee_of;
   opts.console_of = cfg.console_of;
-  opts.signals = cfg.signals;
+  opts.supervisor = supervisor.get();
   if (auto it = env.find("TORCHELASTIC_ERROR_FILE"); it != env.end()) {
     opts.own_error_file = it->second;
   }
@@ -213,17 +247,41 @@ int main(int argc, char** argv) {
   }
   opts.base_env = std::move(env);
 
-  int code = 0;
-  {
-    muster::agent::Agent agent(io, std::move(opts));
-    code = agent.run();
-  }
+  auto cleanup = [&] {
+    if (!keep) std::filesystem::remove_all(tmpl, ec);
+    // The supervisor kills what is left (nothing, normally) and removes the job cgroup.
+    if (supervisor) supervisor->finish(std::chrono::seconds(2));
+  };
+
+  muster::agent::Agent agent(io, std::move(opts));
+  on_signal = [&agent](int sig) { agent.on_signal(sig); };
+  const int code = agent.run();
   if (server) {
     // A hosting agent stays until every member has been told the run's end (their streams
     // close once they have read it); after a signal or a rendezvous error it leaves at once.
-    server->shutdown(code == 0 || code == 1 ? cfg.rdzv_conf.close_timeout
-                                            : std::chrono::milliseconds(0));
+    // The close runs on its own thread while this one keeps serving signals: a signal now
+    // ends the close at once (the other members see the stream end), removes the temporary
+    // folder and exits 128+N. The agent stays alive (finished, ignoring signals) so that
+    // nothing of it is left pending on the loop.
+    const auto grace =
+        code == 0 || code == 1 ? cfg.rdzv_conf.close_timeout : std::chrono::milliseconds(0);
+    on_signal = [&](int sig) {
+      spdlog::warn("received {} while closing the rendezvous; leaving now",
+                   muster::agent::signal_name(sig));
+      cleanup();
+      std::fflush(stdout);
+      std::fflush(stderr);
+      ::_exit(128 + sig);  // the close thread is still inside gRPC: no destructors
+    };
+    std::thread closer([&] {
+      server->shutdown(grace);
+      boost::asio::post(io, [&io] { io.stop(); });
+    });
+    io.restart();
+    io.run();
+    closer.join();
   }
-  if (!keep) std::filesystem::remove_all(tmpl, ec);
+  on_signal = [](int) {};  // exiting anyway: the code already says why
+  cleanup();
   return code;
 }

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -390,4 +391,212 @@ TEST_CASE("launch: --signals_to_handle chooses what is forwarded", "[launch]") {
   ::kill(p.pid(), SIGUSR1);  // forwarded: the workers die of it (their default action)
   CHECK(p.wait() == 128 + SIGUSR1);
   CHECK_FALSE(std::filesystem::exists(dir.file("term.0")));
+}
+
+// --- Nothing a worker started outlives the job (docs/launch.md "Orphans") ---------------
+
+namespace {
+
+// The pids a "family" worker printed: "family <child> [<grandchild>]".
+std::vector<pid_t> family_pids(const std::string& out) {
+  std::vector<pid_t> pids;
+  static const std::regex re(R"(\]:family (\d+)(?: (\d+))?)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it) {
+    for (int g = 1; g <= 2; ++g) {
+      if ((*it)[g].matched) pids.push_back(static_cast<pid_t>(std::stoi((*it)[g])));
+    }
+  }
+  return pids;
+}
+
+auto has_families(int n) {
+  return [n](const std::string& out, const std::string&) {
+    return count_lines_with(out, "]:family ") >= n;
+  };
+}
+
+// Whether this process could make a cgroup v2 of its own below its current one, as launch
+// does (the cgroup2 mount from mountinfo, the "0::" line of /proc/self/cgroup).
+bool cgroup_v2_writable() {
+  std::string path;
+  {
+    std::istringstream in(read_file("/proc/self/cgroup"));
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("0::", 0) == 0) path = line.substr(3);
+    }
+  }
+  if (path.empty()) return false;
+  std::istringstream in(read_file("/proc/self/mountinfo"));
+  for (std::string line; std::getline(in, line);) {
+    auto dash = line.find(" - cgroup2 ");
+    if (dash == std::string::npos) continue;
+    std::istringstream head(line.substr(0, dash));
+    std::string id, parent, dev, root, mount;
+    head >> id >> parent >> dev >> root >> mount;
+    if (root != "/") continue;
+    const std::string dir = mount + (path == "/" ? "" : path);
+    return ::access(dir.c_str(), W_OK) == 0 &&
+           std::filesystem::exists(mount + "/cgroup.controllers");
+  }
+  return false;
+}
+
+// Every pid has exited (a zombie counts as gone); a survivor is killed so no test leaves one.
+void check_all_gone(const std::vector<pid_t>& pids, const std::vector<int>& fds) {
+  for (std::size_t i = 0; i < pids.size(); ++i) {
+    const bool gone = wait_pidfd(fds[i], 10s) || !alive(pids[i]);
+    INFO("pid " << pids[i]);
+    CHECK(gone);
+    if (!gone) ::kill(pids[i], SIGKILL);
+    if (fds[i] >= 0) ::close(fds[i]);
+  }
+}
+
+// "job supervisor pid N; containment: cgroup DIR" (info log) -> N and DIR ("" for groups).
+std::pair<pid_t, std::string> supervisor_of(const std::string& err) {
+  std::smatch m;
+  if (!std::regex_search(err, m, std::regex(R"(job supervisor pid (\d+); containment: ([^\n]*))"))) {
+    return {-1, ""};
+  }
+  std::string how = m[2].str();
+  return {static_cast<pid_t>(std::stoi(m[1].str())),
+          how.rfind("cgroup ", 0) == 0 ? how.substr(7) : std::string()};
+}
+
+// Runs 2 "family MODE" workers, kill -9s launch, and checks that every worker and every
+// process they started is gone.
+void kill9_leaves_nothing(const Env& env, const std::string& mode, std::size_t per_worker) {
+  Proc p(launch_args({"--standalone", "--nproc_per_node=2"}, {"family", mode}), env);
+  REQUIRE(p.wait_output(has_families(2), 30s));
+  std::vector<pid_t> pids = ready_pids(p.out());
+  for (pid_t pid : family_pids(p.out())) pids.push_back(pid);
+  REQUIRE(pids.size() == 2 + 2 * per_worker);
+  std::vector<int> fds;
+  for (pid_t pid : pids) {
+    fds.push_back(open_pidfd(pid));
+    REQUIRE(fds.back() >= 0);
+  }
+  ::kill(p.pid(), SIGKILL);
+  REQUIRE(p.wait() == 128 + SIGKILL);
+  check_all_gone(pids, fds);
+  // The supervisor finished, and took the job's cgroup with it.
+  auto [sup, dir] = supervisor_of(p.err());
+  if (sup > 0) {
+    const int fd = open_pidfd(sup);
+    CHECK(wait_pidfd(fd, 15s));
+    if (fd >= 0) ::close(fd);
+    if (!dir.empty()) CHECK_FALSE(std::filesystem::exists(dir));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("launch: kill -9 of launch: a worker's children die too (process groups)",
+          "[launch][orphans]") {
+  kill9_leaves_nothing(Env{{"MUSTER_CGROUP", "0"}, {"MUSTER_LOG_LEVEL", "info"}}, "child", 1);
+}
+
+TEST_CASE("launch: kill -9 of launch: children and setsid grandchildren die (cgroup v2)",
+          "[launch][orphans]") {
+  if (!cgroup_v2_writable()) {
+    WARN("SKIPPED: cgroup v2 is not writable here; only the process-group path is tested");
+    return;
+  }
+  Proc probe(launch_args({"--standalone"}, {"die", "0"}), Env{{"MUSTER_LOG_LEVEL", "info"}});
+  REQUIRE(probe.wait() == 0);
+  auto [sup, dir] = supervisor_of(probe.err());
+  INFO(probe.err());
+  REQUIRE(sup > 0);
+  REQUIRE_FALSE(dir.empty());  // launch chose the cgroup where the test could make one
+  CHECK_FALSE(std::filesystem::exists(dir));  // removed by a normal exit
+  kill9_leaves_nothing(Env{{"MUSTER_LOG_LEVEL", "info"}}, "setsid", 2);
+}
+
+TEST_CASE("launch: SIGTERM of launch: a setsid grandchild dies with the job (cgroup v2)",
+          "[launch][orphans]") {
+  if (!cgroup_v2_writable()) {
+    WARN("SKIPPED: cgroup v2 is not writable here");
+    return;
+  }
+  Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--shutdown_timeout=5"},
+                     {"family", "setsid"}));
+  REQUIRE(p.wait_output(has_families(2), 30s));
+  std::vector<pid_t> pids = ready_pids(p.out());
+  for (pid_t pid : family_pids(p.out())) pids.push_back(pid);
+  REQUIRE(pids.size() == 6);
+  std::vector<int> fds;
+  for (pid_t pid : pids) fds.push_back(open_pidfd(pid));
+  ::kill(p.pid(), SIGTERM);
+  REQUIRE(p.wait(20s) == 143);
+  check_all_gone(pids, fds);
+}
+
+// --- Signals in every phase -----------------------------------------------------------
+
+TEST_CASE("launch: SIGTERM while waiting for an absent rendezvous server ends it at once",
+          "[launch][signals]") {
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());  // nobody listens
+  Proc p(launch_args({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=" + ep,
+                      "--rdzv_id=job", "--rdzv_conf=is_host=false"},
+                     {"wait"}),
+         Env{{"MUSTER_LOG_LEVEL", "info"}});
+  CHECK(p.wait_output(
+      [](const std::string&, const std::string& err) {
+        return err.find("waiting for the rendezvous server") != std::string::npos;
+      },
+      10s));
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(p.pid(), SIGTERM);
+  const auto code = p.wait(10s);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  REQUIRE(code.has_value());
+  CHECK(*code == 143);
+  CHECK(took < 1500ms);
+}
+
+TEST_CASE("launch: an absent rendezvous server is an error after read_timeout",
+          "[launch][signals]") {
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  Proc p(launch_args({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=" + ep,
+                      "--rdzv_id=job", "--rdzv_conf=is_host=false,read_timeout=1"},
+                     {"wait"}));
+  REQUIRE(p.wait(10s) == 1);
+  CHECK_THAT(p.err(), Catch::Contains("rendezvous server at " + ep + " not reachable within 1 s"));
+}
+
+TEST_CASE("launch: SIGTERM while a hosting launch closes ends the close at once and removes "
+          "its temporary folder",
+          "[launch][signals]") {
+  TempDir dir, tmp_a;
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  auto flags = [&](const std::string& conf, std::vector<std::string> extra) {
+    std::vector<std::string> f{"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=" + ep,
+                               "--rdzv_id=job", "--rdzv_conf=" + conf};
+    f.insert(f.end(), extra.begin(), extra.end());
+    return f;
+  };
+  // a hosts and its worker fails at once; b's worker ignores SIGTERM with a long grace, so
+  // b's stream stays open and a's close (close_timeout, 30 s) waits for it.
+  Proc a(launch_args(flags("is_host=true", {}), {"die", "1"}), Env{{"TMPDIR", tmp_a.path()}});
+  Proc b(launch_args(flags("is_host=false", {"--shutdown_timeout=60"}),
+                     {"term", dir.path(), "ignore"}));
+  REQUIRE(a.wait_output(
+      [](const std::string&, const std::string& err) {
+        return err.find("Root Cause (first observed failure)") != std::string::npos;
+      },
+      30s));
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(a.pid(), SIGTERM);
+  const auto code = a.wait(10s);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  REQUIRE(code.has_value());
+  CHECK(*code == 143);
+  CHECK(took < 1500ms);
+  const auto left = std::distance(std::filesystem::directory_iterator(tmp_a.path()),
+                                  std::filesystem::directory_iterator());
+  CHECK(left == 0);  // its private muster_XXXXXX folder is gone
+  // b lost its server and waits out its grace for a worker that ignores SIGTERM: end it.
+  ::kill(b.pid(), SIGKILL);
+  CHECK(b.wait(20s) == 128 + SIGKILL);
 }

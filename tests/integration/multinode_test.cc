@@ -10,6 +10,7 @@
 
 #include "helpers.h"
 #include "muster/rendezvous/client.h"
+#include "muster/rendezvous/limits.h"
 
 using namespace muster::testing;
 
@@ -293,5 +294,23 @@ TEST_CASE("multinode: when the hosting agent dies the others stop cleanly with a
   for (int fd : fds) {
     CHECK(wait_pidfd(fd, 10s));  // its workers were stopped
     ::close(fd);
+  }
+}
+
+TEST_CASE("multinode: a 9 MiB error file is cut, reported by every node, exit 1", "[multinode]") {
+  namespace limits = muster::rendezvous::limits;
+  Rdzvd server;
+  const std::vector<std::string> worker{"bigerr", std::to_string(9 << 20), "0"};
+  Proc a(launch_args(c10d(server.endpoint, "2", 1, "bigjob"), worker));
+  Proc b(launch_args(c10d(server.endpoint, "2", 1, "bigjob"), worker));
+  REQUIRE(a.wait() == 1);
+  REQUIRE(b.wait() == 1);
+  for (Proc* p : {&a, &b}) {
+    INFO(p->err().substr(0, 4096));
+    CHECK_THAT(p->err(), Catch::Contains("Root Cause (first observed failure):\n[0]:"));
+    CHECK_THAT(p->err(), Catch::Contains("  message   : BigError: xxxxxxxx"));
+    CHECK_THAT(p->err(), Catch::Contains("cut"));
+    CHECK_THAT(p->err(), !Catch::Contains("lost"));
+    CHECK(p->err().size() < 4 * (limits::kMaxFailureMessageBytes + limits::kMaxFailureTracebackBytes));
   }
 }

@@ -9,11 +9,19 @@
 //   spew BYTES           write BYTES of numbered lines to stdout, exit 0
 //   partial              write a line without its newline, then die by SIGKILL
 //   errfile MESSAGE      write torch's @record error file with MESSAGE, exit 1
+//   bigerr BYTES RANK    rank RANK writes an @record error file of BYTES whose message is
+//                        "BigError: " and x's, and exits 1; the others wait to be stopped
+//   die CODE             exit with CODE at once
+//   family child         start a child that waits forever, print "ready <pid>" and
+//                        "family <child>", then wait to be stopped
+//   family setsid        the same, and the child starts a grandchild that calls setsid()
+//                        (its own session and process group): "family <child> <grandchild>"
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -120,6 +128,56 @@ int main(int argc, char** argv) {
         << argv[2] << R"(\n", "timestamp": "1700000000"}}})";
     out.close();
     return 1;
+  }
+  if (mode == "bigerr" && argc == 4) {
+    if (rank() != std::atoi(argv[3])) {
+      ready();
+      wait_forever();
+    }
+    const long total = std::atol(argv[2]);
+    std::ofstream out(env("TORCHELASTIC_ERROR_FILE"));
+    const std::string head = R"({"message": {"message": "BigError: )";
+    const std::string tail =
+        R"(", "extraInfo": {"py_callstack": "Traceback\nBigError\n", "timestamp": "1"}}})";
+    out << head << std::string(static_cast<std::size_t>(std::max(0L, total - static_cast<long>(head.size() + tail.size()))), 'x') << tail;
+    out.close();
+    return 1;
+  }
+  if (mode == "die" && argc == 3) return std::atoi(argv[2]);
+  if (mode == "family" && argc == 3) {
+    const bool setsid = std::strcmp(argv[2], "setsid") == 0;
+    int p[2];
+    if (::pipe(p) != 0) return 70;
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::close(p[0]);
+      pid_t grandchild = 0;
+      if (setsid) {
+        grandchild = ::fork();
+        if (grandchild == 0) {
+          ::setsid();  // leaves the worker's process group and session
+          ::close(p[1]);
+          wait_forever();
+        }
+      }
+      ssize_t n = ::write(p[1], &grandchild, sizeof grandchild);
+      (void)n;
+      ::close(p[1]);
+      wait_forever();
+    }
+    ::close(p[1]);
+    pid_t grandchild = 0;
+    ssize_t n = ::read(p[0], &grandchild, sizeof grandchild);
+    (void)n;
+    ::close(p[0]);
+    ready();
+    if (setsid) {
+      std::printf("family %d %d\n", static_cast<int>(child), static_cast<int>(grandchild));
+    } else {
+      std::printf("family %d\n", static_cast<int>(child));
+    }
+    std::fflush(stdout);
+    wait_forever();
   }
   std::fprintf(stderr, "test_worker: bad arguments\n");
   return 64;

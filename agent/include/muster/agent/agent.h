@@ -3,8 +3,8 @@
 //
 // Threads: everything runs on the io_context given to the constructor, which run() drives
 // on the calling thread. That must be the main thread: workers' PR_SET_PDEATHSIG follows
-// the thread that forked them. Child exits (pidfd), output pipes, signals and rendezvous
-// messages are all events on that loop; nothing polls.
+// the thread that forked them. Child exits (pidfd), output pipes, signals (delivered by
+// main through on_signal) and rendezvous messages are all events on that loop; nothing polls.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "muster/agent/supervisor.h"
 #include "muster/rendezvous/state_machine.h"
 
 namespace muster::agent {
@@ -53,9 +54,11 @@ struct AgentOptions {
   // the files and the console (tee). Empty: neither. Files hold the raw output, unprefixed.
   std::vector<int> redirect_of, tee_of;
   std::vector<bool> console_of;  // empty: every rank reaches the console
-  std::vector<int> signals;      // forwarded to workers; empty: SIGINT, SIGTERM, SIGHUP, SIGQUIT
   std::string own_error_file;    // launch's own TORCHELASTIC_ERROR_FILE, written on failure
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  // What keeps the job's descendants from outliving it (owned by main; may be null): each
+  // worker joins its cgroup and its process group is tracked.
+  JobSupervisor* supervisor = nullptr;
   // Output sinks (the console).
   int stdout_fd = 1;
   int stderr_fd = 2;
@@ -72,6 +75,12 @@ class Agent {
   // 1 on worker failure with no restarts left or a rendezvous error, 128+N when stopped by
   // signal N. Blocks; drives the io_context.
   int run();
+
+  // A signal launch received (main owns the signal_set, so that signals stay handled from
+  // startup to exit): forwarded to every worker's process group, the node leaves the run,
+  // and run() returns 128+N once the workers are gone; a second signal skips the grace.
+  // Called on the io_context's thread; ignored once the job has ended.
+  void on_signal(int sig);
 
  private:
   class Impl;

@@ -14,6 +14,9 @@ struct SpawnRequest {
   std::string path;               // resolved executable
   std::vector<std::string> argv;  // argv[0] included
   std::vector<std::string> envp;  // "KEY=VALUE"
+  // The job cgroup's cgroup.procs (JobSupervisor), which the child writes "0" to before
+  // exec, so that it and all it starts are in the job cgroup; -1: none.
+  int cgroup_procs_fd = -1;
 };
 
 // A started worker. The caller owns the three descriptors (all close-on-exec).
@@ -24,7 +27,8 @@ struct ChildProcess {
   int err_fd = -1;  // read end of the child's stderr
 };
 
-// Forks and execs the worker: in its own process group (pgid == pid), with
+// Forks and execs the worker: in its own process group (pgid == pid), in the job cgroup when
+// one is given, with
 // PR_SET_PDEATHSIG(SIGKILL) set in the child and the parent re-checked afterwards, stdout
 // and stderr on pipes, SIGPIPE reset to default. Only async-signal-safe calls run between
 // fork and exec; everything is prepared before the fork.
