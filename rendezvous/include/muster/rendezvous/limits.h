@@ -36,6 +36,8 @@ inline constexpr int kMaxKeepAliveAttempts = 100;
 inline constexpr milliseconds kMaxShutdownTimeout = std::chrono::hours(1);
 inline constexpr milliseconds kMaxCloseTimeout = std::chrono::hours(1);
 inline constexpr milliseconds kMaxReadTimeout = std::chrono::hours(24);
+// rdzvd --finished_run_grace (an operator's flag, bounded all the same).
+inline constexpr milliseconds kMaxFinishedRunGrace = std::chrono::hours(24);
 // Store waits (get, wait, multi_get): a longer timeout is clamped to this.
 inline constexpr milliseconds kMaxStoreWait = std::chrono::hours(24);
 
