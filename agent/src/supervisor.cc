@@ -1,6 +1,7 @@
 #include "muster/agent/supervisor.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -13,6 +14,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string_view>
@@ -21,14 +23,16 @@
 namespace muster::agent {
 namespace {
 
-// One message on the pipe: a process group to kill at the end ('T') or no longer ('F').
-// 8 bytes, far below PIPE_BUF, so each write is atomic.
+// One message on the pipe: a process group to kill at the end ('T') or no longer ('F'); a
+// folder to remove at the end ('D', `value` bytes of path follow) or no longer ('E').
+// One write of at most PIPE_BUF bytes each, so each is atomic.
 struct Record {
   char op;
   char pad[3];
-  std::int32_t pgid;
+  std::int32_t value;
 };
 static_assert(sizeof(Record) == 8);
+constexpr std::size_t kMaxPathBytes = PIPE_BUF - sizeof(Record);
 
 // How long the supervisor waits for a killed cgroup to empty before removing it: processes in
 // uninterruptible sleep die only when their I/O ends.
@@ -165,7 +169,8 @@ void kill_cgroup_and_remove(const std::string& dir) {
   }
 
   std::vector<pid_t> groups;
-  char buf[4096];
+  std::string folder;
+  char buf[2 * PIPE_BUF];
   std::size_t have = 0;
   for (;;) {
     ssize_t n = ::read(rfd, buf + have, sizeof buf - have);
@@ -173,14 +178,22 @@ void kill_cgroup_and_remove(const std::string& dir) {
     if (n <= 0) break;  // EOF: launch is gone
     have += static_cast<std::size_t>(n);
     std::size_t used = 0;
-    for (; have - used >= sizeof(Record); used += sizeof(Record)) {
+    while (have - used >= sizeof(Record)) {
       Record r;
       std::memcpy(&r, buf + used, sizeof r);
+      const std::size_t text =
+          r.op == 'D' ? std::min<std::size_t>(static_cast<std::size_t>(std::max(0, r.value)), kMaxPathBytes) : 0;
+      if (have - used < sizeof(Record) + text) break;  // the rest of the path is on its way
       if (r.op == 'T') {
-        groups.push_back(r.pgid);
+        groups.push_back(r.value);
       } else if (r.op == 'F') {
-        groups.erase(std::remove(groups.begin(), groups.end(), r.pgid), groups.end());
+        groups.erase(std::remove(groups.begin(), groups.end(), r.value), groups.end());
+      } else if (r.op == 'D') {
+        folder.assign(buf + used + sizeof(Record), text);
+      } else if (r.op == 'E') {
+        folder.clear();
       }
+      used += sizeof(Record) + text;
     }
     std::memmove(buf, buf + used, have - used);
     have -= used;
@@ -189,6 +202,10 @@ void kill_cgroup_and_remove(const std::string& dir) {
     if (g > 1) ::kill(-g, SIGKILL);
   }
   if (!cgroup_dir.empty()) kill_cgroup_and_remove(cgroup_dir);
+  if (!folder.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(folder, ec);
+  }
   ::_exit(0);
 }
 
@@ -250,20 +267,28 @@ std::string JobSupervisor::mechanism() const {
   return cgroup_dir_.empty() ? "process groups" : "cgroup " + cgroup_dir_;
 }
 
-void JobSupervisor::send(char op, pid_t pgid) {
-  if (pipe_fd_ < 0) return;
+void JobSupervisor::send(char op, pid_t value, const std::string& text) {
+  if (pipe_fd_ < 0 || text.size() > kMaxPathBytes) return;
   Record r{};
   r.op = op;
-  r.pgid = static_cast<std::int32_t>(pgid);
+  r.value = static_cast<std::int32_t>(value);
+  std::string msg(reinterpret_cast<const char*>(&r), sizeof r);
+  msg += text;
   ssize_t n;
   do {
-    n = ::write(pipe_fd_, &r, sizeof r);
+    n = ::write(pipe_fd_, msg.data(), msg.size());
   } while (n < 0 && errno == EINTR);
 }
 
 void JobSupervisor::track_group(pid_t pgid) { send('T', pgid); }
 
 void JobSupervisor::forget_group(pid_t pgid) { send('F', pgid); }
+
+void JobSupervisor::track_folder(const std::string& path) {
+  send('D', static_cast<pid_t>(path.size()), path);
+}
+
+void JobSupervisor::forget_folder() { send('E', 0); }
 
 void JobSupervisor::kill_cgroup() {
   if (kill_fd_ >= 0) write_str(kill_fd_, "1");

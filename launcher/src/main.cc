@@ -247,8 +247,13 @@ int main(int argc, char** argv) {
   }
   opts.base_env = std::move(env);
 
+  // A kill -9 leaves no temporary folder either: the supervisor removes it.
+  if (!keep && supervisor) supervisor->track_folder(tmpl);
   auto cleanup = [&] {
-    if (!keep) std::filesystem::remove_all(tmpl, ec);
+    if (!keep) {
+      if (supervisor) supervisor->forget_folder();
+      std::filesystem::remove_all(tmpl, ec);
+    }
     // The supervisor kills what is left (nothing, normally) and removes the job cgroup.
     if (supervisor) supervisor->finish(std::chrono::seconds(2));
   };

@@ -466,7 +466,9 @@ std::pair<pid_t, std::string> supervisor_of(const std::string& err) {
 
 // Runs 2 "family MODE" workers, kill -9s launch, and checks that every worker and every
 // process they started is gone.
-void kill9_leaves_nothing(const Env& env, const std::string& mode, std::size_t per_worker) {
+void kill9_leaves_nothing(Env env, const std::string& mode, std::size_t per_worker) {
+  TempDir tmp;
+  env["TMPDIR"] = tmp.path();
   Proc p(launch_args({"--standalone", "--nproc_per_node=2"}, {"family", mode}), env);
   REQUIRE(p.wait_output(has_families(2), 30s));
   std::vector<pid_t> pids = ready_pids(p.out());
@@ -480,14 +482,15 @@ void kill9_leaves_nothing(const Env& env, const std::string& mode, std::size_t p
   ::kill(p.pid(), SIGKILL);
   REQUIRE(p.wait() == 128 + SIGKILL);
   check_all_gone(pids, fds);
-  // The supervisor finished, and took the job's cgroup with it.
+  // The supervisor finished, and took the job's cgroup and launch's private temporary
+  // folder with it.
   auto [sup, dir] = supervisor_of(p.err());
-  if (sup > 0) {
-    const int fd = open_pidfd(sup);
-    CHECK(wait_pidfd(fd, 15s));
-    if (fd >= 0) ::close(fd);
-    if (!dir.empty()) CHECK_FALSE(std::filesystem::exists(dir));
-  }
+  REQUIRE(sup > 0);
+  const int fd = open_pidfd(sup);
+  CHECK(wait_pidfd(fd, 15s));
+  if (fd >= 0) ::close(fd);
+  if (!dir.empty()) CHECK_FALSE(std::filesystem::exists(dir));
+  CHECK(std::filesystem::is_empty(tmp.path()));
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 // process, a daemon that called setsid) does not. So `launch` forks, first thing in main
 // while it has one thread, a small supervisor process that outlives it: it holds the read end
 // of a pipe whose write end only `launch` has, and when that pipe reads EOF (launch exited,
-// however, kill -9 included) it kills what is left of the job and exits.
+// however, kill -9 included) it kills what is left of the job, removes launch's private
+// temporary folder if launch has not, and exits.
 //
 // What it kills:
 // - cgroup v2, where launch's own cgroup is writable (and has cgroup.kill, Linux 5.14): a
@@ -51,6 +52,11 @@ class JobSupervisor {
   // The group has been killed and reaped: its id may be reused, so it must not be killed later.
   void forget_group(pid_t pgid);
 
+  // The supervisor removes this folder (launch's private temporary folder) when launch ends
+  // without removing it itself (kill -9); forget_folder() before launch removes it.
+  void track_folder(const std::string& path);
+  void forget_folder();
+
   // Kills every process left in the job cgroup now (every worker has exited; what remains was
   // started by them). A no-op in the process-group fallback.
   void kill_cgroup();
@@ -62,7 +68,7 @@ class JobSupervisor {
 
  private:
   JobSupervisor() = default;
-  void send(char op, pid_t pgid);
+  void send(char op, pid_t pgid, const std::string& text = "");
 
   pid_t pid_ = -1;
   int pipe_fd_ = -1;   // write end: EOF there is the supervisor's signal
