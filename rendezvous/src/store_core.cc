@@ -53,16 +53,6 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
-struct StoreCore::Run {
-  explicit Run(const StoreLimits& limits) : table(limits) {}
-  absl::Mutex mu;
-  KvTable table ABSL_GUARDED_BY(mu);
-  // key -> the waits missing it (with each one's slot for that key).
-  std::unordered_map<std::string, StoreWait::Waiting> waiting ABSL_GUARDED_BY(mu);
-  std::size_t parked ABSL_GUARDED_BY(mu) = 0;
-  std::uint64_t wait_visits ABSL_GUARDED_BY(mu) = 0;
-  bool dropped ABSL_GUARDED_BY(mu) = false;  // by drop() or shutdown(): serves nothing more
-};
 
 StoreCore::StoreCore(Options options) : options_(std::move(options)) {}
 

@@ -122,20 +122,32 @@ class StoreCore {
   }
 
  private:
-  struct Run;
+  struct Run {
+    explicit Run(const StoreLimits& limits) : table(limits) {}
+    absl::Mutex mu;
+    KvTable table ABSL_GUARDED_BY(mu);
+    // key -> the waits missing it (with each one's slot for that key).
+    std::unordered_map<std::string, StoreWait::Waiting> waiting ABSL_GUARDED_BY(mu);
+    std::size_t parked ABSL_GUARDED_BY(mu) = 0;
+    std::uint64_t wait_visits ABSL_GUARDED_BY(mu) = 0;
+    bool dropped ABSL_GUARDED_BY(mu) = false;  // by drop() or shutdown(): serves nothing more
+  };
+
   absl::Status validate(const v1::StoreRequest& req) const;
   std::shared_ptr<Run> find_run(const std::string& run_id, absl::Status& st);
   // The waits of `key` no longer miss it; those missing nothing more are answered.
-  void wake(Run& run, const std::string& key, std::vector<StoreWaitPtr>& woken);
+  void wake(Run& run, const std::string& key, std::vector<StoreWaitPtr>& woken)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run.mu);
   // Indexes w's missing keys; false if none is missing.
-  bool index(Run& run, StoreWait& w);
-  void unindex(Run& run, StoreWait& w);
+  bool index(Run& run, StoreWait& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run.mu);
+  void unindex(Run& run, StoreWait& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run.mu);
   // Fills the reply of a read whose keys are all present.
   static absl::Status answer_read(const KvTable& table, const v1::StoreRequest& req,
                                   v1::StoreReply& reply);
-  void park(const std::shared_ptr<Run>& run, const StoreWaitPtr& w, StoreClock::time_point now);
-  // Takes w out of the core (run's mutex held).
-  void unpark(Run& run, StoreWait& w);
+  void park(const std::shared_ptr<Run>& run, const StoreWaitPtr& w, StoreClock::time_point now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run->mu);
+  // Takes w out of the core.
+  void unpark(Run& run, StoreWait& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run.mu);
 
   const Options options_;
   std::function<void()> on_earlier_deadline_;
