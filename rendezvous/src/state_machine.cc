@@ -1,12 +1,16 @@
 #include "muster/rendezvous/state_machine.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace muster::rendezvous {
 namespace {
+
+using std::chrono::milliseconds;
 
 Outgoing send(SessionId s, v1::ServerMsg msg) {
   Outgoing o;
@@ -23,11 +27,140 @@ Outgoing close_with(SessionId s, absl::Status status) {
   return o;
 }
 
+// --- Saturating time arithmetic ----------------------------------------------------------
+// Client durations are clamped, but the operator's defaults are not, and a steady_clock
+// duration (ns) holds only ~292 years: nothing here may wrap.
+
+Clock::duration to_clock(milliseconds d) {
+  constexpr auto cap = std::chrono::duration_cast<milliseconds>(Clock::duration::max());
+  if (d <= milliseconds::zero()) return Clock::duration::zero();
+  if (d >= cap) return Clock::duration::max();
+  return std::chrono::duration_cast<Clock::duration>(d);
+}
+
+// t + d, or TimePoint::max() ("never") where that does not fit.
+TimePoint after(TimePoint t, milliseconds d) {
+  const Clock::duration c = to_clock(d);
+  if (t.time_since_epoch() > Clock::duration::max() - c) return TimePoint::max();
+  return t + c;
+}
+
+// A deadline at least 1 ms after `now`: a zero timeout from the operator must not make a
+// timer that is always due (after on_tick(now), no deadline is at or before now).
+TimePoint deadline(TimePoint now, milliseconds d) {
+  return after(now, std::max(d, milliseconds(1)));
+}
+
+milliseconds times(milliseconds d, int n) {
+  if (n <= 0 || d <= milliseconds::zero()) return milliseconds::zero();
+  if (d.count() > std::numeric_limits<milliseconds::rep>::max() / n) return milliseconds::max();
+  return d * n;
+}
+
+// A client-supplied duration: 0 or less is `fallback`, more than `max` is `max`.
+milliseconds client_duration(std::int64_t ms, milliseconds fallback, milliseconds max) {
+  if (ms <= 0) return fallback;
+  return ms >= max.count() ? max : milliseconds(ms);
+}
+
+milliseconds shutdown_timeout_of(const v1::Join& j) {
+  return client_duration(j.shutdown_timeout_ms(), limits::kDefaultShutdownTimeout,
+                         limits::kMaxShutdownTimeout);
+}
+
+// --- UTF-8 -------------------------------------------------------------------------------
+
+// The length of the well-formed UTF-8 sequence at s[i], or 0 if there is none.
+std::size_t utf8_sequence(std::string_view s, std::size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return 1;
+  std::size_t len;
+  std::uint32_t cp;
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+    cp = c & 0x1F;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    cp = c & 0x0F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    cp = c & 0x07;
+  } else {
+    return 0;  // a continuation byte, C0/C1 (always overlong), or F5..FF
+  }
+  if (s.size() - i < len) return 0;
+  for (std::size_t k = 1; k < len; ++k) {
+    const auto cc = static_cast<unsigned char>(s[i + k]);
+    if ((cc & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (cc & 0x3F);
+  }
+  if (len == 3 && cp < 0x800) return 0;                          // overlong
+  if (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) return 0;     // overlong, or too large
+  if (cp >= 0xD800 && cp <= 0xDFFF) return 0;                    // a surrogate
+  return len;
+}
+
+// `s` as text for a `string` field (a reason the agent prints): invalid bytes become
+// U+FFFD and at most `max` bytes of `s` are used. Protobuf refuses to parse a `string`
+// field that is not UTF-8, so a client's bytes must never reach one unchecked.
+std::string printable(std::string_view s, std::size_t max) {
+  std::string r;
+  std::size_t i = 0;
+  while (i < s.size() && i < max) {
+    std::size_t len = utf8_sequence(s, i);
+    if (len == 0) {
+      r += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      r.append(s.substr(i, len));
+      i += len;
+    }
+  }
+  if (i < s.size()) r += "...";
+  return r;
+}
+
+// Room kept for the note a cut adds, so that text plus note stays within the bound:
+// "\n[... cut " + up to 20 digits + " bytes]".
+constexpr std::size_t kCutNoteRoom = 40;
+static_assert(limits::kMaxFailureMessageBytes > kCutNoteRoom);
+static_assert(limits::kMaxFailureTracebackBytes > kCutNoteRoom);
+
+bool is_continuation(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
+
+// A message: its start is what the user reads first; the note goes at the end.
+std::string cut_keep_start(const std::string& s, std::size_t max) {
+  if (s.size() <= max) return s;
+  std::size_t keep = max - kCutNoteRoom;
+  while (keep > 0 && is_continuation(s[keep])) --keep;  // not inside a character
+  return absl::StrCat(s.substr(0, keep), "\n[... cut ", s.size() - keep, " bytes]");
+}
+
+// A traceback: Python puts the exception last, so its end is kept and the note goes first.
+std::string cut_keep_end(const std::string& s, std::size_t max) {
+  if (s.size() <= max) return s;
+  std::size_t start = s.size() - (max - kCutNoteRoom);
+  while (start < s.size() && is_continuation(s[start])) ++start;
+  return absl::StrCat("[... cut ", start, " bytes]\n", s.substr(start));
+}
+
+absl::Status check_text(const std::string& what, const std::string& s) {
+  if (s.size() > limits::kMaxIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("join: ", what, " is ", s.size(),
+                                                   " bytes, longer than ", limits::kMaxIdBytes));
+  }
+  if (!is_valid_utf8(s)) {
+    return absl::InvalidArgumentError(absl::StrCat("join: ", what, " is not valid UTF-8"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status validate(const v1::Join& j) {
   if (j.run_id().empty()) return absl::InvalidArgumentError("join: empty run id");
-  if (j.run_id().size() > kMaxIdLength || j.node_id().size() > kMaxIdLength ||
-      j.host().size() > kMaxIdLength) {
-    return absl::InvalidArgumentError("join: run id, node id or host longer than 256 bytes");
+  for (const auto& [what, text] : {std::pair<std::string, const std::string*>{"run id", &j.run_id()},
+                                   {"node id", &j.node_id()},
+                                   {"host", &j.host()}}) {
+    if (absl::Status st = check_text(what, *text); !st.ok()) return st;
   }
   if (j.local_world_size() < 1 || j.local_world_size() > kMaxLocalWorldSize) {
     return absl::InvalidArgumentError(
@@ -48,7 +181,34 @@ absl::Status validate(const v1::Join& j) {
   return absl::OkStatus();
 }
 
+template <typename Nodes>
+auto find_session(Nodes& nodes, SessionId session) {
+  return std::find_if(nodes.begin(), nodes.end(),
+                      [session](const auto& n) { return n.session == session; });
+}
+
 }  // namespace
+
+bool is_valid_utf8(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    std::size_t len = utf8_sequence(s, i);
+    if (len == 0) return false;
+    i += len;
+  }
+  return true;
+}
+
+v1::WorkerFailure cap_failure(const v1::WorkerFailure& f) {
+  v1::WorkerFailure r = f;
+  r.DiscardUnknownFields();
+  if (r.message().size() > limits::kMaxFailureMessageBytes) {
+    r.set_message(cut_keep_start(r.message(), limits::kMaxFailureMessageBytes));
+  }
+  if (r.traceback().size() > limits::kMaxFailureTracebackBytes) {
+    r.set_traceback(cut_keep_end(r.traceback(), limits::kMaxFailureTracebackBytes));
+  }
+  return r;
+}
 
 std::size_t StateMachine::num_active_runs() const {
   return std::count_if(runs_.begin(), runs_.end(),
@@ -65,6 +225,16 @@ StateMachine::Run* StateMachine::run_of(SessionId session) {
 std::vector<Outgoing> StateMachine::on_message(SessionId session, const v1::AgentMsg& msg,
                                                TimePoint now) {
   std::vector<Outgoing> out;
+  // The server refuses larger messages before they get here; this is the second edge, so
+  // that nothing larger is ever kept or forwarded whoever drives the machine.
+  if (const std::size_t size = msg.ByteSizeLong(); size > limits::kMaxAgentMessageBytes) {
+    refuse(session,
+           absl::ResourceExhaustedError(absl::StrCat("message of ", size,
+                                                     " bytes is larger than the limit of ",
+                                                     limits::kMaxAgentMessageBytes)),
+           now, out);
+    return out;
+  }
   if (msg.has_join()) return on_join(session, msg.join(), now);
   Run* run = run_of(session);
   if (run == nullptr) {
@@ -78,7 +248,7 @@ std::vector<Outgoing> StateMachine::on_message(SessionId session, const v1::Agen
   } else if (msg.has_success()) {
     on_success(*run, session, msg.success(), now, out);
   }
-  // KeepAlive: liveness is the stream itself; nothing to do.
+  // KeepAlive: being heard from (above) is all it is for.
   return out;
 }
 
@@ -86,92 +256,149 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
                                             TimePoint now) {
   std::vector<Outgoing> out;
   if (absl::Status st = validate(join); !st.ok()) {
-    out.push_back(close_with(session, st));
+    refuse(session, st, now, out);
     return out;
   }
-  auto [it, inserted] = runs_.try_emplace(join.run_id());
-  Run& run = it->second;
-  if (inserted) {
+  // A session serves one run: a stream that could join a second run would stay a member
+  // (a ghost) of the first, holding it up.
+  if (auto cur = session_run_.find(session);
+      cur != session_run_.end() && cur->second != join.run_id()) {
+    refuse(session,
+           absl::InvalidArgumentError(absl::StrCat(
+               "this stream is in run '", cur->second, "' and cannot join run '",
+               join.run_id(), "': a stream serves one run (it has been taken out of '",
+               cur->second, "')")),
+           now, out);
+    return out;
+  }
+  auto it = runs_.find(join.run_id());
+  if (it == runs_.end()) {
+    if (runs_.size() >= limits::kMaxRuns) {
+      refuse(session,
+             absl::ResourceExhaustedError(absl::StrCat(
+                 "the rendezvous server holds ", runs_.size(), " runs, its limit; run '",
+                 join.run_id(), "' cannot be created now")),
+             now, out);
+      return out;
+    }
+    it = runs_.try_emplace(join.run_id()).first;
+    Run& run = it->second;
     run.id = join.run_id();
     run.min_nodes = join.min_nodes();
     run.max_nodes = join.max_nodes();
     run.max_restarts = join.max_restarts();
     run.timeouts = timeouts_;
-    using ms = std::chrono::milliseconds;
-    if (join.join_timeout_ms() > 0) run.timeouts.join_timeout = ms(join.join_timeout_ms());
-    if (join.last_call_timeout_ms() > 0) {
-      run.timeouts.last_call_timeout = ms(join.last_call_timeout_ms());
-    }
-    if (join.keep_alive_interval_ms() > 0) {
-      run.timeouts.keep_alive_interval = ms(join.keep_alive_interval_ms());
-    }
+    // The first node sets the run's timing, within bounds: one client must not be able to
+    // make a run (or its nodes) wait for ever, nor make a deadline wrap.
+    RendezvousTimeouts& t = run.timeouts;
+    t.join_timeout =
+        client_duration(join.join_timeout_ms(), t.join_timeout, limits::kMaxJoinTimeout);
+    t.last_call_timeout = client_duration(join.last_call_timeout_ms(), t.last_call_timeout,
+                                          limits::kMaxLastCallTimeout);
+    t.keep_alive_interval = client_duration(join.keep_alive_interval_ms(),
+                                            t.keep_alive_interval, limits::kMaxKeepAliveInterval);
     if (join.keep_alive_max_attempt() > 0) {
-      run.timeouts.keep_alive_max_attempt = join.keep_alive_max_attempt();
+      t.keep_alive_max_attempt = std::min(join.keep_alive_max_attempt(),
+                                          limits::kMaxKeepAliveAttempts);
     }
   }
+  Run& run = it->second;
   if (run.phase == Phase::kFinished) {
-    out.push_back(close_with(session, absl::FailedPreconditionError(absl::StrCat(
-                                          "run '", run.id, "' has already finished"))));
+    refuse(session,
+           absl::FailedPreconditionError(absl::StrCat("run '", run.id, "' has already finished")),
+           now, out);
     return out;
   }
   if (join.min_nodes() != run.min_nodes || join.max_nodes() != run.max_nodes ||
       join.max_restarts() != run.max_restarts) {
-    out.push_back(close_with(
-        session,
-        absl::InvalidArgumentError(absl::StrCat(
-            "run '", run.id, "' is configured with nnodes=", run.min_nodes, ":", run.max_nodes,
-            " max_restarts=", run.max_restarts, ", this node asked for ", join.min_nodes(), ":",
-            join.max_nodes(), " max_restarts=", join.max_restarts()))));
-    if (inserted) runs_.erase(it);
+    refuse(session,
+           absl::InvalidArgumentError(absl::StrCat(
+               "run '", run.id, "' is configured with nnodes=", run.min_nodes, ":",
+               run.max_nodes, " max_restarts=", run.max_restarts, ", this node asked for ",
+               join.min_nodes(), ":", join.max_nodes(), " max_restarts=", join.max_restarts())),
+           now, out);
     return out;
   }
+  // Keep only what the node needs: not the credential, not fields this server does not know.
+  v1::Join kept = join;
+  kept.clear_token();
+  kept.DiscardUnknownFields();
+
+  // A member that joins again while its round runs has left the round (its agent restarted
+  // on its own): it must not be member and waiter at once.
+  bool was_member = false;
+  if (run.phase == Phase::kRunning) {
+    if (auto m = find_session(run.members, session); m != run.members.end()) {
+      run.members.erase(m);
+      run.succeeded.erase(session);
+      was_member = true;
+    }
+  }
+  // A survivor back after a restart: learn how long it takes, if longer than it says.
+  if (auto r = run.restarted_at.find(session); r != run.restarted_at.end()) {
+    const auto took = std::chrono::duration_cast<milliseconds>(now - r->second);
+    if (took > shutdown_timeout_of(join)) {
+      run.rejoin_took[session] = took;
+    } else {
+      run.rejoin_took.erase(session);
+    }
+    run.restarted_at.erase(r);
+  }
   // A rejoin on the same stream (after a Restart) replaces any earlier entry.
-  auto same = [session](const Node& n) { return n.session == session; };
-  run.waiting.erase(std::remove_if(run.waiting.begin(), run.waiting.end(), same),
-                    run.waiting.end());
-  run.waiting.push_back(Node{session, join});
+  if (auto w = find_session(run.waiting, session); w != run.waiting.end()) run.waiting.erase(w);
+  run.waiting.push_back(Node{session, std::move(kept)});
   session_run_[session] = run.id;
   run.last_seen[session] = now;
-  if (!run.keep_alive_check) run.keep_alive_check = now + run.timeouts.keep_alive_interval;
+  if (!run.keep_alive_check) {
+    run.keep_alive_check = deadline(now, run.timeouts.keep_alive_interval);
+  }
 
   if (run.phase == Phase::kRunning) {
-    // A newcomer while a round runs: scale up if there is room, else it waits as a spare.
-    if (static_cast<int>(run.members.size()) < run.max_nodes) {
+    if (was_member) {
+      restart(run, absl::StrCat("node ", join.node_id(), " joined again; restarting"), false,
+              now, out);
+    } else if (static_cast<int>(run.members.size()) < run.max_nodes) {
+      // A newcomer while a round runs: scale up if there is room, else it waits as a spare.
       restart(run, absl::StrCat("node ", join.node_id(), " joined; scaling up"), false, now, out);
     }
     return out;
   }
-  if (!run.join_deadline) run.join_deadline = now + run.timeouts.join_timeout;
   maybe_close_round(run, now, out);
   return out;
 }
 
 void StateMachine::maybe_close_round(Run& run, TimePoint now, std::vector<Outgoing>& out) {
+  if (run.phase != Phase::kJoining) return;
   const int n = static_cast<int>(run.waiting.size());
-  if (n >= run.max_nodes) {
+  if (n < run.min_nodes) {
+    run.last_call_deadline.reset();
+    if (!run.join_deadline) run.join_deadline = deadline(now, run.timeouts.join_timeout);
+    return;
+  }
+  // After a restart the round waits for every survivor still expected (each for a bounded
+  // time): a round closed without them is restarted again by their Join, and with workers
+  // slower to stop than the last call that repeats for ever.
+  bool pending = false;
+  for (const auto& [session, until] : run.expected) {
+    if (find_session(run.waiting, session) == run.waiting.end()) pending = true;
+  }
+  if (pending) {
+    run.last_call_deadline.reset();
+    return;
+  }
+  // Full, or every survivor is back: nobody else is worth waiting for.
+  if (n >= run.max_nodes || !run.expected.empty()) {
     close_round(run, now, out);
     return;
   }
-  if (n >= run.min_nodes) {
-    // After a restart, the round closes as soon as every surviving node is back.
-    if (!run.expected.empty() &&
-        std::all_of(run.expected.begin(), run.expected.end(), [&run](const std::string& id) {
-          return std::any_of(run.waiting.begin(), run.waiting.end(),
-                             [&id](const Node& w) { return w.join.node_id() == id; });
-        })) {
-      close_round(run, now, out);
-      return;
-    }
-    if (!run.last_call_deadline) {
-      run.last_call_deadline = now + run.timeouts.last_call_timeout;
-    }
-    if (now >= *run.last_call_deadline) close_round(run, now, out);
-  } else {
-    run.last_call_deadline.reset();
+  if (!run.last_call_deadline) {
+    run.last_call_deadline = deadline(now, run.timeouts.last_call_timeout);
   }
+  if (now >= *run.last_call_deadline) close_round(run, now, out);
 }
 
 void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& out) {
+  (void)now;
   const int count = std::min<int>(run.max_nodes, run.waiting.size());
   // Who gets in: requested ranks and previous members first, then join order.
   std::stable_partition(run.waiting.begin(), run.waiting.end(), [&](const Node& n) {
@@ -234,8 +461,7 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
     out.push_back(send(n.session, std::move(msg)));
     offset += n.join.local_world_size();
   }
-  // Spares left over keep waiting for the next round.
-  if (!run.waiting.empty()) run.join_deadline.reset();
+  // Spares left over keep waiting for the next round (max_nodes is met: no join deadline).
 }
 
 void StateMachine::restart(Run& run, const std::string& reason, bool counts, TimePoint now,
@@ -243,7 +469,10 @@ void StateMachine::restart(Run& run, const std::string& reason, bool counts, Tim
   if (counts) ++run.restart_count;
   run.expected.clear();
   for (const Node& n : run.members) {
-    run.expected.insert(n.join.node_id());
+    // Each survivor holds the next round for as long as its agent may take to stop its
+    // workers, plus a margin: bounded, so a node that never comes back cannot stall the run.
+    run.expected[n.session] = after(after(now, hold_of(run, n)), limits::kRejoinMargin);
+    run.restarted_at[n.session] = now;
     v1::ServerMsg msg;
     msg.mutable_restart()->set_reason(reason);
     msg.mutable_restart()->set_restart_count(run.restart_count);
@@ -252,45 +481,55 @@ void StateMachine::restart(Run& run, const std::string& reason, bool counts, Tim
   run.members.clear();
   run.succeeded.clear();
   run.phase = Phase::kJoining;
-  run.join_deadline = now + run.timeouts.join_timeout;
+  run.join_deadline.reset();  // a fresh one, from now, while below min
   run.last_call_deadline.reset();
   maybe_close_round(run, now, out);  // spares may already make a round
 }
 
+std::chrono::milliseconds StateMachine::hold_of(const Run& run, const Node& node) const {
+  milliseconds hold = shutdown_timeout_of(node.join);
+  if (auto took = run.rejoin_took.find(node.session); took != run.rejoin_took.end()) {
+    hold = std::max(hold, took->second);
+  }
+  return std::min(hold, limits::kMaxShutdownTimeout);
+}
+
 void StateMachine::finish(Run& run, const v1::ServerMsg& last, TimePoint now,
                           std::vector<Outgoing>& out) {
-  for (const std::vector<Node>* group : {&run.members, &run.waiting}) {
-    for (const Node& n : *group) {
-      out.push_back(send(n.session, last));
-      out.push_back(close_with(n.session, absl::OkStatus()));
-      session_run_.erase(n.session);
-    }
+  // Every connected node hears the end: members, spares, and a survivor that was not back
+  // in time for the round.
+  for (const auto& [session, seen] : run.last_seen) {
+    out.push_back(send(session, last));
+    out.push_back(close_with(session, absl::OkStatus()));
+    session_run_.erase(session);
   }
   run.members.clear();
   run.waiting.clear();
   run.succeeded.clear();
   run.expected.clear();
+  run.restarted_at.clear();
+  run.rejoin_took.clear();
   run.last_seen.clear();
   run.phase = Phase::kFinished;
   run.join_deadline.reset();
   run.last_call_deadline.reset();
   run.keep_alive_check.reset();
-  run.expires_at = now + run.timeouts.finished_run_grace;
+  run.expires_at = deadline(now, run.timeouts.finished_run_grace);
 }
 
 void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailure& f,
                               TimePoint now, std::vector<Outgoing>& out) {
-  auto member = std::find_if(run.members.begin(), run.members.end(),
-                             [session](const Node& n) { return n.session == session; });
   // Only the running round's members count; a report for an older round is stale.
-  if (run.phase != Phase::kRunning || member == run.members.end() || f.round() != run.round) {
+  if (run.phase != Phase::kRunning || find_session(run.members, session) == run.members.end() ||
+      f.round() != run.round) {
     return;
   }
-  const v1::WorkerFailure& rc = f.root_cause();
+  // Cut before anything is kept or forwarded: a Fail goes to every node of the run.
+  const v1::WorkerFailure rc = cap_failure(f.root_cause());
   if (run.restart_count < run.max_restarts) {
     restart(run,
-            absl::StrCat("worker rank ", rc.rank(), " on ", rc.host(), " failed; restart ",
-                         run.restart_count + 1, " of ", run.max_restarts),
+            absl::StrCat("worker rank ", rc.rank(), " on ", printable(rc.host(), limits::kMaxIdBytes),
+                         " failed; restart ", run.restart_count + 1, " of ", run.max_restarts),
             true, now, out);
     return;
   }
@@ -300,15 +539,17 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
                                          : absl::StrCat("a worker failed and all ",
                                                         run.max_restarts, " restarts are spent"));
   *fail->mutable_root_cause() = rc;
-  *fail->mutable_others() = f.others();
+  const int others = std::min<int>(f.others_size(), limits::kMaxFailureOthers);
+  for (int i = 0; i < others; ++i) *fail->add_others() = cap_failure(f.others(i));
   finish(run, msg, now, out);
 }
 
 void StateMachine::on_success(Run& run, SessionId session, const v1::ReportSuccess& s,
                               TimePoint now, std::vector<Outgoing>& out) {
-  bool member = std::any_of(run.members.begin(), run.members.end(),
-                            [session](const Node& n) { return n.session == session; });
-  if (run.phase != Phase::kRunning || !member || s.round() != run.round) return;
+  if (run.phase != Phase::kRunning || find_session(run.members, session) == run.members.end() ||
+      s.round() != run.round) {
+    return;
+  }
   run.succeeded.insert(session);
   if (run.succeeded.size() == run.members.size()) {
     v1::ServerMsg msg;
@@ -319,54 +560,92 @@ void StateMachine::on_success(Run& run, SessionId session, const v1::ReportSucce
 
 std::vector<Outgoing> StateMachine::on_stream_closed(SessionId session, TimePoint now) {
   std::vector<Outgoing> out;
-  Run* run = run_of(session);
-  if (run == nullptr) {
-    session_run_.erase(session);
-    return out;
-  }
-  drop_session(*run, session, now, out);
-  if (run->phase == Phase::kJoining && run->waiting.empty() && run->members.empty() &&
-      run->round == 0) {
-    runs_.erase(run->id);  // nobody ever formed a round: forget the run
-  }
+  leave(session, now, out);
   return out;
 }
 
-void StateMachine::drop_session(Run& run, SessionId session, TimePoint now,
-                                std::vector<Outgoing>& out) {
+void StateMachine::leave(SessionId session, TimePoint now, std::vector<Outgoing>& out) {
+  Run* run = run_of(session);
+  if (run == nullptr) {
+    session_run_.erase(session);
+    return;
+  }
+  const std::string id = run->id;
+  drop_session(*run, session, now, out);
+  drop_if_unheld(id);
+}
+
+void StateMachine::refuse(SessionId session, absl::Status status, TimePoint now,
+                          std::vector<Outgoing>& out) {
+  out.push_back(close_with(session, std::move(status)));
+  // The stream is ending: the session is out of its run now, not when the close is seen.
+  leave(session, now, out);
+}
+
+bool StateMachine::drop_if_unheld(const std::string& run_id) {
+  auto it = runs_.find(run_id);
+  if (it == runs_.end() || it->second.phase == Phase::kFinished ||
+      !it->second.last_seen.empty()) {
+    return false;
+  }
+  // Nobody holds the run: whatever its round, nobody can finish it or be told about it.
+  runs_.erase(it);
+  return true;
+}
+
+std::optional<std::string> StateMachine::remove_session(Run& run, SessionId session) {
   session_run_.erase(session);
   run.last_seen.erase(session);
-  auto same = [session](const Node& n) { return n.session == session; };
-  auto w = std::find_if(run.waiting.begin(), run.waiting.end(), same);
-  if (w != run.waiting.end()) {
-    run.expected.erase(w->join.node_id());
-    run.waiting.erase(w);
-  }
-  auto member = std::find_if(run.members.begin(), run.members.end(), same);
-  if (run.phase == Phase::kRunning && member != run.members.end()) {
-    std::string node = member->join.node_id();
-    run.members.erase(member);
-    restart(run, absl::StrCat("node ", node, " left the run"), false, now, out);
+  // A survivor that dies before it rejoins is no longer waited for.
+  run.expected.erase(session);
+  run.restarted_at.erase(session);
+  run.rejoin_took.erase(session);
+  run.succeeded.erase(session);
+  if (auto w = find_session(run.waiting, session); w != run.waiting.end()) run.waiting.erase(w);
+  auto member = find_session(run.members, session);
+  if (run.phase != Phase::kRunning || member == run.members.end()) return std::nullopt;
+  std::string node = member->join.node_id();
+  run.members.erase(member);
+  return node;
+}
+
+void StateMachine::after_loss(Run& run, const std::vector<std::string>& lost_members,
+                              TimePoint now, std::vector<Outgoing>& out) {
+  if (run.phase == Phase::kRunning && !lost_members.empty()) {
+    restart(run,
+            absl::StrCat(lost_members.size() == 1 ? "node " : "nodes ",
+                         absl::StrJoin(lost_members, ", "), " left the run"),
+            false, now, out);
   } else if (run.phase == Phase::kJoining) {
     maybe_close_round(run, now, out);
   }
 }
 
+void StateMachine::drop_session(Run& run, SessionId session, TimePoint now,
+                                std::vector<Outgoing>& out) {
+  std::vector<std::string> lost;
+  if (auto node = remove_session(run, session)) lost.push_back(std::move(*node));
+  after_loss(run, lost, now, out);
+}
+
 void StateMachine::check_keep_alive(Run& run, TimePoint now, std::vector<Outgoing>& out) {
-  const auto limit = run.timeouts.keep_alive_interval * run.timeouts.keep_alive_max_attempt;
+  const milliseconds limit =
+      times(run.timeouts.keep_alive_interval, run.timeouts.keep_alive_max_attempt);
   std::vector<SessionId> silent;
   for (const auto& [session, seen] : run.last_seen) {
-    if (now - seen >= limit) silent.push_back(session);
+    if (after(seen, limit) <= now) silent.push_back(session);
   }
+  // All of them first, then one restart: dropping them one by one could close a round
+  // with a silent node that the next step drops again.
+  std::vector<std::string> lost;
   for (SessionId s : silent) {
-    out.push_back(
-        close_with(s, absl::UnavailableError(absl::StrCat(
-                          "no keep-alive from this node for ",
-                          std::chrono::duration_cast<std::chrono::milliseconds>(limit).count(),
-                          " ms: it was dropped from run '", run.id, "'"))));
-    drop_session(run, s, now, out);
+    out.push_back(close_with(
+        s, absl::UnavailableError(absl::StrCat("no keep-alive from this node for ", limit.count(),
+                                               " ms: it was dropped from run '", run.id, "'"))));
+    if (auto node = remove_session(run, s)) lost.push_back(std::move(*node));
   }
-  run.keep_alive_check = now + run.timeouts.keep_alive_interval;
+  if (!silent.empty()) after_loss(run, lost, now, out);
+  run.keep_alive_check = deadline(now, run.timeouts.keep_alive_interval);
 }
 
 std::vector<v1::RunStatus> StateMachine::status(const std::string& run_id) const {
@@ -395,37 +674,59 @@ std::vector<v1::RunStatus> StateMachine::status(const std::string& run_id) const
   return out;
 }
 
+void StateMachine::tick_run(const std::string& run_id, TimePoint now,
+                            std::vector<Outgoing>& out) {
+  auto it = runs_.find(run_id);
+  if (it == runs_.end()) return;
+  Run& run = it->second;
+  if (run.phase == Phase::kFinished) {
+    if (run.expires_at && now >= *run.expires_at) runs_.erase(it);
+    return;
+  }
+  if (run.keep_alive_check && now >= *run.keep_alive_check) {
+    check_keep_alive(run, now, out);
+    if (drop_if_unheld(run_id)) return;
+  }
+  if (run.phase != Phase::kJoining) return;
+  // Survivors past their hold no longer hold the round.
+  std::optional<TimePoint> latest_hold;
+  for (auto e = run.expected.begin(); e != run.expected.end();) {
+    const bool back = find_session(run.waiting, e->first) != run.waiting.end();
+    if (!back && now >= e->second) {
+      e = run.expected.erase(e);
+      continue;
+    }
+    if (!back && (!latest_hold || e->second > *latest_hold)) latest_hold = e->second;
+    ++e;
+  }
+  maybe_close_round(run, now, out);  // the last call, or survivors given up on
+  if (run.phase != Phase::kJoining || !run.join_deadline || now < *run.join_deadline) return;
+  if (static_cast<int>(run.waiting.size()) >= run.min_nodes) {
+    run.join_deadline.reset();  // min was reached: the join timeout no longer applies
+    return;
+  }
+  if (latest_hold) {
+    // Below min, but survivors may still come back: give them their time first.
+    run.join_deadline = latest_hold;
+    return;
+  }
+  absl::Status st = absl::DeadlineExceededError(
+      absl::StrCat("rendezvous for run '", run.id, "' timed out: ", run.waiting.size(),
+                   " of at least ", run.min_nodes, " nodes joined within the join timeout"));
+  for (const auto& [session, seen] : run.last_seen) {
+    out.push_back(close_with(session, st));
+    session_run_.erase(session);
+  }
+  runs_.erase(it);
+}
+
 std::vector<Outgoing> StateMachine::on_tick(TimePoint now) {
   std::vector<Outgoing> out;
-  for (auto it = runs_.begin(); it != runs_.end();) {
-    Run& run = it->second;
-    if (run.phase == Phase::kFinished) {
-      if (run.expires_at && now >= *run.expires_at) {
-        it = runs_.erase(it);
-        continue;
-      }
-    }
-    if (run.phase != Phase::kFinished && run.keep_alive_check && now >= *run.keep_alive_check) {
-      check_keep_alive(run, now, out);
-    }
-    if (run.phase == Phase::kJoining) {
-      if (run.last_call_deadline && now >= *run.last_call_deadline) {
-        maybe_close_round(run, now, out);
-      } else if (run.join_deadline && now >= *run.join_deadline &&
-                 static_cast<int>(run.waiting.size()) < run.min_nodes) {
-        absl::Status st = absl::DeadlineExceededError(
-            absl::StrCat("rendezvous for run '", run.id, "' timed out: ", run.waiting.size(),
-                         " of at least ", run.min_nodes, " nodes joined within the join timeout"));
-        for (const Node& n : run.waiting) {
-          out.push_back(close_with(n.session, st));
-          session_run_.erase(n.session);
-        }
-        it = runs_.erase(it);
-        continue;
-      }
-    }
-    ++it;
-  }
+  // By id, not by iterator: a run's tick may drop it.
+  std::vector<std::string> ids;
+  ids.reserve(runs_.size());
+  for (const auto& [id, run] : runs_) ids.push_back(id);
+  for (const std::string& id : ids) tick_run(id, now, out);
   return out;
 }
 
@@ -439,8 +740,121 @@ std::optional<TimePoint> StateMachine::next_deadline() const {
     consider(run.last_call_deadline);
     consider(run.expires_at);
     consider(run.keep_alive_check);
+    if (run.phase == Phase::kJoining) {
+      for (const auto& [session, until] : run.expected) {
+        if (find_session(run.waiting, session) == run.waiting.end()) consider(until);
+      }
+    }
   }
   return best;
+}
+
+absl::Status StateMachine::check_invariants() const {
+  auto broken = [](auto&&... what) { return absl::InternalError(absl::StrCat(what...)); };
+  if (runs_.size() > limits::kMaxRuns) return broken(runs_.size(), " runs held");
+  for (const auto& [session, id] : session_run_) {
+    auto r = runs_.find(id);
+    if (r == runs_.end()) return broken("session ", session, " is in run '", id, "' not held");
+    if (r->second.phase == Phase::kFinished) {
+      return broken("session ", session, " is in finished run '", id, "'");
+    }
+    if (r->second.last_seen.count(session) == 0) {
+      return broken("session ", session, " of run '", id, "' is not seen as connected");
+    }
+  }
+  for (const auto& [id, run] : runs_) {
+    if (run.id != id) return broken("run '", id, "' names itself '", run.id, "'");
+    for (const auto& [session, seen] : run.last_seen) {
+      auto s = session_run_.find(session);
+      if (s == session_run_.end() || s->second != id) {
+        return broken("session ", session, " is connected to run '", id, "' but not in it");
+      }
+    }
+    std::set<SessionId> in_round;
+    for (const std::vector<Node>* group : {&run.members, &run.waiting}) {
+      for (const Node& n : *group) {
+        if (!in_round.insert(n.session).second) {
+          return broken("session ", n.session, " is twice in run '", id, "' (member/waiting)");
+        }
+        if (run.last_seen.count(n.session) == 0) {
+          return broken("session ", n.session, " of run '", id, "' is not connected");
+        }
+        if (!n.join.token().empty() || !n.join.GetReflection()->GetUnknownFields(n.join).empty()) {
+          return broken("run '", id, "' keeps a token or unknown fields");
+        }
+        if (!is_valid_utf8(n.join.node_id()) || !is_valid_utf8(n.join.host())) {
+          return broken("run '", id, "' keeps text that is not UTF-8");
+        }
+      }
+    }
+    for (const auto& [session, until] : run.expected) {
+      if (run.last_seen.count(session) == 0) {
+        return broken("expected session ", session, " of run '", id, "' is not connected");
+      }
+    }
+    for (const auto* m : {&run.restarted_at}) {
+      for (const auto& [session, t] : *m) {
+        if (run.last_seen.count(session) == 0) {
+          return broken("restarted session ", session, " of run '", id, "' is not connected");
+        }
+      }
+    }
+    for (const auto& [session, took] : run.rejoin_took) {
+      if (run.last_seen.count(session) == 0) {
+        return broken("session ", session, " of run '", id, "' has a rejoin time, not connected");
+      }
+    }
+    for (SessionId s : run.succeeded) {
+      if (find_session(run.members, s) == run.members.end()) {
+        return broken("session ", s, " succeeded in run '", id, "' but is no member");
+      }
+    }
+    if (run.restart_count > run.max_restarts) return broken("run '", id, "' over its budget");
+    const int members = static_cast<int>(run.members.size());
+    const int waiting = static_cast<int>(run.waiting.size());
+    switch (run.phase) {
+      case Phase::kFinished:
+        if (members || waiting || !run.last_seen.empty() || !run.expected.empty() ||
+            !run.expires_at) {
+          return broken("finished run '", id, "' holds nodes or has no expiry");
+        }
+        break;
+      case Phase::kRunning:
+        if (members < run.min_nodes || members > run.max_nodes) {
+          return broken("run '", id, "' runs with ", members, " members");
+        }
+        if (members < run.max_nodes && waiting > 0) {
+          return broken("run '", id, "' has room but leaves ", waiting, " waiting");
+        }
+        if (!run.expected.empty() || run.join_deadline || run.last_call_deadline) {
+          return broken("running run '", id, "' has joining state");
+        }
+        break;
+      case Phase::kJoining: {
+        if (members) return broken("joining run '", id, "' has members");
+        if (run.last_seen.empty()) return broken("run '", id, "' is held by nobody");
+        bool pending = false;
+        for (const auto& [session, until] : run.expected) {
+          pending |= find_session(run.waiting, session) == run.waiting.end();
+        }
+        if (!pending && waiting >= run.min_nodes && (waiting >= run.max_nodes ||
+                                                     !run.expected.empty())) {
+          return broken("run '", id, "' should have closed its round");
+        }
+        if (waiting < run.min_nodes && !run.join_deadline) {
+          return broken("run '", id, "' is below min without a join deadline");
+        }
+        if (pending && run.last_call_deadline) {
+          return broken("run '", id, "' runs a last call while survivors are expected");
+        }
+        break;
+      }
+    }
+    if (run.phase != Phase::kFinished && !run.keep_alive_check) {
+      return broken("run '", id, "' has no keep-alive check");
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace muster::rendezvous

@@ -2,7 +2,12 @@
 #include "muster/rendezvous/state_machine.h"
 
 #include <catch2/catch.hpp>
+#include <cstdint>
+#include <functional>
+#include <limits>
 #include <random>
+
+#include "muster/rendezvous/limits.h"
 
 using namespace std::chrono_literals;
 using muster::rendezvous::Outgoing;
@@ -62,6 +67,23 @@ struct Harness {
     return last = sm.on_tick(now);
   }
   std::vector<Outgoing>& closed(SessionId s) { return last = sm.on_stream_closed(s, now); }
+  std::vector<Outgoing>& send(SessionId s, const v1::AgentMsg& m) {
+    return last = sm.on_message(s, m, now);
+  }
+  // A join whose fields `edit` changes from join_msg's.
+  std::vector<Outgoing>& join_with(SessionId s, const std::string& node, int min, int max,
+                                   const std::function<void(v1::Join&)>& edit,
+                                   int max_restarts = 0) {
+    v1::AgentMsg m = join_msg(node, min, max, max_restarts);
+    edit(*m.mutable_join());
+    return send(s, m);
+  }
+  const Outgoing* close_of(SessionId s) const {
+    for (const auto& o : last) {
+      if (o.session == s && o.close) return &o;
+    }
+    return nullptr;
+  }
   std::vector<Outgoing>& keep_alive(SessionId s) {
     v1::AgentMsg m;
     m.mutable_keep_alive();
@@ -96,7 +118,7 @@ constexpr auto kDone = v1::ServerMsg::kDone;
 
 }  // namespace
 
-TEST_CASE("rendezvous: a single node's round closes at once", "[rdzv]") {
+TEST_CASE("rendezvous: a single node's round closes at once", "[rdzv][state_machine]") {
   Harness h;
   h.join(1, "a", 1, 1, 0, 4);
   auto a = h.assignment(1);
@@ -115,7 +137,7 @@ TEST_CASE("rendezvous: a single node's round closes at once", "[rdzv]") {
   CHECK(h.sm.num_active_runs() == 0);
 }
 
-TEST_CASE("rendezvous: a failure restarts the run until the budget is spent", "[rdzv]") {
+TEST_CASE("rendezvous: a failure restarts the run until the budget is spent", "[rdzv][state_machine]") {
   Harness h;
   h.join(1, "a", 1, 1, 2);
   for (int attempt = 1; attempt <= 2; ++attempt) {
@@ -135,14 +157,14 @@ TEST_CASE("rendezvous: a failure restarts the run until the budget is spent", "[
   CHECK(h.closed_with(1, absl::StatusCode::kOk));
 }
 
-TEST_CASE("rendezvous: a stale failure report is ignored", "[rdzv]") {
+TEST_CASE("rendezvous: a stale failure report is ignored", "[rdzv][state_machine]") {
   Harness h;
   h.join(1, "a", 1, 1, 1);
   h.fail(1, 7);
   CHECK(h.last.empty());
 }
 
-TEST_CASE("rendezvous: a round closes when max nodes have joined", "[rdzv]") {
+TEST_CASE("rendezvous: a round closes when max nodes have joined", "[rdzv][state_machine]") {
   Harness h;
   h.join(1, "a", 2, 3, 0, 2);
   h.join(2, "b", 2, 3, 0, 4);
@@ -161,7 +183,7 @@ TEST_CASE("rendezvous: a round closes when max nodes have joined", "[rdzv]") {
   }
 }
 
-TEST_CASE("rendezvous: last call closes a round above min", "[rdzv]") {
+TEST_CASE("rendezvous: last call closes a round above min", "[rdzv][state_machine]") {
   auto t = Harness::quiet();
   t.last_call_timeout = 5s;
   Harness h(t);
@@ -177,7 +199,7 @@ TEST_CASE("rendezvous: last call closes a round above min", "[rdzv]") {
   CHECK(h.assignment(2).group_world_size() == 2);
 }
 
-TEST_CASE("rendezvous: join timeout below min is a clear error", "[rdzv]") {
+TEST_CASE("rendezvous: join timeout below min is a clear error", "[rdzv][state_machine]") {
   auto t = Harness::quiet();
   t.join_timeout = 10s;
   Harness h(t);
@@ -189,7 +211,7 @@ TEST_CASE("rendezvous: join timeout below min is a clear error", "[rdzv]") {
   CHECK(h.sm.num_runs() == 0);
 }
 
-TEST_CASE("rendezvous: a lost node restarts the others without using the budget", "[rdzv]") {
+TEST_CASE("rendezvous: a lost node restarts the others without using the budget", "[rdzv][state_machine]") {
   Harness h;
   h.join(1, "a", 1, 2, 0);
   h.join(2, "b", 1, 2, 0);
@@ -206,7 +228,7 @@ TEST_CASE("rendezvous: a lost node restarts the others without using the budget"
   CHECK(a.restart_count() == 0);
 }
 
-TEST_CASE("rendezvous: group ranks are stable across rounds", "[rdzv]") {
+TEST_CASE("rendezvous: group ranks are stable across rounds", "[rdzv][state_machine]") {
   Harness h;
   h.join(1, "a", 2, 2, 1);
   h.join(2, "b", 2, 2, 1);
@@ -219,7 +241,7 @@ TEST_CASE("rendezvous: group ranks are stable across rounds", "[rdzv]") {
   CHECK(h.assignment(2).group_rank() == 1);
 }
 
-TEST_CASE("rendezvous: a requested node rank is honoured", "[rdzv]") {
+TEST_CASE("rendezvous: a requested node rank is honoured", "[rdzv][state_machine]") {
   Harness h;
   h.join(1, "a", 2, 2, 0, 2, 1);
   h.join(2, "b", 2, 2, 0, 2, 0);
@@ -228,7 +250,7 @@ TEST_CASE("rendezvous: a requested node rank is honoured", "[rdzv]") {
   CHECK(h.assignment(1).master_addr() == "host-b");
 }
 
-TEST_CASE("rendezvous: a newcomer scales a running round up; beyond max it waits", "[rdzv]") {
+TEST_CASE("rendezvous: a newcomer scales a running round up; beyond max it waits", "[rdzv][state_machine]") {
   Harness h;
   h.join(1, "a", 1, 2);
   h.advance(Harness::quiet().last_call_timeout);
@@ -242,7 +264,7 @@ TEST_CASE("rendezvous: a newcomer scales a running round up; beyond max it waits
   CHECK(h.last.empty());
 }
 
-TEST_CASE("rendezvous: bad joins end only the joiner's stream", "[rdzv]") {
+TEST_CASE("rendezvous: bad joins end only the joiner's stream", "[rdzv][state_machine]") {
   Harness h;
   h.join(1, "a", 2, 2);
   h.join(2, "b", 1, 2);  // disagrees on nnodes
@@ -253,7 +275,7 @@ TEST_CASE("rendezvous: bad joins end only the joiner's stream", "[rdzv]") {
   CHECK(h.assignment(1).group_world_size() == 2);
 }
 
-TEST_CASE("rendezvous: a join to a finished run is refused", "[rdzv]") {
+TEST_CASE("rendezvous: a join to a finished run is refused", "[rdzv][state_machine]") {
   Harness h;
   h.join(1, "a", 1, 1);
   h.succeed(1, 1);
@@ -263,7 +285,7 @@ TEST_CASE("rendezvous: a join to a finished run is refused", "[rdzv]") {
   CHECK(h.sm.num_runs() == 0);
 }
 
-TEST_CASE("rendezvous: after a restart the round closes once every survivor is back", "[rdzv]") {
+TEST_CASE("rendezvous: after a restart the round closes once every survivor is back", "[rdzv][state_machine]") {
   Harness h;
   h.join(1, "a", 2, 4, 1);
   h.join(2, "b", 2, 4, 1);
@@ -279,7 +301,7 @@ TEST_CASE("rendezvous: after a restart the round closes once every survivor is b
   CHECK(h.assignment(1).restart_count() == 1);
 }
 
-TEST_CASE("rendezvous: the first join sets the run's timing", "[rdzv]") {
+TEST_CASE("rendezvous: the first join sets the run's timing", "[rdzv][state_machine]") {
   Harness h;
   auto m = Harness::join_msg("a", 1, 2);
   m.mutable_join()->set_last_call_timeout_ms(1000);
@@ -291,7 +313,7 @@ TEST_CASE("rendezvous: the first join sets the run's timing", "[rdzv]") {
   CHECK(h.assignment(1).group_world_size() == 1);
 }
 
-TEST_CASE("rendezvous: a node silent past its keep-alives is dropped", "[rdzv]") {
+TEST_CASE("rendezvous: a node silent past its keep-alives is dropped", "[rdzv][state_machine]") {
   auto t = Harness::quiet();
   t.keep_alive_interval = 5s;
   t.keep_alive_max_attempt = 3;
@@ -313,7 +335,7 @@ TEST_CASE("rendezvous: a node silent past its keep-alives is dropped", "[rdzv]")
   CHECK(st[0].phase() == "joining");
 }
 
-TEST_CASE("rendezvous: status reports each run", "[rdzv]") {
+TEST_CASE("rendezvous: status reports each run", "[rdzv][state_machine]") {
   Harness h;
   h.join(1, "a", 1, 1, 2, 3);
   auto st = h.sm.status("");
@@ -327,7 +349,7 @@ TEST_CASE("rendezvous: status reports each run", "[rdzv]") {
   CHECK(h.sm.status("other").empty());
 }
 
-TEST_CASE("rendezvous: random event sequences keep the invariants", "[rdzv]") {
+TEST_CASE("rendezvous: random event sequences keep the invariants", "[rdzv][state_machine]") {
   muster::rendezvous::RendezvousTimeouts t;
   t.last_call_timeout = 2s;
   t.join_timeout = 20s;
@@ -381,6 +403,7 @@ TEST_CASE("rendezvous: random event sequences keep the invariants", "[rdzv]") {
           round_of.erase(o.session);
         }
       }
+      if (!h.sm.has_run("run")) last_round = 0;  // dropped when nobody held it: a new run
       if (as.empty()) continue;
       const int n = static_cast<int>(as.size());
       REQUIRE(n >= min);  // no round closes below min
@@ -404,4 +427,552 @@ TEST_CASE("rendezvous: random event sequences keep the invariants", "[rdzv]") {
       }
     }
   }
+}
+
+// --- Hardening (issue 10) ------------------------------------------------------------------
+
+namespace {
+
+namespace limits = muster::rendezvous::limits;
+using std::chrono::milliseconds;
+
+// Well-behaved agents, scripted: each joins at its arrival time and, when told Restart,
+// joins again on the same stream after its own delay; it reports a failure when scripted to.
+// Returns the number of restarts the run went through before it settled (or -1 if it did not
+// settle within `max_steps` events).
+struct Agent {
+  SessionId session = 0;
+  std::string node;
+  milliseconds arrival{0};
+  milliseconds shutdown_timeout{0};  // what its Join says (0: the server's default)
+  milliseconds rejoin_delay{0};      // how long it takes to stop its workers after a Restart
+  std::optional<TimePoint> join_at;  // when it sends its next Join
+  std::optional<milliseconds> fail_at;  // when it reports one worker failure (once)
+  int round = 0;                     // of its last assignment; 0 while not in a round
+  bool gone = false;
+};
+
+struct Outcome {
+  int restarts = 0;
+  bool settled = false;
+  int members = 0;
+  int waiting = 0;
+  std::string phase;
+};
+
+Outcome simulate(std::vector<Agent> agents, int min, int max, int max_restarts,
+                 muster::rendezvous::RendezvousTimeouts t, int max_steps = 20000) {
+  Harness h(t);
+  const TimePoint start = h.now;
+  for (Agent& a : agents) a.join_at = start + a.arrival;
+  Outcome r;
+  auto observe = [&](const std::vector<Outgoing>& out) {
+    bool restarted = false;
+    for (const Outgoing& o : out) {
+      for (Agent& a : agents) {
+        if (a.session != o.session) continue;
+        if (o.msg && o.msg->has_assignment()) a.round = o.msg->assignment().round();
+        if (o.msg && o.msg->has_restart()) {
+          restarted = true;
+          a.round = 0;
+          a.join_at = h.now + a.rejoin_delay;
+        }
+        if (o.close) a.gone = true;
+      }
+    }
+    if (restarted) ++r.restarts;
+  };
+  auto join = [&](Agent& a) {
+    a.join_at.reset();
+    observe(h.join_with(a.session, a.node, min, max,
+                        [&](v1::Join& j) { j.set_shutdown_timeout_ms(a.shutdown_timeout.count()); },
+                        max_restarts));
+  };
+  for (int step = 0; step < max_steps; ++step) {
+    // The next thing to happen: an agent's join or failure, or the machine's deadline.
+    std::optional<TimePoint> next = h.sm.next_deadline();
+    for (const Agent& a : agents) {
+      if (a.gone) continue;
+      if (a.join_at && (!next || *a.join_at < *next)) next = a.join_at;
+      if (a.fail_at && a.round > 0 && (!next || start + *a.fail_at < *next)) {
+        next = std::max(h.now, start + *a.fail_at);
+      }
+    }
+    bool pending = false;
+    for (const Agent& a : agents) pending |= !a.gone && (a.join_at || (a.fail_at && a.round > 0));
+    auto st = h.sm.status("run");
+    if (!pending && (st.empty() || st[0].phase() == "running" || !next)) {
+      // Nothing scripted is left: the run must be steady, and ticks alone change nothing.
+      if (st.empty()) break;
+      r.phase = st[0].phase();
+      r.members = st[0].members_size();
+      r.waiting = st[0].waiting();
+      int restarts_before = r.restarts;
+      for (int i = 0; i < 10; ++i) observe(h.advance(std::chrono::minutes(1)));
+      r.settled = r.phase == "running" && r.restarts == restarts_before;
+      break;
+    }
+    REQUIRE(next.has_value());
+    if (*next > h.now) observe(h.advance(std::chrono::duration_cast<milliseconds>(*next - h.now)));
+    for (Agent& a : agents) {
+      if (a.gone) continue;
+      if (a.join_at && *a.join_at <= h.now) join(a);
+      if (a.fail_at && a.round > 0 && start + *a.fail_at <= h.now) {
+        a.fail_at.reset();
+        observe(h.fail(a.session, a.round));
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("restart: survivors slower than the last call and a late newcomer settle (no livelock)",
+          "[rdzv][state_machine]") {
+  // Seen in the field: workers that take longer to stop than last_call_timeout, and a node
+  // that arrives late. The newcomer alone met min_nodes, the last call closed the round
+  // without the survivors, whose late Join restarted the run again, forever.
+  auto t = Harness::quiet();
+  t.last_call_timeout = 2s;
+  std::vector<Agent> agents(3);
+  for (int i = 0; i < 3; ++i) {
+    agents[i].session = i + 1;
+    agents[i].node = std::string(1, static_cast<char>('a' + i));
+    agents[i].shutdown_timeout = 10s;
+    agents[i].rejoin_delay = 5s;  // longer than the last call
+  }
+  agents[2].arrival = 20s;  // c is late: a and b are running by then
+  Outcome r = simulate(agents, 1, 3, 0, t);
+  CHECK(r.settled);
+  CHECK(r.restarts == 1);  // c's arrival scales the run up once
+  CHECK(r.members == 3);
+}
+
+TEST_CASE("restart: the newcomer alone does not close the round while survivors are expected",
+          "[rdzv][state_machine]") {
+  auto t = Harness::quiet();
+  t.last_call_timeout = 2s;
+  Harness h(t);
+  auto slow = [](v1::Join& j) { j.set_shutdown_timeout_ms(10000); };
+  h.join_with(1, "a", 1, 3, slow);
+  h.join_with(2, "b", 1, 3, slow);
+  h.advance(2s);
+  REQUIRE(h.assignment(1).group_world_size() == 2);
+  h.join_with(3, "c", 1, 3, slow);
+  CHECK(h.to(1, kRestart).size() == 1);
+  CHECK(h.to(2, kRestart).size() == 1);
+  h.advance(4s);  // past the last call: c alone meets min, but a and b are still stopping
+  CHECK(h.to(3, kAssign).empty());
+  h.join_with(1, "a", 1, 3, slow);
+  CHECK(h.last.empty());  // b is not back yet
+  h.join_with(2, "b", 1, 3, slow);  // every survivor is back: the round closes at once
+  CHECK(h.assignment(1).group_world_size() == 3);
+  CHECK(h.assignment(1).group_rank() == 0);
+  CHECK(h.assignment(2).group_rank() == 1);
+  CHECK(h.assignment(3).group_rank() == 2);
+}
+
+TEST_CASE("restart: a survivor holds the round for its shutdown timeout plus the margin only",
+          "[rdzv][state_machine]") {
+  auto t = Harness::quiet();
+  t.last_call_timeout = 2s;
+  Harness h(t);
+  h.join_with(1, "a", 1, 3, [](v1::Join& j) { j.set_shutdown_timeout_ms(10000); });
+  h.join_with(2, "b", 1, 3, [](v1::Join& j) { j.set_shutdown_timeout_ms(0); });  // default
+  h.advance(2s);
+  REQUIRE(h.assignment(1).group_world_size() == 2);
+  const TimePoint restart_at = h.now;
+  h.join(3, "c", 1, 3);
+  REQUIRE(h.to(2, kRestart).size() == 1);
+  h.advance(3s);
+  h.join_with(1, "a", 1, 3, [](v1::Join& j) { j.set_shutdown_timeout_ms(10000); });
+  CHECK(h.last.empty());
+  // b (whose stream stays open, silent) holds the round until the default shutdown timeout
+  // plus the margin has passed since the restart; then a and c go ahead at once.
+  const auto held = limits::kDefaultShutdownTimeout + limits::kRejoinMargin;
+  h.advance(std::chrono::duration_cast<milliseconds>(restart_at + held - h.now) - 1ms);
+  CHECK(h.to(1, kAssign).empty());
+  h.advance(1ms);
+  CHECK(h.assignment(1).group_world_size() == 2);
+  CHECK(h.assignment(3).group_world_size() == 2);
+  // b's late Join scales the run up once; then the three run together.
+  h.join(2, "b", 1, 3);
+  CHECK(h.to(1, kRestart).size() == 1);
+  h.join(1, "a", 1, 3);
+  h.join(3, "c", 1, 3);
+  CHECK(h.assignment(2).group_world_size() == 3);
+}
+
+TEST_CASE("restart: a survivor that dies before it rejoins no longer holds the round",
+          "[rdzv][state_machine]") {
+  auto t = Harness::quiet();
+  t.last_call_timeout = 30s;
+  SECTION("its stream ends") {
+    Harness h(t);
+    h.join(1, "a", 1, 3, 1);
+    h.join(2, "b", 1, 3, 1);
+    h.join(3, "c", 1, 3, 1);
+    REQUIRE(h.assignment(1).group_world_size() == 3);
+    h.fail(3, 1);
+    REQUIRE(h.to(2, kRestart).size() == 1);
+    h.closed(2);  // b dies while it stops its workers
+    CHECK(h.last.empty());
+    h.join(1, "a", 1, 3, 1);
+    CHECK(h.last.empty());
+    h.join(3, "c", 1, 3, 1);  // every surviving member is back: no last call
+    CHECK(h.assignment(1).group_world_size() == 2);
+    CHECK(h.assignment(3).group_world_size() == 2);
+  }
+  SECTION("it is dropped for silence") {
+    t.keep_alive_interval = 1s;
+    t.keep_alive_max_attempt = 2;
+    Harness h(t);
+    h.join(1, "a", 1, 3, 1);
+    h.join(2, "b", 1, 3, 1);
+    h.join(3, "c", 1, 3, 1);
+    REQUIRE(h.assignment(1).group_world_size() == 3);
+    h.fail(3, 1);
+    h.join(1, "a", 1, 3, 1);
+    h.join(3, "c", 1, 3, 1);
+    CHECK(h.to(1, kAssign).empty());  // b is still expected
+    for (int i = 0; i < 3 && h.to(1, kAssign).empty(); ++i) {
+      h.advance(1s);
+      h.keep_alive(1);
+      h.keep_alive(3);
+      if (!h.to(1, kAssign).empty()) break;
+    }
+    // b was dropped within the keep-alive rule, and the round closed right then.
+    CHECK(h.sm.status("run")[0].phase() == "running");
+    CHECK(h.sm.status("run")[0].members_size() == 2);
+  }
+}
+
+TEST_CASE("restart: well-behaved agents always reach a steady round with bounded restarts",
+          "[rdzv][state_machine]") {
+  std::mt19937 rng(20240611);
+  for (int trial = 0; trial < 300; ++trial) {
+    auto t = Harness::quiet();
+    t.last_call_timeout = milliseconds(100 + rng() % 5000);
+    t.join_timeout = std::chrono::hours(1);
+    const int n = 1 + static_cast<int>(rng() % 6);
+    const int min = 1 + static_cast<int>(rng() % n);
+    const int max = min + static_cast<int>(rng() % 3);
+    std::vector<Agent> agents(n);
+    int failures = 0;
+    for (int i = 0; i < n; ++i) {
+      Agent& a = agents[i];
+      a.session = i + 1;
+      a.node = "n" + std::to_string(i);
+      a.arrival = milliseconds(rng() % 60000);
+      a.shutdown_timeout = milliseconds(rng() % 3 == 0 ? 0 : rng() % 20000);
+      const auto bound = a.shutdown_timeout.count() == 0 ? limits::kDefaultShutdownTimeout
+                                                         : a.shutdown_timeout;
+      // Any delay: mostly within its own shutdown timeout, sometimes well past it.
+      a.rejoin_delay = milliseconds(rng() % (rng() % 4 == 0 ? 3 * bound.count() + 1
+                                                             : bound.count() + 1));
+      if (failures < 2 && rng() % 3 == 0) {
+        a.fail_at = milliseconds(rng() % 90000);
+        ++failures;
+      }
+    }
+    INFO("trial " << trial << ": n=" << n << " nnodes=" << min << ":" << max);
+    Outcome r = simulate(agents, min, max, 2, t);
+    INFO("phase " << r.phase << " members " << r.members << " waiting " << r.waiting << " restarts " << r.restarts);
+    REQUIRE(r.settled);
+    CHECK(r.members == std::min(n, max));
+    CHECK(r.waiting == n - r.members);
+    // Each trigger (an arrival, a failure) restarts the run at most once, plus once per
+    // agent the first time it comes back later than its shutdown timeout said (after that
+    // it is waited for as long as it took).
+    CHECK(r.restarts <= 2 * n + failures);
+  }
+}
+
+TEST_CASE("holding: a run whose last node leaves is dropped at once, whatever its round",
+          "[rdzv][state_machine]") {
+  SECTION("stream closed after a round ran") {
+    Harness h;
+    h.join(1, "a", 1, 1);
+    REQUIRE(h.assignment(1).round() == 1);
+    h.closed(1);
+    CHECK(h.sm.num_runs() == 0);
+  }
+  SECTION("stream closed while survivors were expected") {
+    Harness h;
+    h.join(1, "a", 1, 2, 1);
+    h.join(2, "b", 1, 2, 1);
+    h.fail(1, 1);
+    h.closed(1);
+    CHECK(h.sm.num_runs() == 1);  // b still holds it
+    h.closed(2);
+    CHECK(h.sm.num_runs() == 0);
+  }
+  SECTION("dropped for silence") {
+    auto t = Harness::quiet();
+    t.keep_alive_interval = 1s;
+    t.keep_alive_max_attempt = 2;
+    Harness h(t);
+    h.join(1, "a", 1, 1);
+    REQUIRE(h.assignment(1).round() == 1);
+    h.advance(2s);
+    CHECK(h.closed_with(1, absl::StatusCode::kUnavailable));
+    CHECK(h.sm.num_runs() == 0);
+    CHECK_FALSE(h.sm.next_deadline().has_value());
+  }
+  SECTION("a finished run stays for its grace") {
+    Harness h;
+    h.join(1, "a", 1, 1);
+    h.succeed(1, 1);
+    h.closed(1);
+    CHECK(h.sm.num_runs() == 1);
+    h.advance(Harness::quiet().finished_run_grace);
+    CHECK(h.sm.num_runs() == 0);
+  }
+}
+
+TEST_CASE("holding: at most kMaxRuns runs; one more is refused", "[rdzv][state_machine]") {
+  Harness h;
+  auto join_run = [&](SessionId s, const std::string& run) {
+    return h.join_with(s, "n" + std::to_string(s), 2, 2, [&](v1::Join& j) { j.set_run_id(run); });
+  };
+  for (std::size_t i = 0; i < limits::kMaxRuns; ++i) {
+    join_run(i + 1, "r" + std::to_string(i));
+    REQUIRE(h.last.empty());
+  }
+  CHECK(h.sm.num_runs() == limits::kMaxRuns);
+  const SessionId extra = limits::kMaxRuns + 1;
+  join_run(extra, "one-too-many");
+  CHECK(h.closed_with(extra, absl::StatusCode::kResourceExhausted));
+  CHECK_FALSE(h.sm.has_run("one-too-many"));
+  join_run(extra + 1, "r0");  // a run that exists still takes joins
+  CHECK(h.assignment(1).group_world_size() == 2);
+  h.closed(2);  // r1's only node leaves: there is room again
+  join_run(extra + 2, "now-fits");
+  CHECK(h.last.empty());
+  CHECK(h.sm.has_run("now-fits"));
+}
+
+TEST_CASE("join: a message larger than the agent bound is refused", "[rdzv][state_machine]") {
+  Harness h;
+  h.join_with(1, "a", 2, 2, [](v1::Join& j) {
+    j.GetReflection()->MutableUnknownFields(&j)->AddLengthDelimited(
+        99, std::string(limits::kMaxAgentMessageBytes, 'x'));
+  });
+  CHECK(h.closed_with(1, absl::StatusCode::kResourceExhausted));
+  CHECK(h.sm.num_runs() == 0);
+}
+
+TEST_CASE("session: a stream serves one run; joining another leaves no ghost behind",
+          "[rdzv][state_machine]") {
+  SECTION("a member of a running round") {
+    Harness h;
+    h.join(1, "a", 2, 2);
+    h.join(2, "b", 2, 2);
+    REQUIRE(h.assignment(1).group_world_size() == 2);
+    h.join_with(1, "a", 2, 2, [](v1::Join& j) { j.set_run_id("other"); });
+    const Outgoing* c = h.close_of(1);
+    REQUIRE(c != nullptr);
+    CHECK(c->status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(c->status.message()), Catch::Contains("'run'"));
+    CHECK_THAT(std::string(c->status.message()), Catch::Contains("'other'"));
+    CHECK_FALSE(h.sm.has_run("other"));
+    // The ghost is out of "run": b is restarted and waits for a second node alone.
+    CHECK(h.to(2, kRestart).size() == 1);
+    h.join(2, "b", 2, 2);
+    auto st = h.sm.status("run");
+    REQUIRE(st.size() == 1);
+    CHECK(st[0].members_size() == 0);
+    CHECK(st[0].waiting() == 1);
+    h.join(3, "c", 2, 2);
+    CHECK(h.assignment(2).group_world_size() == 2);
+  }
+  SECTION("the only waiter of a run") {
+    Harness h;
+    h.join(1, "a", 2, 2);
+    h.join_with(1, "a", 1, 1, [](v1::Join& j) { j.set_run_id("other"); });
+    CHECK(h.closed_with(1, absl::StatusCode::kInvalidArgument));
+    CHECK(h.sm.num_runs() == 0);
+  }
+}
+
+TEST_CASE("session: a member that joins again while its round runs leaves the round",
+          "[rdzv][state_machine]") {
+  Harness h;
+  h.join(1, "a", 2, 2);
+  h.join(2, "b", 2, 2);
+  REQUIRE(h.assignment(1).group_world_size() == 2);
+  h.join(1, "a", 2, 2);  // the round is full: without the rule, a would be member and waiter
+  CHECK(h.to(2, kRestart).size() == 1);
+  h.join(2, "b", 2, 2);
+  CHECK(h.assignment(1).round() == 2);
+  CHECK(h.assignment(2).round() == 2);
+}
+
+TEST_CASE("timing: client durations are clamped and never overflow", "[rdzv][state_machine]") {
+  SECTION("a huge join timeout is the bound, not an instant failure") {
+    auto t = Harness::quiet();
+    t.keep_alive_interval = std::chrono::hours(48);  // out of the way of a 24 h wait
+    Harness h(t);
+    h.join_with(1, "a", 2, 2, [](v1::Join& j) { j.set_join_timeout_ms(10000000000000); });
+    CHECK(h.last.empty());
+    h.advance(1s);
+    CHECK(h.last.empty());
+    h.advance(limits::kMaxJoinTimeout - 1s - 1ms);
+    CHECK(h.last.empty());
+    h.advance(1ms);
+    CHECK(h.closed_with(1, absl::StatusCode::kDeadlineExceeded));
+  }
+  SECTION("INT64_MAX join and last-call timeouts") {
+    Harness h;
+    h.join_with(1, "a", 1, 2, [](v1::Join& j) {
+      j.set_join_timeout_ms(std::numeric_limits<std::int64_t>::max());
+      j.set_last_call_timeout_ms(std::numeric_limits<std::int64_t>::max());
+    });
+    CHECK(h.last.empty());
+    h.advance(limits::kMaxLastCallTimeout - 1ms);
+    CHECK(h.last.empty());
+    h.advance(1ms);
+    CHECK(h.assignment(1).group_world_size() == 1);
+  }
+  SECTION("INT64_MAX keep-alive interval and INT32_MAX attempts do not drop a node at once") {
+    auto t = Harness::quiet();
+    t.keep_alive_interval = 1s;
+    Harness h(t);
+    h.join_with(1, "a", 1, 1, [](v1::Join& j) {
+      j.set_keep_alive_interval_ms(std::numeric_limits<std::int64_t>::max());
+      j.set_keep_alive_max_attempt(std::numeric_limits<std::int32_t>::max());
+    });
+    REQUIRE(h.assignment(1).round() == 1);
+    for (int i = 0; i < 10; ++i) {
+      h.advance(1s);
+      CHECK_FALSE(h.closed_with(1, absl::StatusCode::kUnavailable));
+    }
+    const auto rule = limits::kMaxKeepAliveInterval * limits::kMaxKeepAliveAttempts;
+    h.advance(rule - 10s - 1ms);
+    CHECK_FALSE(h.closed_with(1, absl::StatusCode::kUnavailable));
+    // Noticed by the first check at or after the rule (checks run every interval).
+    h.advance(limits::kMaxKeepAliveInterval);
+    CHECK(h.closed_with(1, absl::StatusCode::kUnavailable));
+  }
+  SECTION("negative durations mean the server's default") {
+    auto t = Harness::quiet();
+    t.join_timeout = 10s;
+    t.keep_alive_interval = 1s;
+    t.keep_alive_max_attempt = 100;
+    Harness h(t);
+    h.join_with(1, "a", 2, 2, [](v1::Join& j) {
+      j.set_join_timeout_ms(-1);
+      j.set_last_call_timeout_ms(-5);
+      j.set_keep_alive_interval_ms(std::numeric_limits<std::int64_t>::min());
+      j.set_keep_alive_max_attempt(-3);
+      j.set_shutdown_timeout_ms(-7);
+    });
+    CHECK(h.last.empty());
+    h.advance(1s);
+    h.keep_alive(1);
+    h.advance(1s);
+    h.keep_alive(1);
+    CHECK(h.last.empty());
+    h.advance(8s);  // the default join timeout (10 s), not 0 and not "never"
+    CHECK(h.closed_with(1, absl::StatusCode::kDeadlineExceeded));
+  }
+  SECTION("an INT64_MAX shutdown timeout holds the round for the bound only") {
+    Harness h;
+    h.join_with(1, "a", 1, 2, [](v1::Join& j) {
+      j.set_shutdown_timeout_ms(std::numeric_limits<std::int64_t>::max());
+    });
+    h.advance(Harness::quiet().last_call_timeout);
+    REQUIRE(h.assignment(1).round() == 1);
+    h.join(2, "b", 1, 2);
+    REQUIRE(h.to(1, kRestart).size() == 1);
+    h.advance(limits::kMaxShutdownTimeout + limits::kRejoinMargin - 1ms);
+    CHECK(h.to(2, kAssign).empty());
+    h.advance(1ms);
+    // a no longer holds it; with nobody else expected back, b gets the usual last call.
+    CHECK(h.to(2, kAssign).empty());
+    h.advance(Harness::quiet().last_call_timeout);
+    CHECK(h.assignment(2).group_world_size() == 1);
+  }
+}
+
+TEST_CASE("join: ids that are not valid UTF-8 are refused with a message", "[rdzv][state_machine]") {
+  struct Case {
+    const char* what;
+    std::function<void(v1::Join&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"run id", [](v1::Join& j) { j.set_run_id("run\xff"); }},
+      {"node id", [](v1::Join& j) { j.set_node_id("\xc0\x80"); }},           // overlong NUL
+      {"host", [](v1::Join& j) { j.set_host("h\xed\xa0\x80"); }},             // a surrogate
+      {"host", [](v1::Join& j) { j.set_host("\xf4\x90\x80\x80"); }},          // past U+10FFFF
+      {"node id", [](v1::Join& j) { j.set_node_id("\xe2\x82"); }},            // cut short
+  };
+  for (const Case& c : cases) {
+    Harness h;
+    h.join_with(1, "a", 1, 1, c.edit);
+    const Outgoing* o = h.close_of(1);
+    REQUIRE(o != nullptr);
+    CHECK(o->status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(o->status.message()), Catch::Contains(c.what));
+    CHECK_THAT(std::string(o->status.message()), Catch::Contains("UTF-8"));
+    CHECK(h.sm.num_runs() == 0);
+  }
+  Harness h;
+  h.join_with(1, "caf\xc3\xa9-\xe3\x83\x8e\xe3\x83\xbc\xe3\x83\x89", 1, 1,
+              [](v1::Join& j) { j.set_host("\xf0\x9f\x9a\x80.example"); });
+  CHECK(h.assignment(1).round() == 1);
+}
+
+TEST_CASE("failure: reports are cut to the bounds before they are forwarded",
+          "[rdzv][state_machine]") {
+  Harness h;
+  h.join(1, "a", 1, 1);
+  v1::AgentMsg m;
+  v1::ReportFailure* f = m.mutable_failure();
+  f->set_round(1);
+  f->mutable_root_cause()->set_rank(0);
+  f->mutable_root_cause()->set_message("RuntimeError: " + std::string(12000, 'm'));
+  f->mutable_root_cause()->set_traceback("Traceback\n" + std::string(20000, 't') + "\nthe end\n");
+  for (int i = 0; i < 30; ++i) {
+    v1::WorkerFailure* o = f->add_others();
+    o->set_rank(i + 1);
+    o->set_message(std::string(500, 'o'));
+  }
+  REQUIRE(m.ByteSizeLong() < limits::kMaxAgentMessageBytes);
+  h.send(1, m);
+  auto fails = h.to(1, kFail);
+  REQUIRE(fails.size() == 1);
+  const v1::Fail& fail = fails[0].fail();
+  const v1::WorkerFailure& rc = fail.root_cause();
+  CHECK(rc.message().size() <= limits::kMaxFailureMessageBytes);
+  CHECK_THAT(rc.message(), Catch::StartsWith("RuntimeError: mmm"));
+  CHECK_THAT(rc.message(), Catch::Contains("cut"));
+  CHECK(rc.traceback().size() <= limits::kMaxFailureTracebackBytes);
+  CHECK_THAT(rc.traceback(), Catch::EndsWith("\nthe end\n"));
+  CHECK_THAT(rc.traceback(), Catch::Contains("cut"));
+  CHECK(static_cast<std::size_t>(fail.others_size()) <= limits::kMaxFailureOthers);
+  CHECK(fail.others(0).rank() == 1);
+  for (const auto& o : fail.others()) CHECK(o.message().size() <= limits::kMaxFailureMessageBytes);
+  CHECK(fail.ByteSizeLong() < limits::kMaxServerMessageBytes);
+}
+
+TEST_CASE("ticks: a steady round is never restarted by time alone", "[rdzv][state_machine]") {
+  auto t = Harness::quiet();
+  t.keep_alive_interval = 1s;
+  t.keep_alive_max_attempt = 3;
+  t.last_call_timeout = 1s;
+  Harness h(t);
+  h.join(1, "a", 2, 3);
+  h.join(2, "b", 2, 3);
+  h.advance(1s);
+  REQUIRE(h.assignment(1).group_world_size() == 2);
+  int restarts = 0;
+  for (int i = 0; i < 5000; ++i) {
+    h.advance(milliseconds(500 + i % 700));
+    restarts += static_cast<int>(h.to(1, kRestart).size() + h.to(2, kRestart).size());
+    h.keep_alive(1);
+    h.keep_alive(2);
+  }
+  CHECK(restarts == 0);
 }

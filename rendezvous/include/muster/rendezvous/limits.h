@@ -34,6 +34,13 @@ inline constexpr milliseconds kMaxLastCallTimeout = std::chrono::hours(1);
 inline constexpr milliseconds kMaxKeepAliveInterval = std::chrono::minutes(10);
 inline constexpr int kMaxKeepAliveAttempts = 100;
 inline constexpr milliseconds kMaxShutdownTimeout = std::chrono::hours(1);
+// A Join's shutdown_timeout_ms of 0 (or less) stands for this: the agent's own default
+// --shutdown_timeout, so the server waits as long as such an agent may take to stop.
+inline constexpr milliseconds kDefaultShutdownTimeout = std::chrono::seconds(30);
+// After a restart, a survivor of the previous round holds the next round for its own
+// shutdown timeout plus this margin (for the Join to travel and the agent to react); a
+// survivor not back by then no longer holds it.
+inline constexpr milliseconds kRejoinMargin = std::chrono::seconds(5);
 inline constexpr milliseconds kMaxCloseTimeout = std::chrono::hours(1);
 inline constexpr milliseconds kMaxReadTimeout = std::chrono::hours(24);
 // rdzvd --finished_run_grace (an operator's flag, bounded all the same).

@@ -2,9 +2,68 @@
 //
 // Pure logic: no sockets, no threads, no clock of its own. The caller feeds it events,
 // each stamped with `now`, and sends the messages it returns. The gRPC server drives it
-// from one thread; tests drive it with a fake clock.
+// from one thread; tests and the fuzz target drive it with a fake clock.
 //
 // Thread safety: none. Must be used from one thread (the server's io_context).
+//
+// The rules (every bound is named in limits.h):
+//
+// Joins.
+//  - A Join is refused, and its stream closed, with INVALID_ARGUMENT when: run_id is empty;
+//    run_id, node_id or host is longer than limits::kMaxIdBytes or not valid UTF-8;
+//    local_world_size is outside 1..kMaxLocalWorldSize; min_nodes < 1, max_nodes < min_nodes
+//    or max_nodes > kMaxNodes; max_restarts < 0; master_port_candidate outside 0..65535;
+//    requested_rank >= max_nodes; its nnodes/max_restarts differ from the run's.
+//  - An AgentMsg (a Join included) larger than limits::kMaxAgentMessageBytes serialized ends
+//    the stream with RESOURCE_EXHAUSTED (the server checks this first; this is a second edge).
+//  - A Join that would create a run while limits::kMaxRuns are held is refused with
+//    RESOURCE_EXHAUSTED. A Join to a finished run (within its grace) gets FAILED_PRECONDITION.
+//  - A session (stream) serves exactly one run: a Join naming another run than the one the
+//    session is in gets INVALID_ARGUMENT naming both runs.
+//  - What is kept of a Join is what the node needs: the token and unknown fields are dropped.
+//
+// Timing a client may set. The first Join of a run sets its join_timeout, last_call_timeout,
+// keep_alive_interval and keep_alive_max_attempt; each Join carries its node's own
+// shutdown_timeout. A value of 0 *or less* means the server's default (limits' default for
+// the shutdown timeout); a larger value is clamped to its bound: kMaxJoinTimeout,
+// kMaxLastCallTimeout, kMaxKeepAliveInterval, kMaxKeepAliveAttempts, kMaxShutdownTimeout.
+// Every deadline is computed with saturating arithmetic: a deadline past what the clock can
+// hold is "never", and no product or sum wraps.
+//
+// Rounds.
+//  - A round closes when max_nodes wait, or when min_nodes wait and last_call_timeout has
+//    passed since min was reached. While fewer than min_nodes wait, a join deadline runs
+//    (from the first Join, a restart, or the moment the round fell below min); when it
+//    passes, every node of the run gets DEADLINE_EXCEEDED and the run is dropped.
+//  - After a restart, the round waits for every survivor (a member of the previous round
+//    still connected): while one is expected and not back, the round does not close, by
+//    max_nodes nor by the last call, and no last call runs. A survivor holds the round for at
+//    most its own shutdown timeout plus limits::kRejoinMargin from the restart; a survivor
+//    whose stream ends (or is dropped for silence) before it rejoins no longer holds it. Once
+//    every survivor still expected is back (at least one) and min_nodes wait, the round closes
+//    at once, without a last call.
+//  - Group ranks are stable: requested rank, else the previous one if in range, else the
+//    lowest free one. Requested ranks and previous members get in first, then join order.
+//
+// Restarts. While a round runs, every member gets Restart when: a member reports a failure
+// for the round (counts against max_restarts; when none is left, every node gets Fail
+// instead), a member's stream ends or it is dropped for silence, a member sends a Join
+// again, or a newcomer joins while the round has fewer than max_nodes (scale up; beyond
+// max it waits as a spare). Only the failure counts against the budget. Ticks alone never
+// restart a run except by a keep-alive drop of a member. A failure report's root cause and
+// each other failure get `message` cut to kMaxFailureMessageBytes (keeping the start) and
+// `traceback` to kMaxFailureTracebackBytes (keeping the end), each with a note saying how
+// much was cut, and at most kMaxFailureOthers others are kept, before anything is stored or
+// forwarded.
+//
+// Liveness. A connected node (waiting, member or expected survivor) that sends nothing for
+// keep_alive_interval * keep_alive_max_attempt is dropped (UNAVAILABLE), as if its stream
+// had ended. A session the machine closes for any reason is out of its run at once.
+//
+// Holding. A run that is not finished and has no connected node left (its last stream
+// ended, or its last node was dropped or refused) is dropped at once, whatever its round.
+// A finished run (Done or Fail) is kept for finished_run_grace, so a late Join gets a clear
+// error, then dropped.
 #pragma once
 
 #include <chrono>
@@ -13,9 +72,11 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "muster/rendezvous/limits.h"
 #include "muster/v1/rendezvous.pb.h"
 
 namespace muster::rendezvous {
@@ -24,7 +85,8 @@ using Clock = std::chrono::steady_clock;
 using TimePoint = Clock::time_point;
 using SessionId = std::uint64_t;
 
-// Timing rules, with torchrun's c10d defaults.
+// Timing rules, with torchrun's c10d defaults. These are the server's (the operator's)
+// defaults and are not clamped; what a Join sets is (see above).
 struct RendezvousTimeouts {
   // A node waiting for a round that has not reached min_nodes gives up after this.
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
@@ -39,7 +101,7 @@ struct RendezvousTimeouts {
 };
 
 // Bounds on what one Join may carry (the server also caps the message size).
-inline constexpr std::size_t kMaxIdLength = 256;
+inline constexpr std::size_t kMaxIdLength = limits::kMaxIdBytes;
 inline constexpr int kMaxLocalWorldSize = 1 << 16;
 inline constexpr int kMaxNodes = 1 << 20;
 
@@ -52,6 +114,13 @@ struct Outgoing {
   absl::Status status;  // meaningful when close
 };
 
+// Whether `s` is well-formed UTF-8 (no overlong forms, no surrogates, nothing past U+10FFFF).
+bool is_valid_utf8(std::string_view s);
+
+// A WorkerFailure as the server keeps and forwards it: message and traceback cut to their
+// bounds with a note (see the rules above). Exposed for tests.
+v1::WorkerFailure cap_failure(const v1::WorkerFailure& f);
+
 class StateMachine {
  public:
   explicit StateMachine(RendezvousTimeouts timeouts = {}) : timeouts_(timeouts) {}
@@ -62,7 +131,7 @@ class StateMachine {
   // The agent's stream ended (the agent exited, was killed, or its connection broke).
   std::vector<Outgoing> on_stream_closed(SessionId session, TimePoint now);
 
-  // Applies every timeout due at `now`.
+  // Applies every timeout due at `now`. Afterwards no deadline is at or before `now`.
   std::vector<Outgoing> on_tick(TimePoint now);
 
   // When on_tick next has work; nullopt when no timer is pending.
@@ -77,10 +146,14 @@ class StateMachine {
   // What is held for `run_id`, or for every run when it is empty.
   std::vector<v1::RunStatus> status(const std::string& run_id) const;
 
+  // Checks the machine's internal invariants (for tests and the fuzz target); OK or the
+  // first one broken.
+  absl::Status check_invariants() const;
+
  private:
   struct Node {
     SessionId session = 0;
-    v1::Join join;
+    v1::Join join;  // as kept: no token, no unknown fields
   };
   enum class Phase { kJoining, kRunning, kFinished };
   struct Run {
@@ -96,9 +169,17 @@ class StateMachine {
     std::vector<Node> members;  // the running round, by group rank
     std::set<SessionId> succeeded;
     std::map<std::string, int> last_rank;  // node_id -> group rank in the previous round
-    // After a restart: the previous round's nodes still connected. Once all of them have
-    // rejoined (and min is met) the round closes without waiting for the last call.
-    std::set<std::string> expected;
+    // After a restart: the previous round's members still connected, each with the time
+    // until which it holds the round (an entry stays once its node is back in `waiting`).
+    // Emptied when the round closes. A connected node may be in none of members, waiting
+    // and expected: a survivor that was not back in time, until it joins again.
+    std::map<SessionId, TimePoint> expected;
+    // Members told Restart, with when, until they join again: how long they took.
+    std::map<SessionId, TimePoint> restarted_at;
+    // How long a survivor took to come back when that was longer than its shutdown timeout:
+    // it is held that long next time, so that two nodes slower than they say cannot take
+    // turns closing the round without each other (a livelock of late rejoins).
+    std::map<SessionId, std::chrono::milliseconds> rejoin_took;
     std::map<SessionId, TimePoint> last_seen;  // every connected node of the run
     std::optional<TimePoint> keep_alive_check;
     std::optional<TimePoint> join_deadline;
@@ -117,8 +198,23 @@ class StateMachine {
                std::vector<Outgoing>& out);
   void finish(Run& run, const v1::ServerMsg& last, TimePoint now, std::vector<Outgoing>& out);
   Run* run_of(SessionId session);
+  // Takes `session` out of its run (as its stream ending would) and drops the run if nobody
+  // holds it any more.
+  void leave(SessionId session, TimePoint now, std::vector<Outgoing>& out);
+  // Closes `session` with `status` and takes it out of its run.
+  void refuse(SessionId session, absl::Status status, TimePoint now, std::vector<Outgoing>& out);
   void drop_session(Run& run, SessionId session, TimePoint now, std::vector<Outgoing>& out);
+  // Takes `session` out of the run's tables; the node id when it was a running member.
+  std::optional<std::string> remove_session(Run& run, SessionId session);
+  // After nodes left: restart when members were lost, else see whether the round can close.
+  void after_loss(Run& run, const std::vector<std::string>& lost_members, TimePoint now,
+                  std::vector<Outgoing>& out);
+  // How long after a restart the survivor `node` holds the next round.
+  std::chrono::milliseconds hold_of(const Run& run, const Node& node) const;
+  // Drops `run` if it is not finished and no connected node holds it; true if dropped.
+  bool drop_if_unheld(const std::string& run_id);
   void check_keep_alive(Run& run, TimePoint now, std::vector<Outgoing>& out);
+  void tick_run(const std::string& run_id, TimePoint now, std::vector<Outgoing>& out);
 
   RendezvousTimeouts timeouts_;
   std::map<std::string, Run> runs_;
