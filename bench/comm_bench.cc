@@ -11,11 +11,51 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "muster/rendezvous/grpc_store.h"
+#include "muster/v1/rendezvous.grpc.pb.h"
 #include "muster/worker/runtime.h"
 
 using namespace muster::worker;
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// The server's store serves only runs the rendezvous holds: each client holds run "bench"
+// with a session of its own (the first forms the round, the others wait as spares).
+class BenchRun {
+ public:
+  BenchRun(const std::string& target, const std::string& id)
+      : stub_(muster::v1::Rendezvous::NewStub(
+            grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))),
+        stream_(stub_->Session(&ctx_)) {
+    muster::v1::AgentMsg m;
+    auto* j = m.mutable_join();
+    j->set_run_id("bench");
+    j->set_node_id(id);
+    j->set_host("127.0.0.1");
+    j->set_local_world_size(1);
+    j->set_min_nodes(1);
+    j->set_max_nodes(1);
+    j->set_requested_rank(-1);
+    j->set_keep_alive_interval_ms(600000);  // the benchmark sends no keep-alives
+    ok_ = stream_->Write(m);
+  }
+  ~BenchRun() {
+    ctx_.TryCancel();
+    stream_->Finish();
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  std::unique_ptr<muster::v1::Rendezvous::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<muster::v1::AgentMsg, muster::v1::ServerMsg>> stream_;
+  bool ok_ = false;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
@@ -43,12 +83,19 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "store" && argc == 5) {
+    const std::string id = argv[4];
+    BenchRun run(argv[2], id);
+    if (!run.ok()) return 1;
     muster::rendezvous::GrpcStore store({argv[2], "bench", ""});
     const int n = std::atoi(argv[3]);
-    const std::string id = argv[4];
     const std::string value(16, 'v');
-    // Connected and warm, then wait for the runner's "go" so all clients start together.
-    if (!store.set(id + "/warm", value).ok()) return 1;
+    // Connected and warm (the first get waits for the run to exist on the server), then wait
+    // for the runner's "go" so all clients start together.
+    for (int attempt = 0; !store.set(id + "/warm", value).ok() ||
+                          !store.get(id + "/warm", std::chrono::seconds(10)).ok();
+         ++attempt) {
+      if (attempt == 100) return 1;
+    }
     std::printf("ready\n");
     std::fflush(stdout);
     std::string line;

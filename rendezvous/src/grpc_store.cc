@@ -1,4 +1,5 @@
 #include "muster/rendezvous/grpc_store.h"
+#include "muster/rendezvous/limits.h"
 
 
 #include <atomic>
@@ -88,7 +89,9 @@ class GrpcStore::Impl {
  public:
   explicit Impl(GrpcStoreOptions o) : opts(std::move(o)) {
     grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(16 << 20);
+    // The server's bound on a store message, both ways (limits.h): client and server agree.
+    args.SetMaxReceiveMessageSize(static_cast<int>(limits::kMaxStoreMessageBytes));
+    args.SetMaxSendMessageSize(static_cast<int>(limits::kMaxStoreMessageBytes));
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
     args.SetString(GRPC_ARG_OPTIMIZATION_TARGET, "latency");

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "muster/rendezvous/host_id.h"
 #include "muster/rendezvous/limits.h"
+#include "memory_trim.h"
 #include "status_convert.h"
 #include "store_server.h"
 #include "text_checks.h"
@@ -87,6 +88,9 @@ class Core : public std::enable_shared_from_this<Core> {
     host_identity_ = std::move(host);
   }
 
+ // io thread: gives memory back to the system now and then (memory_trim.h).
+  void start_housekeeping();
+
  private:
   void arm_timer();
 
@@ -95,6 +99,7 @@ class Core : public std::enable_shared_from_this<Core> {
   StateMachine machine_;
   boost::asio::steady_timer timer_;
   std::optional<TimePoint> armed_for_;
+  boost::asio::steady_timer trim_timer_;
   std::unordered_map<SessionId, std::shared_ptr<SessionLink>> links_;
 
   // Drops the store tables of runs the state machine has forgotten.
@@ -113,7 +118,18 @@ Core::Core(boost::asio::io_context& io, ServerOptions opts)
     : io_(io),
       opts_(std::move(opts)),
       machine_(opts_.timeouts),
-      timer_(io) {}
+      timer_(io),
+      trim_timer_(io) {}
+
+void Core::start_housekeeping() {
+  trim_timer_.expires_after(limits::kMemoryTrimInterval);
+  trim_timer_.async_wait([self = weak_from_this()](const boost::system::error_code& ec) {
+    auto core = self.lock();
+    if (ec || !core) return;
+    trim_free_memory(limits::kMemoryTrimThreshold);
+    core->start_housekeeping();
+  });
+}
 
 namespace {
 
@@ -426,6 +442,9 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   impl->server = builder.BuildAndStart();
+  boost::asio::post(io, [core = std::weak_ptr<Core>(impl->core)] {
+    if (auto c = core.lock()) c->start_housekeeping();
+  });
   if (!impl->server || impl->port == 0) {
     return absl::UnavailableError(absl::StrCat("rendezvous server cannot listen on ", address));
   }

@@ -4,8 +4,10 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "muster/rendezvous/limits.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
 #include "status_convert.h"
 #include "store_core.h"
@@ -50,6 +52,7 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
         return;
       }
       reply_.Clear();
+      large_ = req_.ByteSizeLong() >= limits::kStoreReplyBudgetFrom;
       // A fresh wait per request: a StoreWait parks at most once. Published before the core
       // can park it, so that OnCancel always finds the wait it must take out.
       auto w = std::make_shared<Wait>(this, &req_, &reply_);
@@ -72,6 +75,15 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
       }
     }
     void OnWriteDone(bool ok) override {
+      impl_->release_reply(reserved_);
+      reserved_ = 0;
+      if (large_) {
+        // Protobuf keeps a cleared field's capacity: an idle stream must not hold on to the
+        // megabytes of its last request or reply.
+        v1::StoreRequest().Swap(&req_);
+        v1::StoreReply().Swap(&reply_);
+        large_ = false;
+      }
       if (!ok) {
         Finish(grpc::Status::OK);
       } else if (impl_->core_.shutting_down()) {
@@ -97,6 +109,19 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
     void respond(const absl::Status& status) {
       reply_.set_code(static_cast<int>(status.code()));
       if (!status.ok()) reply_.set_error(std::string(status.message()));
+      // A reply stays in memory until its client reads it: large ones come out of a
+      // server-wide budget, so clients that ask and never read cannot hold unbounded memory.
+      const std::size_t size = reply_.ByteSizeLong();
+      if (size >= limits::kStoreReplyBudgetFrom) large_ = true;
+      if (size >= limits::kStoreReplyBudgetFrom && !impl_->reserve_reply(size)) {
+        v1::StoreReply().Swap(&reply_);  // frees the value (Clear would keep its capacity)
+        reply_.set_code(static_cast<int>(absl::StatusCode::kResourceExhausted));
+        reply_.set_error(absl::StrCat("store: the server already holds ",
+                                      limits::kMaxStoreUnreadReplyBytes >> 20,
+                                      " MiB of replies its clients have not read; retry later"));
+      } else if (size >= limits::kStoreReplyBudgetFrom) {
+        reserved_ = size;
+      }
       StartWrite(&reply_);
     }
 
@@ -110,6 +135,8 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
     Impl* impl_;
     v1::StoreRequest req_;
     v1::StoreReply reply_;
+    std::size_t reserved_ = 0;  // of the reply budget, for the reply being written
+    bool large_ = false;        // this request or its reply is large: free both once done
     absl::Mutex mu_;
     std::shared_ptr<Wait> wait_ ABSL_GUARDED_BY(mu_);  // the latest request's
     bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
@@ -127,7 +154,19 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
 
   StoreCore core_;
 
+  bool reserve_reply(std::size_t bytes) {
+    std::size_t held = unread_bytes_.load(std::memory_order_relaxed);
+    do {
+      if (held + bytes > limits::kMaxStoreUnreadReplyBytes) return false;
+    } while (!unread_bytes_.compare_exchange_weak(held, held + bytes, std::memory_order_relaxed));
+    return true;
+  }
+  void release_reply(std::size_t bytes) {
+    if (bytes > 0) unread_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+  }
+
  private:
+  std::atomic<std::size_t> unread_bytes_{0};  // large replies written but not yet read
   void poke_timer() {
     {
       absl::MutexLock lock(&timer_mu_);

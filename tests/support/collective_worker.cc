@@ -3,6 +3,8 @@
 //   check            runs every op x dtype x size (1, 7, 1000, 1M elements) against values
 //                    computed locally; prints "rank R: all collectives correct" or the first
 //                    mismatch, and exits 0 or 1.
+//   sum              one small f32 all_reduce (sum) and a barrier, checked: a quick job that
+//                    uses the store and the ring; prints "rank R: sum correct".
 //   die RANK         every rank enters an all_reduce of 4M floats, except RANK, which kills
 //                    itself first; the others print the error they get and exit 3.
 #include <signal.h>
@@ -150,6 +152,14 @@ int main(int argc, char** argv) {
     absl::Status s = c.all_reduce(big.data(), big.size(), DType::kF32, ReduceOp::kSum);
     std::printf("rank %d: %s\n", rank_, s.ok() ? "no error" : std::string(s.message()).c_str());
     return s.ok() ? 0 : 3;
+  }
+  if (mode == "sum") {
+    std::vector<float> v(1024, static_cast<float>(rank_ + 1));
+    absl::Status s = c.all_reduce(v.data(), v.size(), DType::kF32, ReduceOp::kSum);
+    const float want = static_cast<float>(world_ * (world_ + 1) / 2);
+    const bool ok = s.ok() && v.front() == want && v.back() == want && c.barrier().ok();
+    std::printf("rank %d: %s\n", rank_, ok ? "sum correct" : "sum wrong");
+    return ok ? 0 : 1;
   }
   check_dtype<float>(c, DType::kF32, 1e-6);
   check_dtype<double>(c, DType::kF64, 1e-12);

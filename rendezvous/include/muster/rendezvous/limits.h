@@ -58,6 +58,10 @@ inline constexpr std::size_t kMaxErrorFileReadBytes = 1 << 20;
 // Runs held at once (joining, running or within their finished grace); a Join that would
 // create one more is refused with RESOURCE_EXHAUSTED.
 inline constexpr std::size_t kMaxRuns = 4096;
+// Housekeeping: every kMemoryTrimInterval the server gives memory back to the system when
+// malloc holds at least kMemoryTrimThreshold bytes free (after a burst of large requests).
+inline constexpr milliseconds kMemoryTrimInterval = std::chrono::seconds(2);
+inline constexpr std::size_t kMemoryTrimThreshold = 16 << 20;
 // HTTP/2 streams one connection may have open at once.
 inline constexpr int kMaxConcurrentStreamsPerConnection = 64;
 
@@ -72,6 +76,12 @@ inline constexpr std::size_t kMaxStoreKeysPerRequest = 100000;
 // One store request or reply on the wire (a value with its key and framing; a multi_get
 // whose values would exceed it is refused with RESOURCE_EXHAUSTED).
 inline constexpr std::size_t kMaxStoreMessageBytes = kMaxStoreValueBytes + (64 << 10);
+
+// Large store replies (from kStoreReplyBudgetFrom bytes) written but not yet read by their
+// clients, server-wide: beyond this a large reply is replaced by RESOURCE_EXHAUSTED ("retry
+// later"), so clients that ask for big values and never read cannot grow the server.
+inline constexpr std::size_t kMaxStoreUnreadReplyBytes = 128 << 20;
+inline constexpr std::size_t kStoreReplyBudgetFrom = 64 << 10;
 
 // The gRPC receive cap of the server (rendezvous and store share the port): the larger of
 // the two services' messages. The Session reactor applies the tighter agent bound itself.
