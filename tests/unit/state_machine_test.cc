@@ -403,6 +403,13 @@ TEST_CASE("rendezvous: random event sequences keep the invariants", "[rdzv][stat
           round_of.erase(o.session);
         }
       }
+      {
+        absl::Status inv = h.sm.check_invariants();
+        INFO(inv.ToString());
+        REQUIRE(inv.ok());
+        auto next = h.sm.next_deadline();
+        REQUIRE((!next || *next > h.now));  // no deadline left due: no busy timer
+      }
       if (!h.sm.has_run("run")) last_round = 0;  // dropped when nobody held it: a new run
       if (as.empty()) continue;
       const int n = static_cast<int>(as.size());
@@ -481,6 +488,9 @@ Outcome simulate(std::vector<Agent> agents, int min, int max, int max_restarts,
       }
     }
     if (restarted) ++r.restarts;
+    absl::Status inv = h.sm.check_invariants();
+    INFO(inv.ToString());
+    REQUIRE(inv.ok());
   };
   auto join = [&](Agent& a) {
     a.join_at.reset();
@@ -975,4 +985,134 @@ TEST_CASE("ticks: a steady round is never restarted by time alone", "[rdzv][stat
     h.keep_alive(2);
   }
   CHECK(restarts == 0);
+}
+
+TEST_CASE("restart: two nodes slower than their shutdown timeout do not take turns for ever",
+          "[rdzv][state_machine]") {
+  // Each needs 30-40 s to stop but says 10 s: the round closes without whichever is late, and
+  // its Join restarts the run, which then leaves the other behind. Held for as long as it
+  // took last time, each is late at most once.
+  auto t = Harness::quiet();
+  t.last_call_timeout = 2s;
+  std::vector<Agent> agents(4);
+  for (int i = 0; i < 4; ++i) {
+    agents[i].session = i + 1;
+    agents[i].node = "n" + std::to_string(i);
+    agents[i].shutdown_timeout = 10s;
+    agents[i].rejoin_delay = i < 2 ? 30s + i * 10s : 2s;  // a 30 s, b 40 s: never together
+    agents[i].arrival = milliseconds(i * 100);
+  }
+  agents[0].fail_at = 10s;
+  Outcome r = simulate(agents, 2, 4, 1, t);
+  CHECK(r.settled);
+  CHECK(r.members == 4);
+  CHECK(r.restarts <= 4);
+}
+
+TEST_CASE("keep-alive: nodes silent at one check are dropped together, with one restart",
+          "[rdzv][state_machine]") {
+  auto t = Harness::quiet();
+  t.keep_alive_interval = 1s;
+  t.keep_alive_max_attempt = 2;
+  Harness h(t);
+  h.join(1, "a", 1, 2);
+  h.join(2, "b", 1, 2);
+  REQUIRE(h.assignment(1).group_world_size() == 2);
+  h.join(3, "c", 1, 2);  // spares
+  h.join(4, "d", 1, 2);
+  h.advance(1s);
+  h.keep_alive(4);  // only d keeps talking
+  h.advance(1s);
+  for (SessionId s : {1, 2, 3}) CHECK(h.closed_with(s, absl::StatusCode::kUnavailable));
+  // Dropped one by one, c would have been given a round with d and then dropped from it.
+  for (SessionId s : {1, 2, 3, 4}) CHECK(h.to(s, kAssign).empty());
+  CHECK(h.sm.check_invariants().ok());
+  for (int i = 0; i < 30; ++i) {  // d alone forms the next round, after the last call
+    h.keep_alive(4);
+    h.advance(1s);
+  }
+  CHECK(h.assignment(4).group_world_size() == 1);
+}
+
+TEST_CASE("join timeout: survivors that never come back are told too", "[rdzv][state_machine]") {
+  auto t = Harness::quiet();
+  t.join_timeout = 10s;
+  Harness h(t);
+  auto slow = [](v1::Join& j) { j.set_shutdown_timeout_ms(20000); };
+  h.join_with(1, "a", 2, 2, slow, 1);
+  h.join_with(2, "b", 2, 2, slow, 1);
+  REQUIRE(h.assignment(1).group_world_size() == 2);
+  h.fail(1, 1);
+  h.join_with(1, "a", 2, 2, slow, 1);
+  // b holds the round for 25 s, longer than the join timeout: the timeout waits for it.
+  h.advance(10s);
+  CHECK(h.last.empty());
+  h.advance(15s);
+  CHECK(h.closed_with(1, absl::StatusCode::kDeadlineExceeded));
+  CHECK(h.closed_with(2, absl::StatusCode::kDeadlineExceeded));  // not left in a dropped run
+  CHECK(h.sm.num_runs() == 0);
+}
+
+TEST_CASE("join: the token and unknown fields are not kept", "[rdzv][state_machine]") {
+  Harness h;
+  h.join_with(1, "a", 2, 2, [](v1::Join& j) {
+    j.set_token("secret");
+    j.GetReflection()->MutableUnknownFields(&j)->AddLengthDelimited(77, "unknown");
+  });
+  CHECK(h.last.empty());
+  CHECK(h.sm.check_invariants().ok());  // which checks what every stored Join holds
+}
+
+TEST_CASE("utf-8: the validator", "[rdzv][state_machine]") {
+  using muster::rendezvous::is_valid_utf8;
+  CHECK(is_valid_utf8(""));
+  CHECK(is_valid_utf8("plain ascii"));
+  CHECK(is_valid_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x9a\x80 \xf4\x8f\xbf\xbf"));
+  CHECK(is_valid_utf8(std::string("nul\0inside", 10)));
+  CHECK_FALSE(is_valid_utf8("\x80"));              // a lone continuation byte
+  CHECK_FALSE(is_valid_utf8("\xc3"));              // cut short
+  CHECK_FALSE(is_valid_utf8("\xc3\x28"));          // a bad continuation
+  CHECK_FALSE(is_valid_utf8("\xc1\xbf"));          // overlong (2 bytes)
+  CHECK_FALSE(is_valid_utf8("\xe0\x9f\xbf"));      // overlong (3 bytes)
+  CHECK_FALSE(is_valid_utf8("\xf0\x8f\xbf\xbf"));  // overlong (4 bytes)
+  CHECK_FALSE(is_valid_utf8("\xed\xbf\xbf"));      // a surrogate
+  CHECK_FALSE(is_valid_utf8("\xf4\x90\x80\x80"));  // above U+10FFFF
+  CHECK_FALSE(is_valid_utf8("\xf8\x88\x80\x80\x80"));
+  CHECK_FALSE(is_valid_utf8("\xff"));
+}
+
+TEST_CASE("failure: cutting keeps characters whole and the restart reason parseable",
+          "[rdzv][state_machine]") {
+  using muster::rendezvous::cap_failure;
+  using muster::rendezvous::is_valid_utf8;
+  v1::WorkerFailure f;
+  std::string euros;
+  while (euros.size() < 3 * limits::kMaxFailureTracebackBytes) euros += "\xe2\x82\xac";
+  f.set_message(euros);
+  f.set_traceback(euros);
+  v1::WorkerFailure c = cap_failure(f);
+  CHECK(c.message().size() <= limits::kMaxFailureMessageBytes);
+  CHECK(c.traceback().size() <= limits::kMaxFailureTracebackBytes);
+  CHECK(is_valid_utf8(c.message()));
+  CHECK(is_valid_utf8(c.traceback()));
+  CHECK_THAT(c.message(), Catch::Contains("cut"));
+  v1::WorkerFailure small;
+  small.set_message("short");
+  CHECK(cap_failure(small).message() == "short");
+
+  // A failing host's name is a client's bytes; the Restart reason is a `string` field that
+  // an agent cannot parse unless it is UTF-8.
+  Harness h;
+  h.join(1, "a", 1, 1, 1);
+  v1::AgentMsg m;
+  m.mutable_failure()->set_round(1);
+  m.mutable_failure()->mutable_root_cause()->set_host("bad\xff\xfehost");
+  h.send(1, m);
+  auto r = h.to(1, kRestart);
+  REQUIRE(r.size() == 1);
+  CHECK(is_valid_utf8(r[0].restart().reason()));
+  std::string wire;
+  REQUIRE(r[0].SerializeToString(&wire));
+  v1::ServerMsg back;
+  CHECK(back.ParseFromString(wire));
 }
