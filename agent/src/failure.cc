@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "muster/rendezvous/text.h"
 #include "muster/rendezvous/limits.h"
 
 namespace muster::agent {
@@ -246,52 +247,7 @@ class PrefixJson {
 // could drive the terminal) replaced by U+FFFD; the server checks ids, not messages, but a
 // message is for people to read.
 std::string sanitize_utf8(const std::string& in) {
-  static constexpr char kReplacement[] = "\xef\xbf\xbd";
-  std::string out;
-  out.reserve(in.size());
-  std::size_t i = 0;
-  while (i < in.size()) {
-    const auto c = static_cast<unsigned char>(in[i]);
-    if (c < 0x80) {
-      if (c < 0x20 && c != '\n' && c != '\t') {
-        out += kReplacement;
-      } else if (c == 0x7f) {
-        out += kReplacement;
-      } else {
-        out += static_cast<char>(c);
-      }
-      ++i;
-      continue;
-    }
-    std::size_t n = 0;
-    std::uint32_t min = 0;
-    if ((c & 0xe0) == 0xc0) {
-      n = 2;
-      min = 0x80;
-    } else if ((c & 0xf0) == 0xe0) {
-      n = 3;
-      min = 0x800;
-    } else if ((c & 0xf8) == 0xf0) {
-      n = 4;
-      min = 0x10000;
-    }
-    bool ok = n > 0 && i + n <= in.size();
-    std::uint32_t cp = ok ? (c & (0x7f >> n)) : 0;
-    for (std::size_t k = 1; ok && k < n; ++k) {
-      const auto cc = static_cast<unsigned char>(in[i + k]);
-      ok = (cc & 0xc0) == 0x80;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    ok = ok && cp >= min && cp <= 0x10ffff && !(cp >= 0xd800 && cp < 0xe000);
-    if (ok) {
-      out.append(in, i, n);
-      i += n;
-    } else {
-      out += kReplacement;
-      ++i;
-    }
-  }
-  return out;
+  return rendezvous::printable_utf8(in, std::string_view::npos, /*replace_controls=*/true);
 }
 
 // The largest length <= n that does not split a UTF-8 sequence of s.

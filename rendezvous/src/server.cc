@@ -21,7 +21,7 @@
 #include "memory_trim.h"
 #include "status_convert.h"
 #include "store_server.h"
-#include "text_checks.h"
+#include "muster/rendezvous/text.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
 
 namespace muster::rendezvous {

@@ -70,55 +70,10 @@ milliseconds shutdown_timeout_of(const v1::Join& j) {
 
 // --- UTF-8 -------------------------------------------------------------------------------
 
-// The length of the well-formed UTF-8 sequence at s[i], or 0 if there is none.
-std::size_t utf8_sequence(std::string_view s, std::size_t i) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  if (c < 0x80) return 1;
-  std::size_t len;
-  std::uint32_t cp;
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-    cp = c & 0x1F;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    cp = c & 0x0F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    cp = c & 0x07;
-  } else {
-    return 0;  // a continuation byte, C0/C1 (always overlong), or F5..FF
-  }
-  if (s.size() - i < len) return 0;
-  for (std::size_t k = 1; k < len; ++k) {
-    const auto cc = static_cast<unsigned char>(s[i + k]);
-    if ((cc & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (cc & 0x3F);
-  }
-  if (len == 3 && cp < 0x800) return 0;                          // overlong
-  if (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) return 0;     // overlong, or too large
-  if (cp >= 0xD800 && cp <= 0xDFFF) return 0;                    // a surrogate
-  return len;
-}
-
 // `s` as text for a `string` field (a reason the agent prints): invalid bytes become
 // U+FFFD and at most `max` bytes of `s` are used. Protobuf refuses to parse a `string`
 // field that is not UTF-8, so a client's bytes must never reach one unchecked.
-std::string printable(std::string_view s, std::size_t max) {
-  std::string r;
-  std::size_t i = 0;
-  while (i < s.size() && i < max) {
-    std::size_t len = utf8_sequence(s, i);
-    if (len == 0) {
-      r += "\xEF\xBF\xBD";
-      ++i;
-    } else {
-      r.append(s.substr(i, len));
-      i += len;
-    }
-  }
-  if (i < s.size()) r += "...";
-  return r;
-}
+std::string printable(std::string_view s, std::size_t max) { return printable_utf8(s, max); }
 
 // Room kept for the note a cut adds, so that text plus note stays within the bound:
 // "\n[... cut " + up to 20 digits + " bytes]".
@@ -189,14 +144,6 @@ auto find_session(Nodes& nodes, SessionId session) {
 
 }  // namespace
 
-bool is_valid_utf8(std::string_view s) {
-  for (std::size_t i = 0; i < s.size();) {
-    std::size_t len = utf8_sequence(s, i);
-    if (len == 0) return false;
-    i += len;
-  }
-  return true;
-}
 
 v1::WorkerFailure cap_failure(const v1::WorkerFailure& f) {
   v1::WorkerFailure r = f;

@@ -1,5 +1,7 @@
 #include "store_core.h"
 
+#include "muster/rendezvous/text.h"
+
 #include <malloc.h>
 
 #include <algorithm>
@@ -18,40 +20,6 @@ using R = v1::StoreRequest;
 constexpr std::size_t kTrimAfterBytes = 1 << 20;
 }  // namespace
 
-bool valid_utf8(const std::string& s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const auto* end = p + s.size();
-  while (p < end) {
-    const unsigned c = *p;
-    int n = 0;
-    std::uint32_t cp = 0;
-    if (c < 0x80) {
-      ++p;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      n = 1;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      n = 2;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      n = 3;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (end - p <= n) return false;
-    for (int i = 1; i <= n; ++i) {
-      if ((p[i] & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (p[i] & 0x3F);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
-    static constexpr std::uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    p += n + 1;
-  }
-  return true;
-}
 
 
 StoreCore::StoreCore(Options options) : options_(std::move(options)) {}
@@ -77,7 +45,7 @@ absl::Status StoreCore::validate(const v1::StoreRequest& req) const {
   if (!shape_ok || req.run_id().empty() || req.run_id().size() > limits::kMaxIdBytes) {
     return absl::InvalidArgumentError("store: malformed request");
   }
-  if (!valid_utf8(req.run_id())) {
+  if (!is_valid_utf8(req.run_id())) {
     return absl::InvalidArgumentError("store: the run id is not valid UTF-8");
   }
   return absl::OkStatus();

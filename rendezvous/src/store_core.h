@@ -162,7 +162,4 @@ class StoreCore {
   std::multimap<StoreClock::time_point, StoreWaitPtr> timers_ ABSL_GUARDED_BY(timer_mu_);
 };
 
-// Whether `s` is valid UTF-8 (run ids must be; keys may be any bytes, as c10d's).
-bool valid_utf8(const std::string& s);
-
 }  // namespace muster::rendezvous

@@ -1,4 +1,5 @@
 #include "muster/agent/failure.h"
+#include "muster/rendezvous/text.h"
 
 #include <catch2/catch.hpp>
 #include <csignal>
@@ -83,21 +84,7 @@ TEST_CASE("error file: a plain message, garbage, and no file", "[failure]") {
   CHECK(g.traceback().empty());
 }
 
-namespace {
-bool valid_utf8(const std::string& s) {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (std::size_t k = 1; k < n; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
-    }
-    i += n;
-  }
-  return true;
-}
-}  // namespace
+using muster::rendezvous::is_valid_utf8;
 
 TEST_CASE("error file: a huge message and traceback are cut with a note", "[failure]") {
   namespace limits = muster::rendezvous::limits;
@@ -120,8 +107,8 @@ TEST_CASE("error file: a huge message and traceback are cut with a note", "[fail
   // the note says how large the file was.
   CHECK(f.traceback().size() <= limits::kMaxFailureTracebackBytes);
   CHECK_THAT(f.message(), Catch::Contains("the error file has " + std::to_string(std::filesystem::file_size(path)) + " bytes"));
-  CHECK(valid_utf8(f.message()));
-  CHECK(valid_utf8(f.traceback()));
+  CHECK(is_valid_utf8(f.message()));
+  CHECK(is_valid_utf8(f.traceback()));
   std::string s = format_failure_summary("train", f, {});
   CHECK_THAT(s, Catch::Contains("  message   : RuntimeError: mmm"));
 }
@@ -150,7 +137,7 @@ TEST_CASE("error file: invalid UTF-8 is replaced, valid text is kept", "[failure
   read_error_file(path, f);
   CHECK_THAT(f.message(), Catch::StartsWith("caf\xc3\xa9 "));
   CHECK_THAT(f.message(), Catch::Contains("bad"));
-  CHECK(valid_utf8(f.message()));
+  CHECK(is_valid_utf8(f.message()));
 }
 
 TEST_CASE("error file: a plain string message of many MiB is cut", "[failure]") {

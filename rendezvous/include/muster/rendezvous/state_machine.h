@@ -77,6 +77,7 @@
 
 #include "absl/status/status.h"
 #include "muster/rendezvous/limits.h"
+#include "muster/rendezvous/text.h"
 #include "muster/v1/rendezvous.pb.h"
 
 namespace muster::rendezvous {
@@ -113,9 +114,6 @@ struct Outgoing {
   bool close = false;
   absl::Status status;  // meaningful when close
 };
-
-// Whether `s` is well-formed UTF-8 (no overlong forms, no surrogates, nothing past U+10FFFF).
-bool is_valid_utf8(std::string_view s);
 
 // A WorkerFailure as the server keeps and forwards it: message and traceback cut to their
 // bounds with a note (see the rules above). Exposed for tests.
