@@ -8,8 +8,9 @@
 
 namespace muster::rendezvous {
 
-// When malloc holds at least `threshold` bytes free, gives them back (malloc_trim) and returns
-// true. Cheap when there is nothing to give: one walk over the arenas' bins.
+// When at least `threshold` more bytes are free in malloc than after the last trim, gives
+// them back (malloc_trim) and returns true. Cheap when there is nothing to give: one walk
+// over the arenas' bins. Process-wide (malloc is): any thread.
 bool trim_free_memory(std::size_t threshold);
 
 }  // namespace muster::rendezvous

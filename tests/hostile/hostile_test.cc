@@ -422,10 +422,12 @@ TEST_CASE("hostile: huge durations and deltas saturate or are refused, never wra
     REQUIRE(value.values_size() == 1);
     CHECK(value.values(0) == std::to_string(kMax));
   }
+  real_job_succeeds(d.endpoint, "job-after-huge");
 }
 
 TEST_CASE("hostile: multi_set at the key limit writes nothing", "[hostile]") {
   Daemon d;
+  d.idle_kb = d.rss();
   RunHolder holder(d.endpoint, "full");
   StoreStream s(connect(d.endpoint));
   const int limit = static_cast<int>(limits::kMaxStoreKeysPerRun);
@@ -443,6 +445,8 @@ TEST_CASE("hostile: multi_set at the key limit writes nothing", "[hostile]") {
   CHECK(n.number() == limit - 1);
   v1::StoreReply first = s.call(store_req("full", v1::StoreRequest::CHECK, {"new1"}));
   CHECK_FALSE(first.flag());
+  CHECK(d.rss() <= d.idle_kb + kAttackSlackKb);
+  real_job_succeeds(d.endpoint, "job-beside-full");
 }
 
 TEST_CASE("hostile: invalid UTF-8 ids get INVALID_ARGUMENT with a message", "[hostile]") {
@@ -455,6 +459,8 @@ TEST_CASE("hostile: invalid UTF-8 ids get INVALID_ARGUMENT with a message", "[ho
   StoreStream store(connect(d.endpoint));
   v1::StoreReply r = store.call(store_req("bad\xc0\xaf", v1::StoreRequest::SET, {"k"}, {"v"}));
   CHECK(r.code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(!r.error().empty());
+  real_job_succeeds(d.endpoint, "job-after-utf8");
 }
 
 TEST_CASE("hostile: a waiter on a huge key list does not stop another run", "[hostile]") {
@@ -477,4 +483,5 @@ TEST_CASE("hostile: a waiter on a huge key list does not stop another run", "[ho
   g.set_timeout_ms(1000);
   const int code = greedy.call(g).code();
   CHECK((code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::RESOURCE_EXHAUSTED));
+  CHECK(d.rss() <= d.idle_kb + kAttackSlackKb);
 }

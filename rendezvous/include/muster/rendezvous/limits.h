@@ -59,9 +59,10 @@ inline constexpr std::size_t kMaxErrorFileReadBytes = 1 << 20;
 // create one more is refused with RESOURCE_EXHAUSTED.
 inline constexpr std::size_t kMaxRuns = 4096;
 // Housekeeping: every kMemoryTrimInterval the server gives memory back to the system when
-// malloc holds at least kMemoryTrimThreshold bytes free (after a burst of large requests).
+// malloc holds kMemoryTrimThreshold bytes more free than after its last trim (after a burst
+// of large requests).
 inline constexpr milliseconds kMemoryTrimInterval = std::chrono::seconds(2);
-inline constexpr std::size_t kMemoryTrimThreshold = 16 << 20;
+inline constexpr std::size_t kMemoryTrimThreshold = 1 << 20;
 // HTTP/2 streams one connection may have open at once.
 inline constexpr int kMaxConcurrentStreamsPerConnection = 64;
 
