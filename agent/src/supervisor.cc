@@ -24,7 +24,7 @@ namespace muster::agent {
 namespace {
 
 // One message on the pipe: a process group to kill at the end ('T') or no longer ('F'); a
-// folder to remove at the end ('D', `value` bytes of path follow) or no longer ('E').
+// folder to remove at the end ('D', `value` bytes of path follow).
 // One write of at most PIPE_BUF bytes each, so each is atomic.
 struct Record {
   char op;
@@ -190,8 +190,6 @@ void kill_cgroup_and_remove(const std::string& dir) {
         groups.erase(std::remove(groups.begin(), groups.end(), r.value), groups.end());
       } else if (r.op == 'D') {
         folder.assign(buf + used + sizeof(Record), text);
-      } else if (r.op == 'E') {
-        folder.clear();
       }
       used += sizeof(Record) + text;
     }
@@ -288,7 +286,6 @@ void JobSupervisor::track_folder(const std::string& path) {
   send('D', static_cast<pid_t>(path.size()), path);
 }
 
-void JobSupervisor::forget_folder() { send('E', 0); }
 
 void JobSupervisor::kill_cgroup() {
   if (kill_fd_ >= 0) write_str(kill_fd_, "1");

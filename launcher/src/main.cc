@@ -250,10 +250,9 @@ int main(int argc, char** argv) {
   // A kill -9 leaves no temporary folder either: the supervisor removes it.
   if (!keep && supervisor) supervisor->track_folder(tmpl);
   auto cleanup = [&] {
-    if (!keep) {
-      if (supervisor) supervisor->forget_folder();
-      std::filesystem::remove_all(tmpl, ec);
-    }
+    // The supervisor is not told to forget the folder: a kill -9 while it is being removed
+    // would leave the rest. Removing what is already gone costs it nothing.
+    if (!keep) std::filesystem::remove_all(tmpl, ec);
     // The supervisor kills what is left (nothing, normally) and removes the job cgroup.
     if (supervisor) supervisor->finish(std::chrono::seconds(2));
   };

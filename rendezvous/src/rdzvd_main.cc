@@ -6,6 +6,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <cstdio>
+#include <functional>
 #include <thread>
 
 #include "muster/rendezvous/limits.h"
@@ -64,18 +65,30 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   // A stop by SIGINT or SIGTERM is the normal way to end a daemon. Shutdown runs off the io
   // thread while the loop keeps serving the calls it ends; the loop stops once it is done.
+  // Further signals while it stops are swallowed (it is stopping already), also after the
+  // signal set is gone: a second SIGTERM must not turn a clean stop into death by signal.
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
   std::thread stopper;
-  signals.async_wait([&](const boost::system::error_code& ec, int) {
-    if (ec) return;
-    stopper = std::thread([&] {
-      (*server)->shutdown();
-      io.stop();
+  std::function<void()> wait_signal = [&] {
+    signals.async_wait([&](const boost::system::error_code& ec, int) {
+      if (ec) return;
+      if (!stopper.joinable()) {
+        stopper = std::thread([&] {
+          (*server)->shutdown();
+          io.stop();
+        });
+      }
+      wait_signal();
     });
-  });
+  };
+  wait_signal();
   auto guard = boost::asio::make_work_guard(io);
   io.run();
   if (stopper.joinable()) stopper.join();
   (*server)->shutdown();
+  boost::system::error_code ignored;
+  signals.clear(ignored);  // puts the default actions back, so ignore them right after
+  ::signal(SIGINT, SIG_IGN);
+  ::signal(SIGTERM, SIG_IGN);
   return 0;
 }

@@ -52,10 +52,9 @@ class JobSupervisor {
   // The group has been killed and reaped: its id may be reused, so it must not be killed later.
   void forget_group(pid_t pgid);
 
-  // The supervisor removes this folder (launch's private temporary folder) when launch ends
-  // without removing it itself (kill -9); forget_folder() before launch removes it.
+  // The supervisor removes this folder (launch's private temporary folder) when launch has
+  // ended, if it is still there (kill -9, also while launch was removing it itself).
   void track_folder(const std::string& path);
-  void forget_folder();
 
   // Kills every process left in the job cgroup now (every worker has exited; what remains was
   // started by them). A no-op in the process-group fallback.
