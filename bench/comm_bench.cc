@@ -4,8 +4,11 @@
 //   comm_bench store TARGET N ID  one store client: connects, prints "ready", waits for a line
 //                                 on stdin, then N set+get pairs on its own keys; prints
 //                                 "store <ops> <seconds>"
+//   comm_bench hog TARGET KEYS    another run ("hog") parks one wait on KEYS missing keys;
+//                                 prints "ready" once the server holds it, exits at EOF
 #include <chrono>
 #include <cstdio>
+#include <thread>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -13,6 +16,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "muster/rendezvous/client.h"
 #include "muster/rendezvous/grpc_store.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
 #include "muster/worker/runtime.h"
@@ -22,17 +26,17 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// The server's store serves only runs the rendezvous holds: each client holds run "bench"
-// with a session of its own (the first forms the round, the others wait as spares).
+// The server's store serves only runs the rendezvous holds: each client holds its run
+// ("bench") with a session of its own (the first forms the round, the others wait as spares).
 class BenchRun {
  public:
-  BenchRun(const std::string& target, const std::string& id)
+  BenchRun(const std::string& target, const std::string& id, const std::string& run = "bench")
       : stub_(muster::v1::Rendezvous::NewStub(
             grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))),
         stream_(stub_->Session(&ctx_)) {
     muster::v1::AgentMsg m;
     auto* j = m.mutable_join();
-    j->set_run_id("bench");
+    j->set_run_id(run);
     j->set_node_id(id);
     j->set_host("127.0.0.1");
     j->set_local_world_size(1);
@@ -109,6 +113,30 @@ int main(int argc, char** argv) {
     std::printf("store %d %.6f\n", 2 * n, std::chrono::duration<double>(Clock::now() - t0).count());
     return 0;
   }
-  std::fprintf(stderr, "usage: comm_bench allreduce | store TARGET N ID\n");
+  if (mode == "hog" && argc == 4) {
+    BenchRun run(argv[2], "hog", "hog");
+    if (!run.ok()) return 1;
+    std::vector<std::string> keys;
+    for (int i = 0, n = std::atoi(argv[3]); i < n; ++i) keys.push_back("missing/" + std::to_string(i));
+    muster::rendezvous::GrpcStore store({argv[2], "hog", ""});
+    // The run may not be open on the server yet when the first request arrives: retry.
+    for (int attempt = 0; !store.check({"x"}).ok(); ++attempt) {
+      if (attempt == 100) return 1;
+    }
+    std::thread waiter([&] { (void)store.wait(keys, std::chrono::hours(1)); });
+    waiter.detach();  // ends with the process
+    for (int attempt = 0;; ++attempt) {
+      auto st = muster::rendezvous::get_status(argv[2], "hog", "", std::chrono::seconds(5));
+      if (st.ok() && st->store().parked_waits() >= 1) break;
+      if (attempt == 1000) return 1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::printf("ready\n");
+    std::fflush(stdout);
+    std::string line;
+    std::getline(std::cin, line);
+    std::_Exit(0);  // the parked wait goes with the process
+  }
+  std::fprintf(stderr, "usage: comm_bench allreduce | store TARGET N ID | hog TARGET KEYS\n");
   return 2;
 }
