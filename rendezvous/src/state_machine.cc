@@ -125,6 +125,14 @@ absl::Status validate(const v1::Join& j) {
     return absl::InvalidArgumentError(
         absl::StrCat("join: bad node range ", j.min_nodes(), ":", j.max_nodes()));
   }
+  // WORLD_SIZE is the sum of every member's local_world_size, at most max_nodes of them:
+  // bounding each node's share keeps the sum an int32 (ranks are int32 on the wire).
+  if (static_cast<std::int64_t>(j.local_world_size()) * j.max_nodes() >
+      std::numeric_limits<std::int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "join: local_world_size ", j.local_world_size(), " x max nodes ", j.max_nodes(),
+        " could make a world larger than 2^31-1 ranks"));
+  }
   if (j.max_restarts() < 0) return absl::InvalidArgumentError("join: negative max_restarts");
   if (j.master_port_candidate() < 0 || j.master_port_candidate() > 65535) {
     return absl::InvalidArgumentError("join: master port out of range");

@@ -906,6 +906,22 @@ TEST_CASE("timing: client durations are clamped and never overflow", "[rdzv][sta
   }
 }
 
+TEST_CASE("join: a node range whose world could overflow int32 is refused", "[rdzv][state_machine]") {
+  Harness h;
+  // 65,536 workers on each of up to 2^20 nodes: 2^36 ranks.
+  h.join_with(1, "a", 1, muster::rendezvous::kMaxNodes,
+              [](v1::Join& j) { j.set_local_world_size(muster::rendezvous::kMaxLocalWorldSize); });
+  const Outgoing* o = h.close_of(1);
+  REQUIRE(o != nullptr);
+  CHECK(o->status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(o->status.message()), Catch::Contains("2^31-1"));
+  CHECK(h.sm.num_runs() == 0);
+  Harness ok;  // the largest nodes of the largest run that still fits
+  ok.join_with(1, "a", 1, 1,
+              [](v1::Join& j) { j.set_local_world_size(muster::rendezvous::kMaxLocalWorldSize); });
+  CHECK(ok.assignment(1).world_size() == muster::rendezvous::kMaxLocalWorldSize);
+}
+
 TEST_CASE("join: ids that are not valid UTF-8 are refused with a message", "[rdzv][state_machine]") {
   struct Case {
     const char* what;

@@ -12,7 +12,8 @@
 //  - A Join is refused, and its stream closed, with INVALID_ARGUMENT when: run_id is empty;
 //    run_id, node_id or host is longer than limits::kMaxIdBytes or not valid UTF-8;
 //    local_world_size is outside 1..kMaxLocalWorldSize; min_nodes < 1, max_nodes < min_nodes
-//    or max_nodes > kMaxNodes; max_restarts < 0; master_port_candidate outside 0..65535;
+//    or max_nodes > kMaxNodes; local_world_size x max_nodes above 2^31-1 (the world must fit
+//    an int32); max_restarts < 0; master_port_candidate outside 0..65535;
 //    requested_rank >= max_nodes; its nnodes/max_restarts differ from the run's.
 //  - An AgentMsg (a Join included) larger than limits::kMaxAgentMessageBytes serialized ends
 //    the stream with RESOURCE_EXHAUSTED (the server checks this first; this is a second edge).
