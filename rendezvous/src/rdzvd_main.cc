@@ -1,4 +1,5 @@
 // rdzvd: the rendezvous server as a daemon serving many runs (by rdzv_id) at once.
+#include <malloc.h>
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
@@ -43,6 +44,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   ::signal(SIGPIPE, SIG_IGN);
+  // Large buffers (store values, big requests) straight from the kernel and back to it when
+  // freed: glibc's default raises this threshold after the first large free, after which
+  // such buffers stay in its arenas and a burst leaves the daemon at its peak size.
+  ::mallopt(M_MMAP_THRESHOLD, static_cast<int>(limits::kMallocMmapThreshold));
   muster::rendezvous::route_grpc_logs_to_spdlog();
   boost::asio::io_context io(1);
   muster::rendezvous::ServerOptions opts;

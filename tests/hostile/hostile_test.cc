@@ -196,6 +196,13 @@ void real_job_succeeds(const std::string& endpoint, const std::string& id) {
   CHECK(count_lines_with(a.out() + b.out(), "sum correct") == 4);
 }
 
+// rdzvd's idle size: with no client connected, after one real job (so that what any server
+// keeps once it has served, its gRPC threads and their arenas, counts as idle).
+void measure_idle(Daemon& d) {
+  real_job_succeeds(d.endpoint, "warm-up");
+  d.idle_kb = d.rss();
+}
+
 // After the attackers have gone: back within twice the idle size (glibc may keep a little).
 void memory_comes_back(const Daemon& d) {
   const long bound = 2 * d.idle_kb;
@@ -208,6 +215,7 @@ void memory_comes_back(const Daemon& d) {
   }
   INFO("idle " << d.idle_kb << " kB, now " << d.rss() << " kB");
   CHECK(back);
+  WARN("rdzvd RSS: idle " << d.idle_kb << " kB, after the attack " << d.rss() << " kB");
 }
 
 std::string random_bytes(std::size_t n, unsigned seed) {
@@ -231,7 +239,7 @@ struct RunHolder {
 TEST_CASE("hostile: store writes to runs that never joined are refused and hold nothing",
           "[hostile]") {
   Daemon d;
-  d.idle_kb = d.rss();
+  measure_idle(d);
   StoreStream s(connect(d.endpoint));
   const std::string big = random_bytes(4 << 20, 1);
   for (int i = 0; i < 200; ++i) {
@@ -248,7 +256,7 @@ TEST_CASE("hostile: store writes to runs that never joined are refused and hold 
 
 TEST_CASE("hostile: parked waits of clients that have gone are freed at once", "[hostile]") {
   Daemon d;
-  d.idle_kb = d.rss();
+  measure_idle(d);
   RunHolder holder(d.endpoint, "victim");
   constexpr int kClients = 100;
   {
@@ -276,7 +284,7 @@ TEST_CASE("hostile: parked waits of clients that have gone are freed at once", "
 
 TEST_CASE("hostile: runs whose only node went silent are dropped", "[hostile]") {
   Daemon d;
-  d.idle_kb = d.rss();
+  measure_idle(d);
   constexpr int kRuns = 300;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<std::unique_ptr<Session>> sessions;
@@ -299,7 +307,7 @@ TEST_CASE("hostile: runs whose only node went silent are dropped", "[hostile]") 
 
 TEST_CASE("hostile: slow readers of large values hold bounded memory", "[hostile]") {
   Daemon d;
-  d.idle_kb = d.rss();
+  measure_idle(d);
   RunHolder holder(d.endpoint, "victim");
   {
     StoreStream w(connect(d.endpoint));
@@ -326,6 +334,8 @@ TEST_CASE("hostile: slow readers of large values hold bounded memory", "[hostile
     }
     INFO("idle " << d.idle_kb << " kB, during " << during << " kB; answered " << answered
                  << ", refused " << refused);
+    WARN("slow readers: rdzvd RSS idle " << d.idle_kb << " kB, during " << during
+                                         << " kB; answered " << answered << ", refused " << refused);
     CHECK(answered + refused == 150);
     CHECK(answered <= static_cast<int>(limits::kMaxStoreUnreadReplyBytes / (4 << 20)));
     CHECK(during <= d.idle_kb + kAttackSlackKb);
@@ -336,7 +346,7 @@ TEST_CASE("hostile: slow readers of large values hold bounded memory", "[hostile
 
 TEST_CASE("hostile: oversized joins end their stream and hold nothing", "[hostile]") {
   Daemon d;
-  d.idle_kb = d.rss();
+  measure_idle(d);
   auto ch = connect(d.endpoint);
   for (std::size_t size : {limits::kMaxAgentMessageBytes + 1, std::size_t{7} << 20}) {
     for (int i = 0; i < 20; ++i) {
@@ -427,7 +437,7 @@ TEST_CASE("hostile: huge durations and deltas saturate or are refused, never wra
 
 TEST_CASE("hostile: multi_set at the key limit writes nothing", "[hostile]") {
   Daemon d;
-  d.idle_kb = d.rss();
+  measure_idle(d);
   RunHolder holder(d.endpoint, "full");
   StoreStream s(connect(d.endpoint));
   const int limit = static_cast<int>(limits::kMaxStoreKeysPerRun);
@@ -465,7 +475,7 @@ TEST_CASE("hostile: invalid UTF-8 ids get INVALID_ARGUMENT with a message", "[ho
 
 TEST_CASE("hostile: a waiter on a huge key list does not stop another run", "[hostile]") {
   Daemon d;
-  d.idle_kb = d.rss();
+  measure_idle(d);
   RunHolder holder(d.endpoint, "hog");
   auto ch = connect(d.endpoint);
   StoreStream hog(ch);

@@ -63,6 +63,8 @@ inline constexpr std::size_t kMaxRuns = 4096;
 // of large requests).
 inline constexpr milliseconds kMemoryTrimInterval = std::chrono::seconds(2);
 inline constexpr std::size_t kMemoryTrimThreshold = 1 << 20;
+// rdzvd: allocations from this size are mmapped (and unmapped when freed), always.
+inline constexpr std::size_t kMallocMmapThreshold = 256 << 10;
 // HTTP/2 streams one connection may have open at once.
 inline constexpr int kMaxConcurrentStreamsPerConnection = 64;
 
