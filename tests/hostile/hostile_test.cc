@@ -17,6 +17,7 @@
 
 #include "muster/rendezvous/limits.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
+#include "held_run.h"
 #include "proc.h"
 
 using namespace muster::testing;
@@ -225,14 +226,6 @@ std::string random_bytes(std::size_t n, unsigned seed) {
   return s;
 }
 
-// Holds a run open on the server (a node waiting for a second one) so its store exists.
-struct RunHolder {
-  Session s;
-  RunHolder(const std::string& endpoint, const std::string& run) : s(connect(endpoint)) {
-    REQUIRE(s.send(join_msg(run, 2, 2)));
-    REQUIRE(eventually(endpoint, [&](const v1::StatusReply& r) { return has_run(r, run); }));
-  }
-};
 
 }  // namespace
 
@@ -257,7 +250,7 @@ TEST_CASE("hostile: store writes to runs that never joined are refused and hold 
 TEST_CASE("hostile: parked waits of clients that have gone are freed at once", "[hostile]") {
   Daemon d;
   measure_idle(d);
-  RunHolder holder(d.endpoint, "victim");
+  HeldRun holder(d.endpoint, "victim");
   constexpr int kClients = 100;
   {
     std::vector<std::shared_ptr<grpc::Channel>> channels;
@@ -308,7 +301,7 @@ TEST_CASE("hostile: runs whose only node went silent are dropped", "[hostile]") 
 TEST_CASE("hostile: slow readers of large values hold bounded memory", "[hostile]") {
   Daemon d;
   measure_idle(d);
-  RunHolder holder(d.endpoint, "victim");
+  HeldRun holder(d.endpoint, "victim");
   {
     StoreStream w(connect(d.endpoint));
     REQUIRE(w.call(store_req("victim", v1::StoreRequest::SET, {"big"},
@@ -408,7 +401,7 @@ TEST_CASE("hostile: huge durations and deltas saturate or are refused, never wra
     CHECK(got.has_assignment());
   }
   SECTION("a get with a huge timeout waits; add refuses to wrap") {
-    RunHolder holder(d.endpoint, "huge-store");
+    HeldRun holder(d.endpoint, "huge-store");
     auto ch = connect(d.endpoint);
     StoreStream getter(ch), setter(ch);
     v1::StoreRequest get = store_req("huge-store", v1::StoreRequest::GET, {"late"});
@@ -438,7 +431,7 @@ TEST_CASE("hostile: huge durations and deltas saturate or are refused, never wra
 TEST_CASE("hostile: multi_set at the key limit writes nothing", "[hostile]") {
   Daemon d;
   measure_idle(d);
-  RunHolder holder(d.endpoint, "full");
+  HeldRun holder(d.endpoint, "full");
   StoreStream s(connect(d.endpoint));
   const int limit = static_cast<int>(limits::kMaxStoreKeysPerRun);
   for (int start = 0; start < limit - 1; start += 10000) {
@@ -476,7 +469,7 @@ TEST_CASE("hostile: invalid UTF-8 ids get INVALID_ARGUMENT with a message", "[ho
 TEST_CASE("hostile: a waiter on a huge key list does not stop another run", "[hostile]") {
   Daemon d;
   measure_idle(d);
-  RunHolder holder(d.endpoint, "hog");
+  HeldRun holder(d.endpoint, "hog");
   auto ch = connect(d.endpoint);
   StoreStream hog(ch);
   std::vector<std::string> keys;

@@ -1,5 +1,4 @@
 // The worker runtime in real worker processes: the store, the environment and the TCP ring.
-#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <regex>
@@ -7,46 +6,12 @@
 #include <catch2/catch.hpp>
 
 #include "helpers.h"
-#include "muster/v1/rendezvous.grpc.pb.h"
+#include "held_run.h"
 
 using namespace muster::testing;
 
 namespace {
 const std::string kCollective = COLLECTIVE_WORKER_BIN;
-
-// The store serves only runs the rendezvous holds, so workers started without an agent need
-// one node in the run: this session joins it and holds its round until destroyed.
-class HeldRun {
- public:
-  HeldRun(const std::string& endpoint, const std::string& run)
-      : stub_(muster::v1::Rendezvous::NewStub(
-            grpc::CreateChannel(endpoint, grpc::InsecureChannelCredentials()))) {
-    stream_ = stub_->Session(&ctx_);
-    muster::v1::AgentMsg m;
-    auto* j = m.mutable_join();
-    j->set_run_id(run);
-    j->set_node_id("test");
-    j->set_host("127.0.0.1");
-    j->set_local_world_size(1);
-    j->set_min_nodes(1);
-    j->set_max_nodes(1);
-    j->set_requested_rank(-1);
-    j->set_keep_alive_interval_ms(600000);  // the test sends none
-    REQUIRE(stream_->Write(m));
-    muster::v1::ServerMsg got;
-    REQUIRE(stream_->Read(&got));  // the round formed: the run (and its store) exists
-    REQUIRE(got.has_assignment());
-  }
-  ~HeldRun() {
-    ctx_.TryCancel();
-    stream_->Finish();
-  }
-
- private:
-  std::unique_ptr<muster::v1::Rendezvous::Stub> stub_;
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<muster::v1::AgentMsg, muster::v1::ServerMsg>> stream_;
-};
 }  // namespace
 
 TEST_CASE("runtime: every collective, dtype and size is right for 1 to 4 ranks", "[runtime]") {
@@ -84,7 +49,7 @@ TEST_CASE("runtime: a rank killed mid-collective gives the others an error, not 
   std::smatch m;
   REQUIRE(std::regex_search(server.out(), m, re));
   const std::string store = "127.0.0.1:" + m[1].str();
-  HeldRun held(store, "die");
+  HeldRun held(store, "die");  // workers without an agent: the store needs the run held
   std::vector<std::unique_ptr<Proc>> ranks;
   for (int r = 0; r < 3; ++r) {
     std::map<std::string, std::optional<std::string>> env{
