@@ -374,8 +374,9 @@ void Core::apply(std::vector<Outgoing> out) {
     if (o.close) r->finish(to_grpc(o.status));
   }
   // A run may have gone with this event (its last node left): its table goes now, before a
-  // later Join could create a run of the same id and find the old keys.
-  drop_finished_tables();
+  // later Join could create a run of the same id and find the old keys. (Every run the
+  // machine holds has had its table opened, so fewer runs than tables means one went.)
+  if (machine_.num_runs() < seen_runs_.size()) drop_finished_tables();
   arm_timer();
 }
 
