@@ -42,8 +42,7 @@
 #include <string>
 #include <vector>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
+#include "proc.h"
 
 extern char** environ;
 
@@ -133,18 +132,6 @@ std::string slurp(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 std::string signame(int sig) {
@@ -516,7 +503,7 @@ class Trial {
       }
       endpoint = "127.0.0.1:" + m[1].str();
     } else if (topology_ == "c10d") {
-      endpoint = "127.0.0.1:" + std::to_string(free_port());
+      endpoint = "127.0.0.1:" + std::to_string(muster::testing::free_port());
     }
 
     std::string conf =

@@ -1,8 +1,6 @@
 // Shared by the integration tests: the binaries under test and what workers print.
 #pragma once
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -62,18 +60,5 @@ inline auto has_ready(int n, const std::string& what = "") {
   };
 }
 
-// A TCP port free on 127.0.0.1 right now, for tests whose agents must all be told one
-// endpoint in advance (port 0 cannot be shared). The kernel hands out another next time.
-inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 }  // namespace muster::testing

@@ -537,6 +537,19 @@ TEST_CASE("launch: SIGTERM of launch: a setsid grandchild dies with the job (cgr
 
 // --- Signals in every phase -----------------------------------------------------------
 
+namespace {
+// SIGTERM to `p`: it must exit 128+SIGTERM within a second and a half (acted on at once).
+void sigterm_ends_at_once(Proc& p) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(p.pid(), SIGTERM);
+  const auto code = p.wait(10s);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  REQUIRE(code.has_value());
+  CHECK(*code == 143);
+  CHECK(took < 1500ms);
+}
+}  // namespace
+
 TEST_CASE("launch: SIGTERM while waiting for an absent rendezvous server ends it at once",
           "[launch][signals]") {
   const std::string ep = "127.0.0.1:" + std::to_string(free_port());  // nobody listens
@@ -549,13 +562,7 @@ TEST_CASE("launch: SIGTERM while waiting for an absent rendezvous server ends it
         return err.find("waiting for the rendezvous server") != std::string::npos;
       },
       10s));
-  const auto t0 = std::chrono::steady_clock::now();
-  ::kill(p.pid(), SIGTERM);
-  const auto code = p.wait(10s);
-  const auto took = std::chrono::steady_clock::now() - t0;
-  REQUIRE(code.has_value());
-  CHECK(*code == 143);
-  CHECK(took < 1500ms);
+  sigterm_ends_at_once(p);
 }
 
 TEST_CASE("launch: an absent rendezvous server is an error after read_timeout",
@@ -589,13 +596,7 @@ TEST_CASE("launch: SIGTERM while a hosting launch closes ends the close at once 
         return err.find("Root Cause (first observed failure)") != std::string::npos;
       },
       30s));
-  const auto t0 = std::chrono::steady_clock::now();
-  ::kill(a.pid(), SIGTERM);
-  const auto code = a.wait(10s);
-  const auto took = std::chrono::steady_clock::now() - t0;
-  REQUIRE(code.has_value());
-  CHECK(*code == 143);
-  CHECK(took < 1500ms);
+  sigterm_ends_at_once(a);
   const auto left = std::distance(std::filesystem::directory_iterator(tmp_a.path()),
                                   std::filesystem::directory_iterator());
   CHECK(left == 0);  // its private muster_XXXXXX folder is gone

@@ -54,6 +54,10 @@ class Proc {
 int open_pidfd(pid_t pid);
 bool wait_pidfd(int pidfd, std::chrono::milliseconds timeout);
 
+// A TCP port free on 127.0.0.1 right now, for tests whose agents must all be told one
+// endpoint in advance (port 0 cannot be shared). The kernel hands out another next time.
+int free_port();
+
 // A fresh empty folder under TMPDIR, removed by the destructor.
 class TempDir {
  public:
