@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
@@ -18,6 +19,8 @@
 #include <fstream>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "muster/agent/failure.h"
 #include "muster/agent/line_splitter.h"
 #include "muster/agent/process.h"
@@ -82,21 +85,23 @@ class Agent::Impl {
         grace_timer_(io),
         drain_timer_(io),
         keep_alive_timer_(io),
-        client_(
-            io, [this](const v1::ServerMsg& m) { on_server_message(m); },
-            [this](const absl::Status& s) { on_session_closed(s); }) {}
+        silence_timer_(io),
+        window_(std::chrono::duration_cast<std::chrono::milliseconds>(
+            opts_.rdzv_timeouts.keep_alive_interval * opts_.rdzv_timeouts.keep_alive_max_attempt)) {
+    if (opts_.rdzv_name.empty()) opts_.rdzv_name = opts_.rdzv_target;
+  }
 
   int run() {
     if (opts_.wait_for_server) {
       // The wait is the session client's reader thread's: this loop keeps serving signals.
-      spdlog::info("waiting for the rendezvous server at {} (up to {} ms)", opts_.rdzv_target,
+      spdlog::info("waiting for the rendezvous server at {} (up to {} ms)", opts_.rdzv_name,
                    opts_.connect_timeout.count());
     }
-    client_.open(opts_.rdzv_target, opts_.wait_for_server, opts_.connect_timeout);
+    open_session(opts_.wait_for_server, opts_.connect_timeout);
     send_join();
     keep_alive();
     io_.run();
-    client_.close();
+    if (client_) client_->close();
     return exit_code_;
   }
 
@@ -127,7 +132,7 @@ class Agent::Impl {
   };
   enum class Phase { kJoining, kRunning, kStopping, kAwaitingDone, kExiting };
   // What to do once the stopping group has fully exited.
-  enum class After { kNone, kRejoin, kFail, kExit };
+  enum class After { kNone, kRejoin, kReconnect, kFail, kExit };
 
   // --- rendezvous ---------------------------------------------------------------------
 
@@ -153,7 +158,25 @@ class Agent::Impl {
     // How long this node may take to stop its workers after a Restart: the server waits
     // that long for it before a round closes without it.
     j->set_shutdown_timeout_ms(opts_.shutdown_timeout.count());
-    client_.send(msg);  // a dead stream reports itself through on_session_closed
+    client_->send(msg);  // a dead stream reports itself through on_session_closed
+  }
+
+  // A new stream to the server (the first, or after the node lost it). Whatever the old
+  // client still had to say is not heard: it was closed when it was given up.
+  void open_session(bool wait_for_ready, std::chrono::milliseconds connect_timeout) {
+    if (client_) client_->close();
+    client_ = std::make_unique<rendezvous::SessionClient>(
+        io_, [this](const v1::ServerMsg& m) { on_server_message(m); },
+        [this](const absl::Status& s) { on_session_closed(s); });
+    rendezvous::SessionClient::OpenOptions o;
+    o.target = opts_.rdzv_target;
+    o.name = opts_.rdzv_name;
+    o.wait_for_ready = wait_for_ready;
+    o.connect_timeout = connect_timeout;
+    o.liveness_window = window_;
+    o.on_ready = [this] { heard_from_server(); };
+    stop_silence_timer();
+    client_->open(std::move(o));
   }
 
   void keep_alive() {
@@ -162,13 +185,58 @@ class Agent::Impl {
       if (ec || phase_ == Phase::kExiting) return;
       v1::AgentMsg msg;
       msg.mutable_keep_alive();
-      client_.send(msg);
+      client_->send(msg);
       keep_alive();
+    });
+  }
+
+  // The liveness rule, this side: the server answers every keep-alive, so hearing nothing
+  // from it for one window means this node is out of the run (the server, if it is there,
+  // drops a node silent for as long). Stop the workers, then reconnect and join again.
+  void heard_from_server() {
+    last_heard_ = std::chrono::steady_clock::now();
+    if (!silence_armed_) arm_silence_timer(last_heard_ + window_);
+  }
+
+  void stop_silence_timer() {
+    silence_armed_ = false;
+    silence_timer_.cancel();
+  }
+
+  void arm_silence_timer(std::chrono::steady_clock::time_point at) {
+    silence_armed_ = true;
+    silence_timer_.expires_at(at);
+    silence_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;  // cancelled, or re-armed (which cancels the earlier wait)
+      const auto due = last_heard_ + window_;
+      if (std::chrono::steady_clock::now() < due) {
+        arm_silence_timer(due);  // heard from it since: wait for the new end of the window
+        return;
+      }
+      silence_armed_ = false;
+      if (phase_ == Phase::kExiting || after_ == After::kExit || after_ == After::kFail ||
+          after_ == After::kReconnect) {
+        return;
+      }
+      client_->close();  // give the stream up: whatever the server says now comes too late
+      const std::string silence = absl::StrFormat(
+          "nothing heard from it for %g s, the run's liveness window",
+          static_cast<double>(window_.count()) / 1000);
+      if (!reached_ && !reconnecting_) {
+        never_reached(absl::StrCat("connected, but ", silence));
+        return;
+      }
+      lost_server(silence);
     });
   }
 
   void on_server_message(const v1::ServerMsg& m) {
     if (phase_ == Phase::kExiting) return;
+    reached_ = true;
+    reconnecting_ = false;
+    rejoin_deadline_.reset();
+    heard_from_server();
+    if (m.has_keep_alive()) return;
     if (m.has_assignment()) {
       if (phase_ != Phase::kJoining) return;
       start_workers(m.assignment());
@@ -187,18 +255,67 @@ class Agent::Impl {
 
   void on_session_closed(const absl::Status& status) {
     if (phase_ == Phase::kExiting || after_ == After::kExit || after_ == After::kFail) return;
+    stop_silence_timer();
     // A refusal (token, bad config, timeout) carries its own message; a lost connection
-    // says which server went away.
+    // says which server went away, or that it was never reached.
     const bool lost = status.ok() || status.code() == absl::StatusCode::kUnavailable ||
                       status.code() == absl::StatusCode::kCancelled;
-    if (lost) {
-      spdlog::error("rendezvous: lost the server at {} ({}); stopping workers", opts_.rdzv_target,
-                    status.ok() ? std::string("it ended the session") : std::string(status.message()));
-    } else {
-      spdlog::error("rendezvous: {}", std::string(status.message()));
+    std::string why = status.ok() ? std::string("it ended the session") : std::string(status.message());
+    if (reconnecting_ && (lost || status.code() == absl::StatusCode::kDeadlineExceeded)) {
+      lost_server(why);  // tries again until the deadline, then says it could not
+      return;
     }
-    exit_code_ = 1;
+    if (lost && reached_) {
+      lost_server(why);
+      return;
+    }
+    if (lost) {
+      never_reached(why);
+      return;
+    }
+    spdlog::error("rendezvous: {}", std::string(status.message()));
+    exit_with(1);
+  }
+
+  void never_reached(const std::string& why) {
+    spdlog::error("rendezvous: never reached the server at {} ({})", opts_.rdzv_name, why);
+    exit_with(1);
+  }
+
+  // Stops the workers, then exits with `code`.
+  void exit_with(int code) {
+    exit_code_ = code;
     after_ = After::kExit;
+    stop_group(SIGTERM);
+  }
+
+  // This node is out of its run (its stream ended, or the server went silent for the
+  // window): its workers stop at once; then it reconnects and joins the run again, if the
+  // run still wants it, for up to connect_timeout. Once its workers succeeded there is
+  // nothing to rejoin for: it exits 1, as the run's end was never confirmed.
+  void lost_server(const std::string& why) {
+    const double secs = static_cast<double>(opts_.connect_timeout.count()) / 1000;
+    if (phase_ == Phase::kAwaitingDone) {
+      spdlog::error("rendezvous: lost the server at {} ({}) before the run's end was confirmed",
+                    opts_.rdzv_name, why);
+      exit_with(1);
+      return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!rejoin_deadline_) {
+      rejoin_deadline_ = now + opts_.connect_timeout;
+      spdlog::error("rendezvous: lost the server at {} ({}); stopping workers, then joining "
+                    "again (for up to {} s)",
+                    opts_.rdzv_name, why, secs);
+    } else if (now >= *rejoin_deadline_) {
+      spdlog::error("rendezvous: lost the server at {} and could not reach it again within {} s "
+                    "({})",
+                    opts_.rdzv_name, secs, why);
+      exit_with(1);
+      return;
+    }
+    reached_ = false;
+    after_ = After::kReconnect;
     stop_group(SIGTERM);
   }
 
@@ -375,7 +492,7 @@ class Agent::Impl {
     v1::AgentMsg msg;
     msg.mutable_failure()->set_round(assignment_.round());
     *msg.mutable_failure()->mutable_root_cause() = f;
-    client_.send(msg);
+    client_->send(msg);
   }
 
   bool all_reaped() const {
@@ -457,7 +574,7 @@ class Agent::Impl {
       phase_ = Phase::kAwaitingDone;
       v1::AgentMsg msg;
       msg.mutable_success()->set_round(assignment_.round());
-      client_.send(msg);
+      client_->send(msg);
       return;
     }
     if (phase_ != Phase::kStopping) return;
@@ -467,6 +584,19 @@ class Agent::Impl {
       case After::kRejoin:
         release_workers();
         send_join();
+        return;
+      case After::kReconnect:
+        release_workers();
+        after_ = After::kNone;
+        reconnecting_ = true;
+        // Not from inside the old client's callback: the new stream is opened from the loop.
+        asio::post(io_, [this] {
+          if (phase_ == Phase::kExiting || after_ == After::kExit) return;
+          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+              *rejoin_deadline_ - std::chrono::steady_clock::now());
+          open_session(true, std::max(left, std::chrono::milliseconds(1)));
+          send_join();
+        });
         return;
       case After::kFail: {
         std::vector<v1::WorkerFailure> others(fail_.others().begin(), fail_.others().end());
@@ -492,6 +622,7 @@ class Agent::Impl {
     grace_timer_.cancel();
     drain_timer_.cancel();
     keep_alive_timer_.cancel();
+    stop_silence_timer();
     io_.stop();
   }
 
@@ -508,7 +639,8 @@ class Agent::Impl {
     exit_code_ = 128 + sig;
     spdlog::warn("received {}; stopping workers", signal_name(sig));
     after_ = After::kExit;
-    client_.close();  // leave the run (or the wait for the server) at once
+    client_->close();  // leave the run (or the wait for the server) at once
+    stop_silence_timer();
     stop_group(sig);
   }
 
@@ -519,7 +651,15 @@ class Agent::Impl {
   asio::steady_timer grace_timer_;
   asio::steady_timer drain_timer_;
   asio::steady_timer keep_alive_timer_;
-  rendezvous::SessionClient client_;
+  asio::steady_timer silence_timer_;
+  const std::chrono::milliseconds window_;  // the liveness window
+  std::chrono::steady_clock::time_point last_heard_{};
+  bool silence_armed_ = false;
+  bool reached_ = false;       // this stream has heard from the server
+  bool reconnecting_ = false;  // after a loss, until the server is heard from again
+  // After a loss: the node must be heard from its server again by then, or it exits.
+  std::optional<std::chrono::steady_clock::time_point> rejoin_deadline_;
+  std::unique_ptr<rendezvous::SessionClient> client_;
   Phase phase_ = Phase::kJoining;
   After after_ = After::kNone;
   v1::Assignment assignment_;

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "muster/rendezvous/limits.h"
+#include "muster/rendezvous/resolve.h"
 
 namespace muster::launcher {
 
@@ -227,38 +228,22 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
     }
     if (!st.ok()) return st;
   }
+  const auto& t = c.timeouts;
+  if (t.keep_alive_interval > limits::kMaxLivenessWindow / t.keep_alive_max_attempt) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rdzv_conf: keep_alive_interval x keep_alive_max_attempt (the liveness window) is "
+        "above the limit of ",
+        std::chrono::duration_cast<std::chrono::seconds>(limits::kMaxLivenessWindow).count(),
+        " s"));
+  }
   return c;
 }
 
-bool is_local_host(const std::string& host) {
+bool is_local_host(const std::string& host, const std::vector<std::string>& addresses) {
   if (host == "localhost") return true;
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) == 0 && host == name) return true;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
-  ifaddrs* ifs = nullptr;
-  bool local = false;
-  if (::getifaddrs(&ifs) == 0) {
-    for (addrinfo* a = res; a != nullptr && !local; a = a->ai_next) {
-      for (ifaddrs* i = ifs; i != nullptr && !local; i = i->ifa_next) {
-        if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != a->ai_family) continue;
-        if (a->ai_family == AF_INET) {
-          local = reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr ==
-                  reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
-        } else if (a->ai_family == AF_INET6) {
-          local = std::memcmp(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr,
-                              &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr,
-                              sizeof(in6_addr)) == 0;
-        }
-      }
-    }
-    ::freeifaddrs(ifs);
-  }
-  ::freeaddrinfo(res);
-  return local;
+  return muster::rendezvous::is_local_address(addresses);
 }
 
 namespace {

@@ -28,6 +28,7 @@
 #include "muster/agent/supervisor.h"
 #include "muster/agent/worker_env.h"
 #include "muster/launcher/config.h"
+#include "muster/rendezvous/resolve.h"
 #include "muster/rendezvous/server.h"
 
 namespace {
@@ -49,28 +50,6 @@ bool is_ip_literal(const std::string& host) {
   unsigned char buf[sizeof(in6_addr)];
   return ::inet_pton(AF_INET, host.c_str(), buf) == 1 ||
          ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
-}
-
-// socket.getfqdn() as torchrun uses it for MASTER_ADDR: the canonical name of this host.
-std::string fq_hostname() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_flags = AI_CANONNAME;
-  addrinfo* res = nullptr;
-  std::string out = name;
-  if (::getaddrinfo(name, nullptr, &hints, &res) == 0 && res != nullptr) {
-    char host[NI_MAXHOST];
-    if (::getnameinfo(res->ai_addr, res->ai_addrlen, host, sizeof host, nullptr, 0, NI_NAMEREQD) ==
-        0) {
-      out = host;
-    } else if (res->ai_canonname != nullptr) {
-      out = res->ai_canonname;
-    }
-    ::freeaddrinfo(res);
-  }
-  return out;
 }
 
 std::string random_uuid() {
@@ -148,7 +127,8 @@ int main(int argc, char** argv) {
   };
   wait_signal();
   std::unique_ptr<muster::rendezvous::RendezvousServer> server;
-  std::string rdzv_addr;
+  std::string rdzv_addr;    // the server as messages name it
+  std::string rdzv_target;  // and as gRPC reaches it: an address, never a name
   bool hosting = false;
   muster::rendezvous::ServerOptions server_opts;
   server_opts.token = cfg.rdzv_conf.token;
@@ -159,14 +139,24 @@ int main(int argc, char** argv) {
     if (!started.ok()) return fatal(started.status());
     server = std::move(*started);
     rdzv_addr = absl::StrCat("127.0.0.1:", server->port());
+    rdzv_target = rdzv_addr;
     hosting = true;
   } else {
     // torchrun's is_host rule: static node 0, or the agent on the endpoint's host that binds
     // its port first. The others connect.
+    // The endpoint's name is looked up once, through the system resolver and bounded; gRPC
+    // is given the address (docs/launch.md, "Names").
+    auto addresses = muster::rendezvous::resolve_host(cfg.endpoint.host);
+    if (!addresses.ok()) {
+      return fatal(absl::Status(addresses.status().code(),
+                                absl::StrCat("--rdzv_endpoint: ", addresses.status().message())));
+    }
     bool try_host = cfg.rdzv_conf.is_host.value_or(
-        cfg.mode == RdzvMode::kStatic ? cfg.node_rank == 0
-                                      : muster::launcher::is_local_host(cfg.endpoint.host));
+        cfg.mode == RdzvMode::kStatic
+            ? cfg.node_rank == 0
+            : muster::launcher::is_local_host(cfg.endpoint.host, *addresses));
     rdzv_addr = cfg.endpoint.to_string();
+    rdzv_target = muster::rendezvous::grpc_address_target(addresses->front(), cfg.endpoint.port);
     if (try_host) {
       server_opts.listen_address = is_ip_literal(cfg.endpoint.host)
                                        ? rdzv_addr
@@ -208,14 +198,15 @@ int main(int argc, char** argv) {
   if (keep) spdlog::warn("worker logs: {}", tmpl);
 
   muster::agent::AgentOptions opts;
-  opts.rdzv_target = rdzv_addr;
+  opts.rdzv_target = rdzv_target;
+  opts.rdzv_name = rdzv_addr;
   opts.wait_for_server = !hosting;
   opts.connect_timeout = cfg.rdzv_conf.read_timeout;
   opts.token = cfg.rdzv_conf.token;
   opts.rdzv_timeouts = cfg.rdzv_conf.timeouts;
-  opts.store_addr = rdzv_addr;
+  opts.store_addr = rdzv_target;
   opts.run_id = run_id;
-  opts.host = cfg.local_addr.empty() ? fq_hostname() : cfg.local_addr;
+  opts.host = cfg.local_addr.empty() ? muster::rendezvous::fully_qualified_hostname() : cfg.local_addr;
   if (!cfg.standalone && cfg.rdzv_backend == "static") {
     opts.master_addr = cfg.master_addr;
     opts.master_port = cfg.master_port;

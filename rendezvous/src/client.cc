@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -42,6 +43,8 @@ class SessionClient::Impl : public std::enable_shared_from_this<Impl> {
   bool ready = false;   // under mu: stream is set and `pending` has been written
   bool broken = false;  // under mu: a write failed (the stream has ended)
 
+  std::function<void()> on_ready;
+
   // io thread only.
   std::unique_ptr<boost::asio::steady_timer> connect_timer;
   bool timed_out = false;
@@ -67,6 +70,7 @@ class SessionClient::Impl : public std::enable_shared_from_this<Impl> {
     }
     boost::asio::post(io, [self = shared_from_this()] {
       if (self->connect_timer) self->connect_timer->cancel();
+      if (!self->closed && self->on_ready) self->on_ready();
     });
     v1::ServerMsg msg;
     while (raw->Read(&msg)) {
@@ -93,30 +97,35 @@ SessionClient::SessionClient(boost::asio::io_context& io, OnMessage on_message, 
 
 SessionClient::~SessionClient() { close(); }
 
-void SessionClient::open(const std::string& target, bool wait_for_ready,
-                         std::chrono::milliseconds connect_timeout) {
+void SessionClient::open(OpenOptions o) {
   grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // No transport keep-alive (gRPC's default on clients): the agent's keep-alives and the
+  // server's answers decide, with the run's window; a second, fixed rule here would end the
+  // stream before the one the user set.
   // Each agent gets its own connection, never one shared through gRPC's subchannel pool.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // The server's bound on what it sends (a Fail with capped failures), so both ends agree.
   args.SetMaxReceiveMessageSize(static_cast<int>(limits::kMaxServerMessageBytes));
-  // A node that starts before its server retries at least once a second, not on gRPC's
-  // default backoff of up to two minutes.
+  // A node that starts before its server (or whose link is down) retries at least once a
+  // second, not on gRPC's default backoff of up to two minutes, and gives each attempt one
+  // liveness window, not gRPC's default 20 s: a SYN lost in a partition is sent again soon
+  // after the link heals.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  impl_->target = target;
-  impl_->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  const auto attempt = std::max(o.liveness_window, limits::kMinConnectAttempt);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+              static_cast<int>(std::min<std::int64_t>(attempt.count(), 1 << 30)));
+  impl_->target = o.name.empty() ? o.target : o.name;
+  impl_->on_ready = std::move(o.on_ready);
+  impl_->channel = grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
   impl_->stub = v1::Rendezvous::NewStub(impl_->channel);
-  if (wait_for_ready) {
+  if (o.wait_for_ready) {
     // The wait is the reader thread's (the caller's loop keeps serving signals); the timeout
     // is a timer on the caller's loop, so close() and the timer both end it by cancelling.
     impl_->ctx.set_wait_for_ready(true);
-    impl_->connect_timeout = connect_timeout;
-    impl_->connect_timer = std::make_unique<boost::asio::steady_timer>(impl_->io, connect_timeout);
+    impl_->connect_timeout = o.connect_timeout;
+    impl_->connect_timer =
+        std::make_unique<boost::asio::steady_timer>(impl_->io, o.connect_timeout);
     impl_->connect_timer->async_wait([self = impl_](const boost::system::error_code& ec) {
       if (ec || self->closed) return;
       self->timed_out = true;

@@ -92,8 +92,10 @@ class GrpcStore::Impl {
     // The server's bound on a store message, both ways (limits.h): client and server agree.
     args.SetMaxReceiveMessageSize(static_cast<int>(limits::kMaxStoreMessageBytes));
     args.SetMaxSendMessageSize(static_cast<int>(limits::kMaxStoreMessageBytes));
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+    // No transport keep-alive: a store call is bounded by its own timeout, and whether this
+    // worker's node is still in its run is the agent's liveness rule to decide (it stops
+    // the workers when it is out); a fixed rule here would end a stream within a blip the
+    // run's rule tolerates.
     args.SetString(GRPC_ARG_OPTIMIZATION_TARGET, "latency");
     args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);  // no per-call deadlines or census on these streams

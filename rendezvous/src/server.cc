@@ -436,10 +436,15 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_OPTIMIZATION_TARGET, std::string("latency"));
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  // Notice silent peers: ping idle connections (a dead agent's socket usually closes at once).
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  // Silent nodes are the state machine's to drop, by their run's liveness window. The
+  // transport keep-alive only reclaims connections silent for longer than any window may be
+  // (limits.h), so it never decides first.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(limits::kMaxLivenessWindow.count()));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             static_cast<int>(limits::kTransportKeepAliveTimeout.count()));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Clients that do ping (the workers' store channels) are never refused for it.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   impl->server = builder.BuildAndStart();

@@ -202,8 +202,12 @@ std::vector<Outgoing> StateMachine::on_message(SessionId session, const v1::Agen
     on_failure(*run, session, msg.failure(), now, out);
   } else if (msg.has_success()) {
     on_success(*run, session, msg.success(), now, out);
+  } else if (msg.has_keep_alive()) {
+    // Being heard from (above), and an answer: the agent's proof that the server hears it.
+    v1::ServerMsg ack;
+    ack.mutable_keep_alive();
+    out.push_back(Outgoing{session, std::move(ack), false, absl::OkStatus()});
   }
-  // KeepAlive: being heard from (above) is all it is for.
   return out;
 }
 
@@ -255,6 +259,14 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
     if (join.keep_alive_max_attempt() > 0) {
       t.keep_alive_max_attempt = std::min(join.keep_alive_max_attempt(),
                                           limits::kMaxKeepAliveAttempts);
+    }
+    // A window the Join set (interval x attempts) within its bound: fewer attempts, at
+    // least one. The operator's defaults are theirs.
+    const bool client_window = join.keep_alive_interval_ms() > 0 || join.keep_alive_max_attempt() > 0;
+    if (client_window &&
+        times(t.keep_alive_interval, t.keep_alive_max_attempt) > limits::kMaxLivenessWindow) {
+      t.keep_alive_max_attempt = static_cast<int>(std::max<std::int64_t>(
+          1, limits::kMaxLivenessWindow / t.keep_alive_interval));
     }
   }
   Run& run = it->second;
@@ -600,7 +612,14 @@ void StateMachine::check_keep_alive(Run& run, TimePoint now, std::vector<Outgoin
     if (auto node = remove_session(run, s)) lost.push_back(std::move(*node));
   }
   if (!silent.empty()) after_loss(run, lost, now, out);
-  run.keep_alive_check = deadline(now, run.timeouts.keep_alive_interval);
+  // The next check is when the node heard from longest ago would become silent, so a
+  // silent node is dropped exactly at the end of the window, not up to an interval later.
+  std::optional<TimePoint> next;
+  for (const auto& [session, seen] : run.last_seen) {
+    const TimePoint due = after(seen, limit);
+    if (!next || due < *next) next = due;
+  }
+  run.keep_alive_check = next ? next : deadline(now, run.timeouts.keep_alive_interval);
 }
 
 std::vector<v1::RunStatus> StateMachine::status(const std::string& run_id) const {

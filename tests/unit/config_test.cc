@@ -416,6 +416,11 @@ TEST_CASE("rendezvous flags: durations above their bound are usage errors naming
   CHECK_THAT(std::string(attempts.status().message()),
              Catch::Contains("limit of " + std::to_string(limits::kMaxKeepAliveAttempts)));
   CHECK_FALSE(parse_rdzv_conf("keep_alive_max_attempt=99999999999999999999").ok());
+  // Each within its bound, but the window they make (interval x attempts) is not.
+  auto window = parse_rdzv_conf("keep_alive_interval=600,keep_alive_max_attempt=7");
+  REQUIRE_FALSE(window.ok());
+  CHECK_THAT(std::string(window.status().message()), Catch::Contains("liveness window"));
+  CHECK(parse_rdzv_conf("keep_alive_interval=600,keep_alive_max_attempt=6").ok());
   CHECK(parse_rdzv_conf("keep_alive_max_attempt=" +
                         std::to_string(limits::kMaxKeepAliveAttempts))
             .ok());

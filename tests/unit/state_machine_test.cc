@@ -103,6 +103,13 @@ struct Harness {
     REQUIRE(a.size() == 1);
     return a[0].assignment();
   }
+  // The last step sent nothing but answers to keep-alives (and closed no stream).
+  bool only_keep_alive_answers() const {
+    for (const auto& o : last) {
+      if (o.close || !o.msg || !o.msg->has_keep_alive()) return false;
+    }
+    return true;
+  }
   bool closed_with(SessionId s, absl::StatusCode code) const {
     for (const auto& o : last) {
       if (o.session == s && o.close && o.status.code() == code) return true;
@@ -333,6 +340,53 @@ TEST_CASE("rendezvous: a node silent past its keep-alives is dropped", "[rdzv][s
   auto st = h.sm.status("run");
   REQUIRE(st.size() == 1);
   CHECK(st[0].phase() == "joining");
+}
+
+TEST_CASE("liveness: every keep-alive is answered, and a silent node goes at the window's end",
+          "[rdzv][state_machine][liveness]") {
+  // The default rule: 0.5 s x 4 = 2 s.
+  muster::rendezvous::RendezvousTimeouts defaults;
+  CHECK(defaults.keep_alive_interval * defaults.keep_alive_max_attempt == 2s);
+  auto t = Harness::quiet();
+  t.keep_alive_interval = 500ms;
+  t.keep_alive_max_attempt = 4;
+  Harness h(t);
+  h.join(1, "a", 1, 2);
+  h.join(2, "b", 1, 2);
+  REQUIRE(h.assignment(1).group_world_size() == 2);
+  h.keep_alive(2);
+  REQUIRE(h.last.size() == 1);  // exactly one answer, to the sender
+  CHECK(h.last[0].session == 2);
+  CHECK(h.last[0].msg->has_keep_alive());
+  CHECK_FALSE(h.last[0].close);
+  // b last heard at 0; a talks every 500 ms. The drop comes at 2 s exactly, not at the next
+  // interval-spaced check after it.
+  for (int i = 0; i < 3; ++i) {
+    h.advance(500ms);
+    CHECK(h.last.empty());
+    h.keep_alive(1);
+  }
+  h.advance(499ms);
+  CHECK(h.last.empty());
+  h.keep_alive(1);
+  h.advance(1ms);
+  CHECK(h.closed_with(2, absl::StatusCode::kUnavailable));
+  CHECK(h.to(1, kRestart).size() == 1);
+}
+
+TEST_CASE("liveness: a node that keeps talking is never dropped, however long it waits",
+          "[rdzv][state_machine][liveness]") {
+  auto t = Harness::quiet();
+  t.keep_alive_interval = 500ms;
+  t.keep_alive_max_attempt = 4;
+  Harness h(t);
+  h.join(1, "a", 2, 2);  // waits for a second node that never comes (join timeout 600 s)
+  for (int i = 0; i < 300; ++i) {  // 570 s, inside the join timeout
+    h.advance(1900ms);              // each keep-alive just inside the window
+    CHECK(h.last.empty());
+    h.keep_alive(1);
+    CHECK(h.only_keep_alive_answers());
+  }
 }
 
 TEST_CASE("rendezvous: status reports each run", "[rdzv][state_machine]") {
@@ -858,11 +912,11 @@ TEST_CASE("timing: client durations are clamped and never overflow", "[rdzv][sta
       h.advance(1s);
       CHECK_FALSE(h.closed_with(1, absl::StatusCode::kUnavailable));
     }
-    const auto rule = limits::kMaxKeepAliveInterval * limits::kMaxKeepAliveAttempts;
+    // The window is cut to its bound (six 10-minute attempts), and noticed exactly there.
+    const auto rule = limits::kMaxLivenessWindow;
     h.advance(rule - 10s - 1ms);
     CHECK_FALSE(h.closed_with(1, absl::StatusCode::kUnavailable));
-    // Noticed by the first check at or after the rule (checks run every interval).
-    h.advance(limits::kMaxKeepAliveInterval);
+    h.advance(1ms);
     CHECK(h.closed_with(1, absl::StatusCode::kUnavailable));
   }
   SECTION("negative durations mean the server's default") {
@@ -883,7 +937,7 @@ TEST_CASE("timing: client durations are clamped and never overflow", "[rdzv][sta
     h.keep_alive(1);
     h.advance(1s);
     h.keep_alive(1);
-    CHECK(h.last.empty());
+    CHECK(h.only_keep_alive_answers());
     h.advance(8s);  // the default join timeout (10 s), not 0 and not "never"
     CHECK(h.closed_with(1, absl::StatusCode::kDeadlineExceeded));
   }

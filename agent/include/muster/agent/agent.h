@@ -21,8 +21,11 @@ namespace muster::agent {
 
 struct AgentOptions {
   // Rendezvous
-  std::string rdzv_target;  // host:port of the rendezvous server
+  std::string rdzv_target;  // the rendezvous server's gRPC target (an address: ipv4:A:P, ...)
+  std::string rdzv_name;    // the server as messages name it (the endpoint as given)
   bool wait_for_server = false;
+  // How long to wait for the server: at the start (when wait_for_server), and after the node
+  // lost it (it stops its workers, then reconnects and joins its run again for this long).
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   std::string token;
   std::string run_id;
@@ -34,7 +37,9 @@ struct AgentOptions {
   int max_restarts = 0;
   std::string store_addr;  // MUSTER_STORE_ADDR as workers should reach it
   // The run's timing rules, sent with every Join (the first node's hold for the run); the
-  // agent sends a keep-alive every keep_alive_interval.
+  // agent sends a keep-alive every keep_alive_interval, and knows it is out of the run when
+  // it has heard nothing from the server (which answers each) for the liveness window,
+  // keep_alive_interval x keep_alive_max_attempt.
   rendezvous::RendezvousTimeouts rdzv_timeouts;
   // Static rendezvous: the workers' MASTER_ADDR/MASTER_PORT are fixed by flags. When empty,
   // they come from the round (a free port on the group-rank-0 node).

@@ -113,9 +113,9 @@ absl::StatusOr<Entrypoint> resolve_entrypoint(const LaunchConfig& config,
 // Looks `name` up as execvp would (a name with a slash is taken as a path).
 absl::StatusOr<std::string> find_executable(const std::string& name, const std::string& path_var);
 
-// Whether `host` names this machine: localhost, its hostname, or an address of one of its
-// interfaces.
-bool is_local_host(const std::string& host);
+// Whether `host` names this machine: localhost, its hostname, or one of `addresses` (what
+// `host` resolved to, looked up once by the caller) is an address of one of its interfaces.
+bool is_local_host(const std::string& host, const std::vector<std::string>& addresses);
 
 // Number of CUDA devices visible to this process (0 without a driver or a GPU).
 int detect_gpu_count();

@@ -28,13 +28,27 @@ class SessionClient {
   SessionClient(const SessionClient&) = delete;
   SessionClient& operator=(const SessionClient&) = delete;
 
-  // Opens the stream to `target` (host:port) without blocking. When wait_for_ready, the
-  // stream waits for the server to come up until `connect_timeout` passes (a timer on the
-  // io_context; then on_closed gets DEADLINE_EXCEEDED "rendezvous server at X not reachable
-  // within N s"); otherwise an unreachable server fails at once. Failures arrive through
-  // on_closed. The channel accepts messages up to limits::kMaxServerMessageBytes.
-  void open(const std::string& target, bool wait_for_ready,
-            std::chrono::milliseconds connect_timeout);
+  struct OpenOptions {
+    std::string target;  // a gRPC target: host:port, ipv4:ADDR:PORT, ipv6:[ADDR]:PORT
+    std::string name;    // what messages call the server (the endpoint as given); or target
+    // Wait for the server to come up until connect_timeout passes (a timer on the
+    // io_context; then on_closed gets DEADLINE_EXCEEDED "rendezvous server at X not
+    // reachable within N s"); otherwise an unreachable server fails at once.
+    bool wait_for_ready = false;
+    std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+    // The run's liveness window (keep_alive_interval x keep_alive_max_attempt): each
+    // connection attempt is given this long (at least limits::kMinConnectAttempt), so a
+    // server that comes back, or a link that heals, is reached within about one window.
+    // No transport keep-alive runs on this channel: the application's keep-alives, answered
+    // by the server, are the one liveness rule (docs/rendezvous.md, "Liveness").
+    std::chrono::milliseconds liveness_window{std::chrono::seconds(2)};
+    // Called once, on the io_context, when the stream is up (the server was reached).
+    std::function<void()> on_ready;
+  };
+
+  // Opens the stream without blocking. Failures arrive through on_closed. The channel
+  // accepts messages up to limits::kMaxServerMessageBytes.
+  void open(OpenOptions options);
 
   // Writes one message; before the stream is up it is queued and written, in order, once it
   // is. Returns false when the stream has already ended.

@@ -33,6 +33,21 @@ inline constexpr milliseconds kMaxJoinTimeout = std::chrono::hours(24);
 inline constexpr milliseconds kMaxLastCallTimeout = std::chrono::hours(1);
 inline constexpr milliseconds kMaxKeepAliveInterval = std::chrono::minutes(10);
 inline constexpr int kMaxKeepAliveAttempts = 100;
+// The liveness rule (docs/rendezvous.md, "Liveness"): a node silent for keep_alive_interval
+// x keep_alive_max_attempt (the liveness window) is dropped by the server, and an agent that
+// hears nothing from its server for as long knows it is out of the run. The default window
+// is 2 s. A Join whose window would exceed kMaxLivenessWindow has its attempts lowered to
+// fit (launch refuses such a --rdzv_conf).
+inline constexpr milliseconds kDefaultKeepAliveInterval = std::chrono::milliseconds(500);
+inline constexpr int kDefaultKeepAliveAttempts = 4;
+inline constexpr milliseconds kMaxLivenessWindow = std::chrono::hours(1);
+// The server's transport keep-alive reclaims connections that stayed silent for longer than
+// any run's window may be (the state machine has dropped their nodes long before): a ping
+// after kMaxLivenessWindow of silence, the connection closed when it is not answered within
+// kTransportKeepAliveTimeout. It never decides before a run's own rule.
+inline constexpr milliseconds kTransportKeepAliveTimeout = std::chrono::seconds(20);
+// An agent's connection attempt to its server is given one liveness window, at least this.
+inline constexpr milliseconds kMinConnectAttempt = std::chrono::seconds(1);
 inline constexpr milliseconds kMaxShutdownTimeout = std::chrono::hours(1);
 // A Join's shutdown_timeout_ms of 0 (or less) stands for this: the agent's own default
 // --shutdown_timeout, so the server waits as long as such an agent may take to stop.
@@ -49,6 +64,10 @@ inline constexpr milliseconds kMaxFinishedRunGrace = std::chrono::hours(24);
 inline constexpr milliseconds kMaxStoreWait = std::chrono::hours(24);
 
 // --- Agent and launch ------------------------------------------------------------------
+// Looking up a name (the rendezvous endpoint, this host's FQDN, the is_host check) goes
+// through the system resolver (getaddrinfo: /etc/hosts and nsswitch), once, and gives up
+// after this: a resolver that does not answer costs at most this, with one clear error.
+inline constexpr milliseconds kResolveTimeout = std::chrono::seconds(10);
 // Bytes of a worker's error file (TORCHELASTIC_ERROR_FILE) the agent reads: room for a
 // capped message and traceback even when JSON escaping sixfolds them. The rest of a larger
 // file is not read; what it held is reported as cut.

@@ -96,10 +96,13 @@ struct RendezvousTimeouts {
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
   // A finished run's id is remembered this long, so a late join gets a clear error.
   std::chrono::milliseconds finished_run_grace{std::chrono::seconds(60)};
-  // A node that sends nothing for keep_alive_interval * keep_alive_max_attempt is lost.
-  // (A node whose process dies is lost at once: its stream ends.)
-  std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
-  int keep_alive_max_attempt = 3;
+  // The liveness rule: a node that sends nothing for keep_alive_interval *
+  // keep_alive_max_attempt (the liveness window) is lost, and a node that hears nothing from
+  // its server for that long knows it is out. (A node whose process dies is lost at once:
+  // its stream ends.) Default 0.5 s x 4 = 2 s, where torchrun's is 5 s x 3: a silent host is
+  // noticed in 2 s (docs/rendezvous.md, "Liveness").
+  std::chrono::milliseconds keep_alive_interval = limits::kDefaultKeepAliveInterval;
+  int keep_alive_max_attempt = limits::kDefaultKeepAliveAttempts;
 };
 
 // Bounds on what one Join may carry (the server also caps the message size).
