@@ -329,7 +329,7 @@ absl::Status HostNet::clear_limits(int i) {
 absl::Status HostNet::set_resolver(int i, const std::string& nameserver) {
   if (auto s = check(i); !s.ok()) return s;
   return write_file("/etc/netns/" + ns(i) + "/resolv.conf",
-                    "nameserver " + nameserver + "\noptions timeout:1 attempts:1\n");
+                    "nameserver " + nameserver + "\n");
 }
 
 absl::Status cut_ns(const std::string& ns) {

@@ -81,7 +81,7 @@ class HostNet {
   absl::Status clear_limits(int i);
 
   // Writes /etc/netns/<ns>/resolv.conf: processes started in host i after this (through wrap)
-  // use `nameserver`. Timeout 1 s, 1 attempt, so dead-resolver tests are quick.
+  // use `nameserver`, with the resolver's default timeouts (5 s, 2 attempts), as a real host.
   absl::Status set_resolver(int i, const std::string& nameserver);
 
  private:

@@ -12,6 +12,7 @@
 //   bigerr BYTES RANK    rank RANK writes an @record error file of BYTES whose message is
 //                        "BigError: " and x's, and exits 1; the others wait to be stopped
 //   die CODE             exit with CODE at once
+//   burn SECONDS         print "ready <pid>", keep one core busy for SECONDS, exit 0
 //   family child         start a child that waits forever, print "ready <pid>" and
 //                        "family <child>", then wait to be stopped
 //   family setsid        the same, and the child starts a grandchild that calls setsid()
@@ -20,8 +21,10 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -144,6 +147,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (mode == "die" && argc == 3) return std::atoi(argv[2]);
+  if (mode == "burn" && argc == 3) {
+    ready();
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(std::atoi(argv[2]));
+    volatile std::uint64_t x = 0;
+    while (std::chrono::steady_clock::now() < end) {
+      for (int i = 0; i < 1000000; ++i) x = x + static_cast<std::uint64_t>(i);
+    }
+    return 0;
+  }
   if (mode == "family" && argc == 3) {
     const bool setsid = std::strcmp(argv[2], "setsid") == 0;
     int p[2];

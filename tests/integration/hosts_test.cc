@@ -1,0 +1,255 @@
+// Multi-node jobs across real hosts: network-namespace hosts (support/hostnet.h) on one bridge,
+// each with its own address, hostname and /etc/hosts, and real `launch`/`rdzvd` processes.
+// Faults are the ones a cluster has: a host or link that goes silent (packets dropped, no FIN,
+// no RST), a blip, a resolver that does not answer, hosts whose every core is busy.
+//
+// Exits 77 (ctest: Skipped) where namespaces cannot be made (not root, no `ip`).
+#include <signal.h>
+#include <unistd.h>
+
+#include <regex>
+
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include "helpers.h"
+#include "hostnet.h"
+#include "proc.h"
+
+using namespace muster::testing;
+
+namespace {
+
+const std::string kScripts = INTEROP_SCRIPTS_DIR;
+
+std::unique_ptr<HostNet> make_hosts(int n) {
+  auto net = HostNet::create(n);
+  INFO((net.ok() ? std::string() : std::string(net.status().message())));
+  REQUIRE(net.ok());
+  return std::move(*net);
+}
+
+std::vector<std::string> c10d(const std::string& endpoint, const std::string& nnodes, int nproc,
+                              std::vector<std::string> extra = {}) {
+  std::vector<std::string> flags{"--nnodes=" + nnodes, "--nproc_per_node=" + std::to_string(nproc),
+                                 "--rdzv_backend=c10d", "--rdzv_endpoint=" + endpoint,
+                                 "--rdzv_id=job"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return flags;
+}
+
+auto has(const std::string& what) {
+  return [what](const std::string&, const std::string& err) {
+    return err.find(what) != std::string::npos;
+  };
+}
+
+bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// Ends a launch by its pid (SIGTERM) and checks it went as a stopped launch goes.
+void stop(Proc& p) {
+  ::kill(p.pid(), SIGTERM);
+  CHECK(p.wait(60s) == 128 + SIGTERM);
+}
+
+}  // namespace
+
+TEST_CASE("hosts: names, rdzvd on its own host, two agents on one host and one elsewhere",
+          "[hosts]") {
+  auto net = make_hosts(3);
+  TempDir dir;
+  Proc rdzvd(net->wrap(0, {kRdzvd, "--listen", "0.0.0.0:0"}));
+  REQUIRE(rdzvd.wait_output(
+      [](const std::string& out, const std::string&) { return out.find('\n') != std::string::npos; },
+      30s));
+  std::smatch m;
+  REQUIRE(std::regex_search(rdzvd.out(), m, std::regex(R"(listening on port (\d+))")));
+  const std::string ep = net->hostname(0) + ":" + m[1].str();
+  // node1 runs two agents of one worker each, node2 one agent of two workers.
+  Proc a(net->wrap(1, launch_args(c10d(ep, "3", 1), {"env", dir.path()})));
+  Proc b(net->wrap(1, launch_args(c10d(ep, "3", 1), {"env", dir.path()})));
+  Proc c(net->wrap(2, launch_args(c10d(ep, "3", 2), {"env", dir.path()})));
+  for (Proc* p : {&a, &b, &c}) {
+    INFO(p->err());
+    CHECK(p->wait(60s) == 0);
+  }
+  std::set<std::string> masters, hosts_of_ranks, stores;
+  for (int rank = 0; rank < 4; ++rank) {
+    auto env = read_env_file(dir.file("env." + std::to_string(rank)));
+    INFO("rank " << rank);
+    CHECK(env["WORLD_SIZE"] == "4");
+    CHECK(env["GROUP_WORLD_SIZE"] == "3");
+    masters.insert(env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]);
+    // The store is reached at an address, looked up once by the agent, never by name.
+    stores.insert(env["MUSTER_STORE_ADDR"]);
+    CHECK(env["MUSTER_STORE_ADDR"] == "ipv4:" + net->addr(0) + ":" + m[1].str());
+  }
+  CHECK(masters.size() == 1);
+  // MASTER_ADDR is the name of the group-rank-0 node's host, as torchrun gives it.
+  const std::string master = masters.begin()->substr(0, masters.begin()->find(':'));
+  CHECK((master == net->hostname(1) || master == net->hostname(2)));
+  ::kill(rdzvd.pid(), SIGTERM);
+  CHECK(rdzvd.wait(30s) == 0);
+}
+
+TEST_CASE("hosts: a silently partitioned host is out within the window; it rejoins when healed",
+          "[hosts]") {
+  auto net = make_hosts(3);
+  const std::string ep = net->hostname(0) + ":" + std::to_string(free_port());
+  // The default rule: 0.5 s x 4 = 2 s.
+  Proc a(net->wrap(0, launch_args(c10d(ep, "2:3", 1), {"wait"})));
+  Proc b(net->wrap(1, launch_args(c10d(ep, "2:3", 1), {"wait"})));
+  Proc c(net->wrap(2, launch_args(c10d(ep, "2:3", 1), {"wait"})));
+  for (Proc* p : {&a, &b, &c}) REQUIRE(p->wait_output(has_ready(1, "world 3"), 60s));
+  const std::vector<pid_t> a_first = ready_pids(a.out());
+  const std::vector<pid_t> c_workers = ready_pids(c.out());
+  REQUIRE(c_workers.size() == 1);
+  const int c_fd = open_pidfd(c_workers[0]);
+
+  REQUIRE(net->cut(2).ok());
+  // The survivors go on in the smaller world; the partitioned host stops its workers on its
+  // own (it cannot hear the server), saying why.
+  for (Proc* p : {&a, &b}) {
+    INFO(p->err());
+    CHECK(p->wait_output(has_ready(1, "world 2"), 30s));
+  }
+  CHECK(wait_pidfd(c_fd, 30s));
+  ::close(c_fd);
+  CHECK(c.wait_output(has("nothing heard from it for 2 s"), 10s));
+  CHECK(alive(c.pid()));  // not exited: it waits to join again
+
+  REQUIRE(net->heal(2).ok());
+  // The run still wants it (max 3): it joins again and the world grows back.
+  for (Proc* p : {&a, &b, &c}) {
+    INFO(p->err());
+    CHECK(p->wait_output(has_ready(2, "world 3"), 60s));
+  }
+  CHECK(ready_pids(a.out()).size() == a_first.size() + 2);  // world 2, then world 3 again
+  for (Proc* p : {&a, &b, &c}) stop(*p);
+}
+
+TEST_CASE("hosts: a blip shorter than the run's window restarts nothing", "[hosts]") {
+  auto net = make_hosts(2);
+  const std::string ep = net->hostname(0) + ":" + std::to_string(free_port());
+  // A 5 s window; the link is down for 2 s (with TCP's retransmission backoff the stall is
+  // up to about 3 s).
+  const std::vector<std::string> conf{"--rdzv_conf=keep_alive_interval=1,keep_alive_max_attempt=5"};
+  Proc a(net->wrap(0, launch_args(c10d(ep, "2", 1, conf), {"wait"})));
+  Proc b(net->wrap(1, launch_args(c10d(ep, "2", 1, conf), {"wait"})));
+  for (Proc* p : {&a, &b}) REQUIRE(p->wait_output(has_ready(1, "world 2"), 60s));
+  const pid_t wa = ready_pids(a.out()).at(0), wb = ready_pids(b.out()).at(0);
+  REQUIRE(net->cut(1).ok());
+  ::usleep(2'000'000);  // the blip's length is the test's input, not an event
+  REQUIRE(net->heal(1).ok());
+  // Nothing happens within the window and after it: no restart, no lost server.
+  CHECK_FALSE(a.wait_output(has("restarting"), 7s));
+  CHECK_FALSE(b.wait_output(has("lost the server"), 1s));
+  CHECK(alive(wa));
+  CHECK(alive(wb));
+  CHECK(ready_pids(a.out()).size() == 1);
+  CHECK(ready_pids(b.out()).size() == 1);
+  for (Proc* p : {&a, &b}) stop(*p);
+}
+
+TEST_CASE("hosts: the hosting host cut off from both others trains alone (nnodes=1:3)",
+          "[hosts]") {
+  auto net = make_hosts(3);
+  const std::string ep = net->hostname(0) + ":" + std::to_string(free_port());
+  // read_timeout: how long the others try to reach their server again before they give up.
+  const std::vector<std::string> conf{"--rdzv_conf=read_timeout=3"};
+  Proc a(net->wrap(0, launch_args(c10d(ep, "1:3", 1, conf), {"wait"})));
+  Proc b(net->wrap(1, launch_args(c10d(ep, "1:3", 1, conf), {"wait"})));
+  Proc c(net->wrap(2, launch_args(c10d(ep, "1:3", 1, conf), {"wait"})));
+  for (Proc* p : {&a, &b, &c}) REQUIRE(p->wait_output(has_ready(1, "world 3"), 60s));
+  const std::size_t before = ready_pids(a.out()).size();
+  REQUIRE(net->cut(0).ok());
+  INFO(a.err());
+  // Both peers dropped after the window; the round closes as soon as the host is back
+  // alone (nobody else is expected), without waiting out a last call.
+  CHECK(a.wait_output(has_ready(1, "world 1"), 30s));
+  CHECK(ready_pids(a.out()).size() == before + 1);
+  for (Proc* p : {&b, &c}) {
+    INFO(p->err());
+    CHECK(p->wait(60s) == 1);
+    CHECK_THAT(p->err(), Catch::Contains("could not reach it again within 3 s"));
+  }
+  stop(a);
+}
+
+TEST_CASE("hosts: hosts whose every core is busy for a minute are not declared dead",
+          "[hosts][slow]") {
+  auto net = make_hosts(3);
+  const std::string ep = net->hostname(0) + ":" + std::to_string(free_port());
+  // Two busy workers per host on this machine's cores (six on two cores here), default rule.
+  const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  Proc a(net->wrap(0, launch_args(c10d(ep, "3", cores), {"burn", "60"})));
+  Proc b(net->wrap(1, launch_args(c10d(ep, "3", cores), {"burn", "60"})));
+  Proc c(net->wrap(2, launch_args(c10d(ep, "3", cores), {"burn", "60"})));
+  for (Proc* p : {&a, &b, &c}) {
+    INFO(p->err());
+    CHECK(p->wait(180s) == 0);
+    CHECK(p->err().find("restarting") == std::string::npos);
+    CHECK(p->err().find("lost the server") == std::string::npos);
+    CHECK(ready_pids(p->out()).size() == static_cast<std::size_t>(cores));  // one round only
+  }
+}
+
+TEST_CASE("hosts: a resolver that does not answer costs nothing for names in /etc/hosts",
+          "[hosts]") {
+  auto net = make_hosts(3);
+  // The resolver is host 2's address, and host 2 is cut off: queries to it go unanswered.
+  REQUIRE(net->cut(2).ok());
+  for (int i : {0, 1}) REQUIRE(net->set_resolver(i, net->addr(2)).ok());
+  TempDir dir;
+  const std::string ep = net->hostname(0) + ":" + std::to_string(free_port());
+  Proc a(net->wrap(0, launch_args(c10d(ep, "2", 1), {"env", dir.path()})));
+  Proc b(net->wrap(1, launch_args(c10d(ep, "2", 1), {"env", dir.path()})));
+  // gRPC's own resolver asked DNS for the other address family and took over a minute here.
+  for (Proc* p : {&a, &b}) {
+    INFO(p->err());
+    CHECK(p->wait(20s) == 0);
+  }
+  // A name that only DNS could answer: one clear line, exit 1, within the resolve bound
+  // (glibc's own timeouts, 5 s x 2, end about when the bound does: either error may come).
+  Proc lost(net->wrap(1, launch_args(c10d("nosuchhost:29400", "2", 1), {"env", dir.path()})));
+  CHECK(lost.wait(40s) == 1);
+  INFO(lost.err());
+  CHECK_THAT(lost.err(), Catch::Contains("cannot resolve 'nosuchhost'"));
+  CHECK(std::count(lost.err().begin(), lost.err().end(), '\n') == 1);
+}
+
+TEST_CASE("hosts: PyTorch DDP across two hosts", "[hosts][interop]") {
+  auto net = make_hosts(2);
+  const std::string ep = net->hostname(0) + ":" + std::to_string(free_port());
+  const std::map<std::string, std::optional<std::string>> env{{"PYTHON_EXEC", "/usr/bin/python3"}};
+  auto args = [&] {
+    return std::vector<std::string>{kLaunch, "--nnodes=2", "--nproc_per_node=1",
+                                    "--rdzv_backend=c10d", "--rdzv_endpoint=" + ep,
+                                    "--rdzv_id=ddp", kScripts + "/ddp_train.py"};
+  };
+  Proc a(net->wrap(0, args()), env);
+  Proc b(net->wrap(1, args()), env);
+  for (Proc* p : {&a, &b}) {
+    INFO(p->err());
+    REQUIRE(p->wait(300s) == 0);
+  }
+  std::regex re(R"(rank (\d+)/2 params_identical=True checksum=(\S+))");
+  std::set<std::string> sums;
+  const std::string out = a.out() + b.out();
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
+    sums.insert((*it)[2]);
+  }
+  CHECK(count_lines_with(out, "params_identical=True") == 2);
+  CHECK(sums.size() == 1);
+}
+
+int main(int argc, char** argv) {
+  {
+    auto probe = HostNet::create(1);
+    if (!probe.ok()) {
+      std::printf("skipped: %s\n", std::string(probe.status().message()).c_str());
+      return 77;
+    }
+  }
+  return Catch::Session().run(argc, argv);
+}
