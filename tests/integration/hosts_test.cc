@@ -176,6 +176,69 @@ TEST_CASE("hosts: the hosting host cut off from both others trains alone (nnodes
   stop(a);
 }
 
+// rdzvd on its own host, started in host 0; its endpoint by name.
+struct HostRdzvd {
+  std::unique_ptr<Proc> proc;
+  std::string endpoint;
+  HostRdzvd(const HostNet& net, int host) {
+    proc = std::make_unique<Proc>(net.wrap(host, {kRdzvd, "--listen", "0.0.0.0:0"}));
+    REQUIRE(proc->wait_output(
+        [](const std::string& out, const std::string&) { return out.find('\n') != std::string::npos; },
+        30s));
+    std::smatch m;
+    REQUIRE(std::regex_search(proc->out(), m, std::regex(R"(listening on port (\d+))")));
+    endpoint = net.hostname(host) + ":" + m[1].str();
+  }
+  ~HostRdzvd() {
+    ::kill(proc->pid(), SIGTERM);
+    CHECK(proc->wait(30s) == 0);
+  }
+};
+
+TEST_CASE("hosts: rdzvd silent within the window costs nothing; past it the job forms again",
+          "[hosts]") {
+  auto net = make_hosts(3);
+  HostRdzvd rdzvd(*net, 0);
+  SECTION("a 2 s blip of the server under a 5 s window") {
+    const std::vector<std::string> conf{"--rdzv_conf=keep_alive_interval=1,keep_alive_max_attempt=5"};
+    Proc a(net->wrap(1, launch_args(c10d(rdzvd.endpoint, "2", 1, conf), {"wait"})));
+    Proc b(net->wrap(2, launch_args(c10d(rdzvd.endpoint, "2", 1, conf), {"wait"})));
+    for (Proc* p : {&a, &b}) REQUIRE(p->wait_output(has_ready(1, "world 2"), 60s));
+    REQUIRE(net->cut(0).ok());
+    ::usleep(2'000'000);  // the blip's length is the test's input, not an event
+    REQUIRE(net->heal(0).ok());
+    CHECK_FALSE(a.wait_output(has("lost the server"), 7s));
+    for (Proc* p : {&a, &b}) {
+      INFO(p->err());
+      CHECK(p->err().find("restarting") == std::string::npos);
+      CHECK(p->err().find("lost the server") == std::string::npos);
+      CHECK(ready_pids(p->out()).size() == 1);
+      CHECK(alive(ready_pids(p->out()).at(0)));
+    }
+    for (Proc* p : {&a, &b}) stop(*p);
+  }
+  SECTION("4 s of silence under the default 2 s window") {
+    Proc a(net->wrap(1, launch_args(c10d(rdzvd.endpoint, "2", 1), {"wait"})));
+    Proc b(net->wrap(2, launch_args(c10d(rdzvd.endpoint, "2", 1), {"wait"})));
+    for (Proc* p : {&a, &b}) REQUIRE(p->wait_output(has_ready(1, "world 2"), 60s));
+    const pid_t wa = ready_pids(a.out()).at(0);
+    const int fd = open_pidfd(wa);
+    REQUIRE(net->cut(0).ok());
+    // Each agent is out after the window: its workers stop, it waits for the server.
+    CHECK(wait_pidfd(fd, 30s));
+    ::close(fd);
+    for (Proc* p : {&a, &b}) CHECK(p->wait_output(has("nothing heard from it for 2 s"), 10s));
+    REQUIRE(net->heal(0).ok());
+    // Both reach it again; the server had dropped the run (no node left), so they form it
+    // anew: the workers start again in a world of two.
+    for (Proc* p : {&a, &b}) {
+      INFO(p->err());
+      CHECK(p->wait_output(has_ready(2, "world 2"), 60s));
+    }
+    for (Proc* p : {&a, &b}) stop(*p);
+  }
+}
+
 TEST_CASE("hosts: hosts whose every core is busy for a minute are not declared dead",
           "[hosts][slow]") {
   auto net = make_hosts(3);
