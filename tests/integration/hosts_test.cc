@@ -92,6 +92,33 @@ TEST_CASE("hosts: names, rdzvd on its own host, two agents on one host and one e
   CHECK(rdzvd.wait(30s) == 0);
 }
 
+TEST_CASE("hosts: an IPv6 endpoint and --local_addr over IPv6", "[hosts]") {
+  auto net = make_hosts(2);
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  const std::string ep = "[" + net->addr6(0) + "]:" + port;
+  Proc a(net->wrap(0, launch_args(c10d(ep, "2", 1, {"--local_addr=" + net->addr6(0),
+                                                     "--rdzv_conf=is_host=true"}),
+                                  {"env", dir.path()})));
+  Proc b(net->wrap(1, launch_args(c10d(ep, "2", 1, {"--local_addr=" + net->addr6(1)}),
+                                  {"env", dir.path()})));
+  for (Proc* p : {&a, &b}) {
+    INFO(p->err());
+    CHECK(p->wait(60s) == 0);
+  }
+  std::set<std::string> masters;
+  int over_v6 = 0;  // the worker on host 1 reaches the store over IPv6 (host 0's: its own socket)
+  for (int rank = 0; rank < 2; ++rank) {
+    auto env = read_env_file(dir.file("env." + std::to_string(rank)));
+    CHECK(env["WORLD_SIZE"] == "2");
+    over_v6 += env["MUSTER_STORE_ADDR"] == "ipv6:[" + net->addr6(0) + "]:" + port;
+    masters.insert(env["MASTER_ADDR"]);
+  }
+  CHECK(over_v6 == 1);
+  REQUIRE(masters.size() == 1);
+  CHECK((*masters.begin() == net->addr6(0) || *masters.begin() == net->addr6(1)));
+}
+
 TEST_CASE("hosts: a silently partitioned host is out within the window; it rejoins when healed",
           "[hosts]") {
   auto net = make_hosts(3);

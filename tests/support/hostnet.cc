@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -94,24 +95,26 @@ std::vector<std::string> in_ns(const std::string& ns, std::vector<std::string> a
   return v;
 }
 
-bool iptables_works(const std::string& ns) {
-  return !tool("iptables").empty() && ok(in_ns(ns, {tool("iptables"), "-w", "-S"}));
+bool iptables_works(const std::string& ns, const char* which = "iptables") {
+  return !tool(which).empty() && ok(in_ns(ns, {tool(which), "-w", "-S"}));
 }
 
 // iptables rule specs; the chain comes first.
-absl::Status add_rule(const std::string& ns, std::vector<std::string> spec) {
-  auto check = in_ns(ns, {tool("iptables"), "-w", "-C"});
+absl::Status add_rule(const std::string& ns, std::vector<std::string> spec,
+                      const char* which = "iptables") {
+  auto check = in_ns(ns, {tool(which), "-w", "-C"});
   check.insert(check.end(), spec.begin(), spec.end());
   if (ok(check)) return absl::OkStatus();
-  auto ins = in_ns(ns, {tool("iptables"), "-w", "-I"});
+  auto ins = in_ns(ns, {tool(which), "-w", "-I"});
   ins.insert(ins.end(), spec.begin(), spec.end());
   return must(ins);
 }
 
-absl::Status remove_rule(const std::string& ns, std::vector<std::string> spec) {
-  auto check = in_ns(ns, {tool("iptables"), "-w", "-C"});
+absl::Status remove_rule(const std::string& ns, std::vector<std::string> spec,
+                         const char* which = "iptables") {
+  auto check = in_ns(ns, {tool(which), "-w", "-C"});
   check.insert(check.end(), spec.begin(), spec.end());
-  auto del = in_ns(ns, {tool("iptables"), "-w", "-D"});
+  auto del = in_ns(ns, {tool(which), "-w", "-D"});
   del.insert(del.end(), spec.begin(), spec.end());
   for (int guard = 0; guard < 16 && ok(check); ++guard) {
     if (auto s = must(del); !s.ok()) return s;
@@ -209,6 +212,14 @@ absl::Status HostNet::build(int n) {
     }
     if (prefix_.empty())
       return absl::ResourceExhaustedError("HostNet: every /24 of 198.18.0.0/15 is in use");
+    {
+      // The same index for the IPv6 /64: 198.18.k / 198.19.(k-256) -> 2001:db8:<k hex>.
+      const std::string third = prefix_.substr(prefix_.rfind('.') + 1);
+      const int k = std::stoi(third) + (prefix_.rfind("198.19.", 0) == 0 ? 256 : 0);
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "2001:db8:%x", k + 1);
+      prefix6_ = buf;
+    }
     bridge_ = "mb" + tag_;
     if (auto s = must({tool("ip"), "link", "add", bridge_, "type", "bridge"}); !s.ok()) {
       return absl::PermissionDeniedError("HostNet: cannot make a bridge (needs CAP_NET_ADMIN): " +
@@ -229,6 +240,7 @@ absl::Status HostNet::build(int n) {
 
   std::string hosts_file = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
   for (int i = 0; i < n; ++i) hosts_file += addr(i) + "\tnode" + std::to_string(i) + "\n";
+  for (int i = 0; i < n; ++i) hosts_file += addr6(i) + "\tnode" + std::to_string(i) + "-v6\n";
 
   for (int i = 0; i < n; ++i) {
     hosts_.push_back({"mn" + tag_ + "_" + std::to_string(i), "mv" + tag_ + "_" + std::to_string(i)});
@@ -244,6 +256,8 @@ absl::Status HostNet::build(int n) {
     for (const auto& cmd : std::vector<std::vector<std::string>>{
              {tool("ip"), "link", "set", "dev", h.veth, "master", bridge_, "up"},
              {tool("ip"), "-n", h.ns, "addr", "add", addr(i) + "/24", "dev", "eth0"},
+             {tool("ip"), "-n", h.ns, "-6", "addr", "add", addr6(i) + "/64", "dev", "eth0",
+              "nodad"},
              {tool("ip"), "-n", h.ns, "link", "set", "dev", "eth0", "up"},
              {tool("ip"), "-n", h.ns, "link", "set", "dev", "lo", "up"}}) {
       if (auto s = must(cmd); !s.ok()) return s;
@@ -278,6 +292,11 @@ HostNet::~HostNet() {
 }
 
 std::string HostNet::addr(int i) const { return prefix_ + "." + std::to_string(i + 1); }
+std::string HostNet::addr6(int i) const {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "::%x", i + 1);
+  return prefix6_ + buf;
+}
 std::string HostNet::hostname(int i) const { return "node" + std::to_string(i); }
 std::string HostNet::ns(int i) const { return hosts_.at(static_cast<std::size_t>(i)).ns; }
 std::string HostNet::gateway() const { return prefix_ + ".254"; }
@@ -335,7 +354,14 @@ absl::Status HostNet::set_resolver(int i, const std::string& nameserver) {
 absl::Status cut_ns(const std::string& ns) {
   if (iptables_works(ns)) {
     if (auto s = add_rule(ns, {"INPUT", "-i", "eth0", "-j", "DROP"}); !s.ok()) return s;
-    return add_rule(ns, {"OUTPUT", "-o", "eth0", "-j", "DROP"});
+    if (auto s = add_rule(ns, {"OUTPUT", "-o", "eth0", "-j", "DROP"}); !s.ok()) return s;
+    // IPv6 too (every host has an address of each family), where ip6tables works; else
+    // the link goes down below as well.
+    if (iptables_works(ns, "ip6tables")) {
+      if (auto s = add_rule(ns, {"INPUT", "-i", "eth0", "-j", "DROP"}, "ip6tables"); !s.ok())
+        return s;
+      return add_rule(ns, {"OUTPUT", "-o", "eth0", "-j", "DROP"}, "ip6tables");
+    }
   }
   // No iptables: the link goes down (the host's own sends then fail at once, the peers'
   // packets are still dropped silently).
@@ -348,6 +374,12 @@ absl::Status heal_ns(const std::string& ns) {
   if (iptables_works(ns)) {
     if (auto s = remove_rule(ns, {"INPUT", "-i", "eth0", "-j", "DROP"}); !s.ok()) return s;
     if (auto s = remove_rule(ns, {"OUTPUT", "-o", "eth0", "-j", "DROP"}); !s.ok()) return s;
+    if (iptables_works(ns, "ip6tables")) {
+      if (auto s = remove_rule(ns, {"INPUT", "-i", "eth0", "-j", "DROP"}, "ip6tables"); !s.ok())
+        return s;
+      if (auto s = remove_rule(ns, {"OUTPUT", "-o", "eth0", "-j", "DROP"}, "ip6tables"); !s.ok())
+        return s;
+    }
   }
   auto veth = bridge_side(ns);
   if (!veth.ok()) return veth.status();
@@ -357,17 +389,21 @@ absl::Status heal_ns(const std::string& ns) {
 absl::Status cut_between_ns(const std::string& ns, const std::string& peer_addr) {
   if (!iptables_works(ns))
     return absl::UnimplementedError("cut_between: iptables does not work in " + ns);
-  if (auto s = add_rule(ns, {"INPUT", "-i", "eth0", "-s", peer_addr, "-j", "DROP"}); !s.ok())
+  const char* which = peer_addr.find(':') != std::string::npos ? "ip6tables" : "iptables";
+  if (auto s = add_rule(ns, {"INPUT", "-i", "eth0", "-s", peer_addr, "-j", "DROP"}, which);
+      !s.ok())
     return s;
-  return add_rule(ns, {"OUTPUT", "-o", "eth0", "-d", peer_addr, "-j", "DROP"});
+  return add_rule(ns, {"OUTPUT", "-o", "eth0", "-d", peer_addr, "-j", "DROP"}, which);
 }
 
 absl::Status heal_between_ns(const std::string& ns, const std::string& peer_addr) {
   if (!iptables_works(ns))
     return absl::UnimplementedError("heal_between: iptables does not work in " + ns);
-  if (auto s = remove_rule(ns, {"INPUT", "-i", "eth0", "-s", peer_addr, "-j", "DROP"}); !s.ok())
+  const char* which = peer_addr.find(':') != std::string::npos ? "ip6tables" : "iptables";
+  if (auto s = remove_rule(ns, {"INPUT", "-i", "eth0", "-s", peer_addr, "-j", "DROP"}, which);
+      !s.ok())
     return s;
-  return remove_rule(ns, {"OUTPUT", "-o", "eth0", "-d", peer_addr, "-j", "DROP"});
+  return remove_rule(ns, {"OUTPUT", "-o", "eth0", "-d", peer_addr, "-j", "DROP"}, which);
 }
 
 absl::Status rate_limit_ns(const std::string& ns, int kbit) {

@@ -47,6 +47,9 @@ class HostNet {
 
   int size() const { return static_cast<int>(hosts_.size()); }
   std::string addr(int i) const;      // "198.18.x.<i+1>"
+  // Host i's IPv6 address, "2001:db8:<x>::<i+1>" (RFC 3849, documentation), no DAD wait; its
+  // name in every host's /etc/hosts is hostname(i) + "-v6" (hostname(i) is IPv4 only).
+  std::string addr6(int i) const;
   std::string hostname(int i) const;  // "node<i>"
   std::string ns(int i) const;        // the network namespace's name (ip netns list)
   std::string gateway() const;        // the bridge's address, "198.18.x.254"
@@ -94,6 +97,7 @@ class HostNet {
   absl::Status check(int i) const;
 
   std::string prefix_;  // "198.18.x"
+  std::string prefix6_;  // "2001:db8:<x>"
   std::string tag_;
   std::string bridge_;
   bool bridge_made_ = false;
