@@ -575,6 +575,33 @@ TEST_CASE("launch: an absent rendezvous server is an error after read_timeout",
   CHECK_THAT(p.err(), Catch::Contains("rendezvous server at " + ep + " not reachable within 1 s"));
 }
 
+TEST_CASE("launch: a server that accepts but never answers was never reached, not lost",
+          "[launch]") {
+  // A frozen rdzvd: the kernel still completes TCP handshakes on its port, nothing answers.
+  Proc rdzvd({kRdzvd, "--listen", "127.0.0.1:0"});
+  REQUIRE(rdzvd.wait_output(
+      [](const std::string& out, const std::string&) { return out.find('\n') != std::string::npos; },
+      30s));
+  std::smatch m;
+  REQUIRE(std::regex_search(rdzvd.out(), m, std::regex(R"(listening on port (\d+))")));
+  const std::string ep = "127.0.0.1:" + m[1].str();
+  REQUIRE(::kill(rdzvd.pid(), SIGSTOP) == 0);
+  Proc p(launch_args({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=" + ep,
+                      "--rdzv_id=job", "--rdzv_conf=is_host=false,read_timeout=3"},
+                     {"wait"}));
+  CHECK(p.wait(30s) == 1);
+  INFO(p.err());
+  CHECK(p.err().find("lost the server") == std::string::npos);
+  const bool never = p.err().find("never reached the server at " + ep) != std::string::npos;
+  const bool unreachable =
+      p.err().find("rendezvous server at " + ep + " not reachable within 3 s") != std::string::npos;
+  CHECK((never || unreachable));
+  CHECK(std::count(p.err().begin(), p.err().end(), '\n') == 1);
+  ::kill(rdzvd.pid(), SIGCONT);
+  ::kill(rdzvd.pid(), SIGTERM);
+  CHECK(rdzvd.wait(30s) == 0);
+}
+
 TEST_CASE("launch: SIGTERM while a hosting launch closes ends the close at once and removes "
           "its temporary folder",
           "[launch][signals]") {
