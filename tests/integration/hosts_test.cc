@@ -178,6 +178,32 @@ TEST_CASE("hosts: a blip shorter than the run's window restarts nothing", "[host
   for (Proc* p : {&a, &b}) stop(*p);
 }
 
+TEST_CASE("hosts: a 17 s blip under a 60 s window restarts nothing (no fixed transport rule)",
+          "[hosts][slow]") {
+  // gRPC's transport keep-alive used to end the streams after 10 s + 5 s, whatever the run's
+  // window: the user's rule must be the one that decides.
+  auto net = make_hosts(2);
+  const std::string ep = net->hostname(0) + ":" + std::to_string(free_port());
+  const std::vector<std::string> conf{"--rdzv_conf=keep_alive_interval=10,keep_alive_max_attempt=6"};
+  Proc a(net->wrap(0, launch_args(c10d(ep, "2", 1, conf), {"wait"})));
+  Proc b(net->wrap(1, launch_args(c10d(ep, "2", 1, conf), {"wait"})));
+  for (Proc* p : {&a, &b}) REQUIRE(p->wait_output(has_ready(1, "world 2"), 60s));
+  REQUIRE(net->cut(1).ok());
+  // The blip's length is the test's input: a silent host past the old 15 s transport rule.
+  CHECK_FALSE(a.wait_output(has("restarting"), 17s));
+  REQUIRE(net->heal(1).ok());
+  // TCP's backoff delays the first packet through by up to ~10 s more; still inside 60 s.
+  CHECK_FALSE(b.wait_output(has("lost the server"), 12s));
+  for (Proc* p : {&a, &b}) {
+    INFO(p->err());
+    CHECK(p->err().find("restarting") == std::string::npos);
+    CHECK(p->err().find("lost the server") == std::string::npos);
+    CHECK(ready_pids(p->out()).size() == 1);
+    CHECK(alive(ready_pids(p->out()).at(0)));
+  }
+  for (Proc* p : {&a, &b}) stop(*p);
+}
+
 TEST_CASE("hosts: the hosting host cut off from both others trains alone (nnodes=1:3)",
           "[hosts]") {
   auto net = make_hosts(3);
