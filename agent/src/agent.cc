@@ -360,6 +360,7 @@ class Agent::Impl {
       spec.round = a.round();
       spec.node_addr = opts_.host;
       spec.token = opts_.token;
+      spec.signals_to_handle = opts_.signals_to_handle;
       SpawnRequest req{opts_.program_path, opts_.argv,
                        to_envp(build_worker_env(opts_.base_env, spec)),
                        opts_.supervisor != nullptr ? opts_.supervisor->cgroup_procs_fd() : -1};

@@ -41,6 +41,7 @@ std::map<std::string, std::string> build_worker_env(const std::map<std::string, 
   // Our store is not a c10d TCPStore on MASTER_PORT: workers must create their own.
   set("TORCHELASTIC_USE_AGENT_STORE", "False");
   set("TORCHELASTIC_ERROR_FILE", s.error_file);
+  set("TORCHELASTIC_SIGNALS_TO_HANDLE", s.signals_to_handle);
   set_if_unset("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   set_if_unset("NCCL_ASYNC_ERROR_HANDLING", "1");
   if (s.local_world_size > 1) set_if_unset("OMP_NUM_THREADS", "1");

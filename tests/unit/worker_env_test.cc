@@ -24,6 +24,7 @@ TEST_CASE("worker env: every contract variable, as torchrun computes it", "[env]
   s.round = 5;
   s.node_addr = "node2";
   s.token = "t0k";
+  s.signals_to_handle = "SIGTERM,SIGUSR1";
   auto env = build_worker_env({{"PATH", "/bin"}, {"RANK", "stale"}}, s);
   const std::map<std::string, std::string> expected{
       {"PATH", "/bin"},
@@ -43,6 +44,7 @@ TEST_CASE("worker env: every contract variable, as torchrun computes it", "[env]
       {"TORCHELASTIC_RUN_ID", "job42"},
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"TORCHELASTIC_ERROR_FILE", "/tmp/x/attempt_1/2/error.json"},
+      {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGUSR1"},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
       {"NCCL_ASYNC_ERROR_HANDLING", "1"},
       {"OMP_NUM_THREADS", "1"},
@@ -86,4 +88,9 @@ TEST_CASE("worker env: the store's Unix socket only for workers with the server'
   CHECK(store_target_for_workers(local, "boot-a net:[2]", here, tcp) == tcp);  // another namespace
   CHECK(store_target_for_workers("", here, here, tcp) == tcp);                 // no local socket
   CHECK(store_target_for_workers(local, "", "", tcp) == tcp);                  // identity unknown
+}
+
+TEST_CASE("worker env: TORCHELASTIC_SIGNALS_TO_HANDLE defaults to torchrun's signals", "[env]") {
+  auto env = build_worker_env({{"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGUSR2"}}, WorkerEnvSpec{});
+  CHECK(env["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
 }

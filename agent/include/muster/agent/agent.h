@@ -61,6 +61,7 @@ struct AgentOptions {
   std::vector<bool> console_of;  // empty: every rank reaches the console
   std::string own_error_file;    // launch's own TORCHELASTIC_ERROR_FILE, written on failure
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // as given, for the workers
   // What keeps the job's descendants from outliving it (owned by main; may be null): each
   // worker joins its cgroup and its process group is tracked.
   JobSupervisor* supervisor = nullptr;

@@ -27,6 +27,9 @@ struct WorkerEnvSpec {
   int round = 0;
   std::string node_addr;  // how other nodes reach this one (MUSTER_NODE_ADDR)
   std::string token;      // the run's credential, when it has one (MUSTER_RDZV_TOKEN)
+  // --signals_to_handle as given (TORCHELASTIC_SIGNALS_TO_HANDLE, torchrun 2.x: the signals
+  // torch's own process contexts in a worker then handle).
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
 };
 
 // Where workers reach the store: the server's Unix-domain target when the server runs with this
