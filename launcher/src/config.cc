@@ -12,6 +12,8 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -19,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "muster/rendezvous/limits.h"
@@ -67,6 +70,12 @@ absl::Status resolve_nproc(LaunchConfig& c, const HostInfo& host) {
       return absl::InvalidArgumentError("--nproc_per_node=gpu: no CUDA device is visible");
     }
     c.nproc_per_node = gpus > 0 ? gpus : host.cpu_count;
+  } else if (v == "xpu" || v == "npu" || v == "hpu" || v == "mtia" || v == "mps" ||
+             v == "musa" || v == "privateuseone") {
+    // Accelerators torchrun counts through torch; launch has no way to count them.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nproc_per_node=", v, ": launch counts only CUDA devices (gpu, auto) and CPUs (cpu); "
+        "give the number of workers"));
   } else {
     auto n = parse_positive("--nproc_per_node", v);
     if (!n.ok()) {
@@ -120,6 +129,80 @@ absl::StatusOr<std::chrono::milliseconds> parse_seconds(absl::string_view key, a
   return to_duration(absl::StrCat("--rdzv_conf ", key), secs, max);
 }
 
+// argparse's ways with long flags, which CLI11 lacks, applied to launch's own arguments (up
+// to the program): a unique prefix names its flag (both spellings of one flag are one flag),
+// and `--flag=` is an empty value, passed to CLI11 as a separate "" so that it never takes
+// the next argument. Unknown flags are left for CLI11 to name.
+absl::StatusOr<std::vector<std::string>> expand_long_flags(const CLI::App& app,
+                                                           const std::vector<std::string>& args) {
+  std::map<std::string, const CLI::Option*> long_names, short_names;
+  for (const CLI::Option* o : app.get_options()) {
+    for (const std::string& n : o->get_lnames()) long_names.emplace(n, o);
+    for (const std::string& n : o->get_snames()) short_names.emplace(n, o);
+  }
+  auto takes_value = [](const CLI::Option* o) { return o->get_items_expected_min() > 0; };
+  std::vector<std::string> out;
+  std::size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--" || a.size() < 2 || a[0] != '-') break;  // the program: the rest is its own
+    if (a[1] != '-') {  // a short flag: -r and -t take the next argument unless attached (-r3)
+      out.push_back(a);
+      auto it = short_names.find(a.substr(1));
+      if (it != short_names.end() && takes_value(it->second) && i + 1 < args.size()) {
+        out.push_back(args[++i]);
+      }
+      continue;
+    }
+    const auto eq = a.find('=');
+    const std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const CLI::Option* opt = nullptr;
+    std::string full = name;
+    if (auto exact = long_names.find(name); exact != long_names.end()) {
+      opt = exact->second;
+    } else {
+      std::vector<std::string> candidates;  // the first matching name of each flag
+      std::set<const CLI::Option*> flags;
+      for (auto it = long_names.lower_bound(name);
+           it != long_names.end() && absl::StartsWith(it->first, name); ++it) {
+        if (flags.insert(it->second).second) {
+          candidates.push_back("--" + it->second->get_lnames().front());  // its first spelling
+        }
+      }
+      if (candidates.size() > 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ambiguous option '--", name, "' could match ", absl::StrJoin(candidates, ", ")));
+      }
+      if (candidates.size() == 1) {
+        opt = *flags.begin();
+        full = opt->get_lnames().front();
+      }
+    }
+    if (opt == nullptr) {
+      out.push_back(a);
+      continue;
+    }
+    if (eq == std::string::npos) {
+      out.push_back("--" + full);
+      if (takes_value(opt) && i + 1 < args.size()) out.push_back(args[++i]);
+    } else if (eq + 1 == a.size() && takes_value(opt)) {
+      out.push_back("--" + full);
+      out.push_back("");
+    } else {
+      out.push_back(absl::StrCat("--", full, a.substr(eq)));
+    }
+  }
+  out.insert(out.end(), args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  return out;
+}
+
+// CLI11 turns an empty value into 0 for a number; argparse refuses it, and so does launch.
+CLI::Validator not_empty() {
+  return CLI::Validator(
+      [](std::string& v) { return v.empty() ? std::string("expected a number, got ''") : ""; },
+      "", "not empty");
+}
+
 constexpr int kDefaultRdzvPort = 29400;
 constexpr int kDefaultMasterPort = 29500;
 
@@ -160,7 +243,7 @@ absl::StatusOr<Endpoint> parse_endpoint(const std::string& text, int default_por
   }
   if (e.host.empty()) return bad("has no host");
   e.port = default_port;
-  if (!port.empty() && (!absl::SimpleAtoi(port, &e.port) || e.port < 1 || e.port > 65535)) {
+  if (!port.empty() && (!absl::SimpleAtoi(port, &e.port) || e.port < 0 || e.port > 65535)) {
     return bad("has a bad port");
   }
   return e;
@@ -168,14 +251,24 @@ absl::StatusOr<Endpoint> parse_endpoint(const std::string& text, int default_por
 
 absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
   RdzvConf c;
-  if (text.empty()) return c;
-  for (absl::string_view item : absl::StrSplit(text, ',')) {
+  absl::string_view all = absl::StripAsciiWhitespace(text);
+  // One pair of quotes around the whole text, as a shell-less caller passes it through.
+  if (all.size() >= 2 && (all.front() == '\'' || all.front() == '"') && all.back() == all.front()) {
+    all = absl::StripAsciiWhitespace(all.substr(1, all.size() - 2));
+  }
+  if (all.empty()) return c;
+  for (absl::string_view raw : absl::StrSplit(all, ',')) {
+    absl::string_view item = absl::StripAsciiWhitespace(raw);
     if (item.empty()) continue;
     auto eq = item.find('=');
     if (eq == absl::string_view::npos) {
       return absl::InvalidArgumentError(absl::StrCat("--rdzv_conf: '", item, "' is not key=value"));
     }
-    absl::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
+    absl::string_view key = absl::StripAsciiWhitespace(item.substr(0, eq));
+    absl::string_view value = absl::StripAsciiWhitespace(item.substr(eq + 1));
+    if (key.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--rdzv_conf: '", item, "' has no key"));
+    }
     auto seconds = [&](std::chrono::milliseconds& into,
                        std::chrono::milliseconds max) -> absl::Status {
       auto v = parse_seconds(key, value, max);
@@ -221,10 +314,9 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
         st = absl::InvalidArgumentError(
             absl::StrCat("--rdzv_conf is_host: expected true or false, got '", value, "'"));
     } else {
-      st = absl::InvalidArgumentError(absl::StrCat(
-          "--rdzv_conf: unknown key '", key,
-          "' (known: join_timeout, last_call_timeout, close_timeout, keep_alive_interval, "
-          "keep_alive_max_attempt, read_timeout, token, is_host)"));
+      // torchrun hands every key to its backend: `timeout`, `heartbeat_timeout`,
+      // `store_type`, `use_libuv`, a custom backend's own. None changes anything here.
+      c.ignored_keys.emplace_back(key);
     }
     if (!st.ok()) return st;
   }
@@ -301,6 +393,16 @@ absl::Status resolve_rendezvous(LaunchConfig& c) {
   auto ep = parse_endpoint(c.rdzv_endpoint, kDefaultRdzvPort);
   if (!ep.ok()) return ep.status();
   c.endpoint = *ep;
+  if (c.endpoint.port == 0) {
+    // torchrun's recipe for several single-node jobs on one host: the agent hosts the server
+    // on a port the kernel picks. Nobody else has to find it, so nobody else may be expected.
+    if (c.max_nodes > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--rdzv_endpoint: port 0 (a free port) is for a single node (--nnodes=1); other nodes "
+          "could not find it"));
+    }
+    c.mode = RdzvMode::kEmbedded;
+  }
   return absl::OkStatus();
 }
 
@@ -336,6 +438,15 @@ absl::Status resolve_output(LaunchConfig& c) {
   if (!tee.ok()) return tee.status();
   c.redirect_of = *redirects;
   c.tee_of = *tee;
+  if (c.log_dir == "/dev/null") {
+    // torchrun's "no files": every stream stays on the console, nothing is written.
+    c.log_dir.clear();
+    std::fill(c.redirect_of.begin(), c.redirect_of.end(), 0);
+    std::fill(c.tee_of.begin(), c.tee_of.end(), 0);
+  }
+  // torchrun tees by redirecting to the file and tailing it: a teed stream reaches the
+  // console even when it is also redirected.
+  for (int r = 0; r < c.nproc_per_node; ++r) c.redirect_of[r] &= ~c.tee_of[r];
   c.console_of.assign(c.nproc_per_node, c.local_ranks_filter.empty());
   if (!c.local_ranks_filter.empty()) {
     for (absl::string_view r : absl::StrSplit(c.local_ranks_filter, ',')) {
@@ -401,10 +512,14 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
       kRdzv);
   pet(app.add_option("--max_restarts,--max-restarts", c.max_restarts,
                      "Restarts of the worker group before the job fails"),
-      kWorkers);
-  pet(app.add_option("--shutdown_timeout,--shutdown-timeout", shutdown_s,
-                     "Seconds between SIGTERM and SIGKILL when stopping workers"),
-      kWorkers);
+      kWorkers)
+      ->check(not_empty());
+  CLI::Option* shutdown_opt =
+      pet(app.add_option("--shutdown_timeout,--shutdown-timeout", shutdown_s,
+                         "Seconds between SIGTERM and SIGKILL when stopping workers (default "
+                         "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)"),
+          kWorkers)
+          ->check(not_empty());
   pet(app.add_option("--signals_to_handle,--signals-to-handle", c.signals_to_handle,
                      "Signals forwarded to the workers (comma-separated names)"),
       kWorkers);
@@ -419,18 +534,20 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   pet(app.add_option("--rdzv_conf,--rdzv-conf", c.rdzv_conf_text,
                      "key=value,... : join_timeout, last_call_timeout, close_timeout, "
                      "keep_alive_interval, keep_alive_max_attempt, read_timeout (seconds), "
-                     "token, is_host"),
+                     "token, is_host (other torchrun keys: accepted, ignored, warned about)"),
       kRdzv);
   pet(app.add_option("--local_addr,--local-addr", c.local_addr,
                      "This node's address as other nodes reach it (default: its FQDN)"),
       kRdzv);
-  pet(app.add_option("--node_rank,--node-rank", c.node_rank, "This node's rank"), kStatic);
+  pet(app.add_option("--node_rank,--node-rank", c.node_rank, "This node's rank"), kStatic)
+      ->check(not_empty());
   pet(app.add_option("--master_addr,--master-addr", c.master_addr,
                      "Workers' MASTER_ADDR (default 127.0.0.1)"),
       kStatic);
   pet(app.add_option("--master_port,--master-port", c.master_port,
                      "Workers' MASTER_PORT (default 29500)"),
-      kStatic);
+      kStatic)
+      ->check(not_empty());
   pet(app.add_flag("-m,--module", c.module, "Run PROGRAM as a Python module (python3 -u -m)"),
       kProgram);
   pet(app.add_flag("--no_python,--no-python", c.no_python, "Run PROGRAM directly, not via python"),
@@ -453,12 +570,14 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
                      "Only these local ranks reach the console, e.g. 0 or 0,2"),
       kLogs);
   pet(app.add_option("--event_log_handler,--event-log-handler", c.event_log_handler,
-                     "Where events are logged: console (launch's log) or null"),
+                     "Where events are logged: console (launch's log), null or "
+                     "dynamic_rendezvous (as null, torchrun's)"),
       kLogs)
-      ->check(CLI::IsMember({"console", "null"}));
+      ->check(CLI::IsMember({"console", "null", "dynamic_rendezvous"}));
   pet(app.add_option("--monitor_interval,--monitor-interval", c.monitor_interval,
                      "Accepted (worker exits are events here)"),
-      kCompat);
+      kCompat)
+      ->check(not_empty());
   pet(app.add_option("--start_method,--start-method", c.start_method,
                      "Accepted (workers are always fork+exec'd)"),
       kCompat)
@@ -468,7 +587,12 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
                      "Refused: a Python plug-in hook (use --log_dir, --redirects, --tee)"),
       kCompat);
 
-  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  auto expanded = expand_long_flags(app, args);
+  if (!expanded.ok()) {
+    result.error = expanded.status();
+    return result;
+  }
+  std::vector<std::string> reversed(expanded->rbegin(), expanded->rend());
   try {
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {
@@ -510,11 +634,23 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
     result.error = absl::InvalidArgumentError("--max_restarts: must be 0 or more");
     return result;
   }
+  // torchrun's order: the flag (or PET_SHUTDOWN_TIMEOUT), then TORCH_ELASTIC_SHUTDOWN_TIMEOUT.
+  std::string shutdown_from = "--shutdown_timeout";
+  if (const char* env = std::getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+      env != nullptr && shutdown_opt->count() == 0) {
+    shutdown_from = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT";
+    if (!absl::SimpleAtod(env, &shutdown_s)) {
+      result.error = absl::InvalidArgumentError(
+          absl::StrCat("TORCH_ELASTIC_SHUTDOWN_TIMEOUT: expected seconds, got '", env, "'"));
+      return result;
+    }
+  }
   if (!(shutdown_s >= 0) || !std::isfinite(shutdown_s)) {
-    result.error = absl::InvalidArgumentError("--shutdown_timeout: must be 0 or more seconds");
+    result.error =
+        absl::InvalidArgumentError(absl::StrCat(shutdown_from, ": must be 0 or more seconds"));
     return result;
   }
-  if (auto d = to_duration("--shutdown_timeout", shutdown_s, limits::kMaxShutdownTimeout);
+  if (auto d = to_duration(shutdown_from, shutdown_s, limits::kMaxShutdownTimeout);
       d.ok()) {
     c.shutdown_timeout = *d;
   } else {
@@ -595,6 +731,22 @@ absl::StatusOr<Entrypoint> resolve_entrypoint(const LaunchConfig& c,
   }
   e.argv.insert(e.argv.end(), c.program_args.begin(), c.program_args.end());
   return e;
+}
+
+absl::StatusOr<std::string> resolve_log_level(const char* muster_log_level, const char* loglevel) {
+  if (muster_log_level != nullptr) return std::string(muster_log_level);
+  if (loglevel == nullptr) return std::string("warning");
+  const std::string v = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(loglevel));
+  static constexpr std::pair<const char*, const char*> kPython[] = {
+      {"NOTSET", "trace"}, {"DEBUG", "debug"},       {"INFO", "info"},
+      {"WARNING", "warning"}, {"WARN", "warning"},   {"ERROR", "error"},
+      {"CRITICAL", "critical"}, {"FATAL", "critical"},
+  };
+  for (const auto& [python, spd] : kPython) {
+    if (v == python) return std::string(spd);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "LOGLEVEL: '", loglevel, "' is not a log level (DEBUG, INFO, WARNING, ERROR, CRITICAL)"));
 }
 
 int detect_gpu_count() {

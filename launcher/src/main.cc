@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_format.h"
 #include "muster/agent/agent.h"
@@ -61,15 +62,17 @@ std::string random_uuid() {
                          w[2] >> 16, w[2] & 0xffff, w[3]);
 }
 
-void setup_logging() {
+// MUSTER_LOG_LEVEL, else torchrun's LOGLEVEL, else warnings and errors only.
+absl::Status setup_logging() {
   auto logger = spdlog::stderr_logger_st("launch");
   logger->set_pattern("[launch] %l: %v");
-  spdlog::level::level_enum level = spdlog::level::warn;
-  if (const char* v = std::getenv("MUSTER_LOG_LEVEL"); v != nullptr) {
-    level = spdlog::level::from_str(v);
-  }
-  logger->set_level(level);
+  logger->set_level(spdlog::level::warn);
   spdlog::set_default_logger(logger);
+  auto level = muster::launcher::resolve_log_level(std::getenv("MUSTER_LOG_LEVEL"),
+                                                   std::getenv("LOGLEVEL"));
+  if (!level.ok()) return level.status();
+  logger->set_level(spdlog::level::from_str(*level));
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -84,7 +87,7 @@ int main(int argc, char** argv) {
   // Debian's abseil checks every absl::Mutex (gRPC's too) for lock-order cycles; not needed
   // on the embedded server's hot path.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  setup_logging();
+  const absl::Status logging = setup_logging();
   muster::rendezvous::route_grpc_logs_to_spdlog();
   if (supervisor) {
     spdlog::info("job supervisor pid {}; containment: {}", supervisor->pid(),
@@ -102,8 +105,14 @@ int main(int argc, char** argv) {
     std::fputs(parsed.help.c_str(), stdout);
     return 0;
   }
+  if (!logging.ok()) return usage_error(logging);
   if (!parsed.error.ok()) return usage_error(parsed.error);
   const LaunchConfig& cfg = *parsed.config;
+  if (!cfg.rdzv_conf.ignored_keys.empty()) {
+    spdlog::warn("--rdzv_conf: {} {} nothing in launch; ignored",
+                 absl::StrJoin(cfg.rdzv_conf.ignored_keys, ", "),
+                 cfg.rdzv_conf.ignored_keys.size() == 1 ? "does" : "do");
+  }
 
   std::map<std::string, std::string> env = muster::agent::current_environment();
   auto entry = muster::launcher::resolve_entrypoint(cfg, env);
@@ -222,6 +231,7 @@ int main(int argc, char** argv) {
   opts.argv = entry->argv;
   opts.entrypoint_name = entry->name;
   opts.shutdown_timeout = cfg.shutdown_timeout;
+  opts.signals_to_handle = cfg.signals_to_handle;
   opts.error_dir = tmpl;
   opts.redirect_of = cfg.redirect_of;
   opts.tee_of = cfg.tee_of;

@@ -263,6 +263,10 @@ TEST_CASE("launch: bad usage is one line on stderr, exit 2, nothing spawned", "[
       {kLaunch, "--standalone", plain},
       {kLaunch, "--standalone", "no-such-program-anywhere"},
       {kLaunch, "--standalone"},
+      {kLaunch, "--standalone", "--no", kWorker, "env", dir.path()},               // ambiguous
+      {kLaunch, "--standalone", "--max_restarts=", kWorker, "env", dir.path()},    // empty number
+      {kLaunch, "--standalone", "--nproc_per_node=xpu", kWorker, "env", dir.path()},
+      {kLaunch, "--standalone", "--rdzv_conf=join_timeout=soon", kWorker, "env", dir.path()},
   };
   for (const auto& argv : cases) {
     Proc p(argv);
@@ -327,7 +331,7 @@ TEST_CASE("launch: --log_dir keeps torchrun's layout; --tee, --redirects, --loca
           "[launch][logs]") {
   TempDir logs;
   Proc p(launch_args({"--standalone", "--nproc_per_node=3", "--log_dir=" + logs.path(),
-                      "--tee=1", "--redirects=2:1", "--local_ranks_filter=0,2", "--rdzv_id=x"},
+                      "--tee=0:1,1:1", "--redirects=2:1", "--local_ranks_filter=0,2", "--rdzv_id=x"},
                      {"spew", "300"}));
   REQUIRE(p.wait() == 0);
   const std::string run = run_log_dir(logs.path());
@@ -630,4 +634,171 @@ TEST_CASE("launch: SIGTERM while a hosting launch closes ends the close at once 
   // b lost its server and waits out its grace for a worker that ignores SIGTERM: end it.
   ::kill(b.pid(), SIGKILL);
   CHECK(b.wait(20s) == 128 + SIGKILL);
+}
+
+// --- issue 12: what a torchrun user types ------------------------------------------------
+
+TEST_CASE("launch: --flag= is an empty value, not the next argument", "[launch][compat]") {
+  Proc p({kLaunch, "--standalone", "--rdzv_id=", "/bin/echo", "HI"});
+  REQUIRE(p.wait() == 0);
+  CHECK(p.out() == "[default0]:HI\n");
+}
+
+TEST_CASE("launch: prefixes of long flags work; an ambiguous one names the candidates",
+          "[launch][compat]") {
+  Proc p({kLaunch, "--stand", "--nproc", "2", "/bin/echo", "HI"});
+  REQUIRE(p.wait() == 0);
+  CHECK(count_lines_with(p.out(), "]:HI") == 2);
+  Proc bad({kLaunch, "--standalone", "--no", "/bin/echo", "HI"});
+  CHECK(bad.wait() == 2);
+  CHECK(bad.err() == "launch: error: ambiguous option '--no' could match --no_python, --node_rank\n");
+  CHECK(bad.out().empty());
+}
+
+TEST_CASE("launch: -r 3 -t 3 tees: file and console, as torchrun", "[launch][logs][compat]") {
+  TempDir logs;
+  const std::vector<std::string> program{"/bin/sh", "-c", "echo out; echo err >&2"};
+  auto run = [&](const std::string& redirects, const std::string& tee) {
+    std::vector<std::string> argv{kLaunch, "--standalone", "--log_dir=" + logs.path(), "-r",
+                                  redirects, "-t", tee};
+    argv.insert(argv.end(), program.begin(), program.end());
+    return argv;
+  };
+  SECTION("both streams teed") {
+    Proc p(run("3", "3"));
+    REQUIRE(p.wait() == 0);
+    CHECK_THAT(p.out(), Catch::Contains("[default0]:out\n"));
+    CHECK_THAT(p.err(), Catch::Contains("[default0]:err\n"));
+    const std::string dir = run_log_dir(logs.path()) + "/attempt_0/0";
+    CHECK(read_file(dir + "/stdout.log") == "out\n");
+    CHECK(read_file(dir + "/stderr.log") == "err\n");
+  }
+  SECTION("stdout teed, stderr only redirected") {
+    Proc p(run("3", "1"));
+    REQUIRE(p.wait() == 0);
+    CHECK_THAT(p.out(), Catch::Contains("[default0]:out\n"));
+    CHECK(p.err().find("[default0]:err") == std::string::npos);
+    const std::string dir = run_log_dir(logs.path()) + "/attempt_0/0";
+    CHECK(read_file(dir + "/stdout.log") == "out\n");
+    CHECK(read_file(dir + "/stderr.log") == "err\n");
+  }
+}
+
+TEST_CASE("launch: --log_dir=/dev/null writes no files, output stays on the console",
+          "[launch][logs][compat]") {
+  TempDir tmp;
+  Proc p({kLaunch, "--standalone", "--log_dir=/dev/null", "-r", "3", "/bin/sh", "-c",
+          "echo out; echo err >&2; echo \"$TORCHELASTIC_ERROR_FILE\""},
+         Env{{"TMPDIR", tmp.path()}});
+  REQUIRE(p.wait() == 0);
+  CHECK_THAT(p.out(), Catch::Contains("[default0]:out\n"));
+  CHECK_THAT(p.err(), Catch::Contains("[default0]:err\n"));
+  CHECK(p.err().find("worker logs") == std::string::npos);
+  // The error file lived in launch's private folder, removed at exit: nothing is left.
+  CHECK(std::filesystem::is_empty(tmp.path()));
+  CHECK(std::filesystem::is_character_file("/dev/null"));
+}
+
+TEST_CASE("launch: --rdzv_conf takes torchrun's pass-through keys and quotes, warning once",
+          "[launch][compat]") {
+  Proc p({kLaunch, "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--nnodes=1",
+          "--rdzv_conf='join_timeout=5,last_call_timeout=1,timeout=5,use_libuv=1'", "/bin/echo",
+          "HI"});
+  REQUIRE(p.wait() == 0);
+  CHECK(p.out() == "[default0]:HI\n");
+  CHECK(p.err() == "[launch] warning: --rdzv_conf: timeout, use_libuv do nothing in launch; "
+                   "ignored\n");
+}
+
+TEST_CASE("launch: --rdzv_endpoint=localhost:0 picks a free port; two such jobs run together",
+          "[launch][compat]") {
+  TempDir a, b;
+  const std::vector<std::string> flags{"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0",
+                                       "--nnodes=1", "--nproc_per_node=2"};
+  auto with_id = [&](const std::string& id) {
+    std::vector<std::string> f = flags;
+    f.push_back("--rdzv_id=" + id);
+    return f;
+  };
+  Proc pa(launch_args(with_id("job-a"), {"env", a.path()}));
+  Proc pb(launch_args(with_id("job-b"), {"env", b.path()}));
+  REQUIRE(pa.wait() == 0);
+  REQUIRE(pb.wait() == 0);
+  auto ea = read_env_file(a.file("env.1"));
+  auto eb = read_env_file(b.file("env.1"));
+  CHECK(ea["TORCHELASTIC_RUN_ID"] == "job-a");
+  CHECK(eb["TORCHELASTIC_RUN_ID"] == "job-b");
+  CHECK(ea["WORLD_SIZE"] == "2");
+  CHECK(ea["MUSTER_STORE_ADDR"] != eb["MUSTER_STORE_ADDR"]);  // a server each
+  Proc many({kLaunch, "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--nnodes=1:2",
+             "/bin/echo", "HI"});
+  CHECK(many.wait() == 2);
+  CHECK_THAT(many.err(), Catch::StartsWith("launch: error: --rdzv_endpoint: port 0"));
+}
+
+TEST_CASE("launch: TORCH_ELASTIC_SHUTDOWN_TIMEOUT sets the grace; the flag wins",
+          "[launch][compat]") {
+  TempDir dir;
+  auto stop_after = [&](const std::vector<std::string>& flags, const std::string& env_value) {
+    std::vector<std::string> f{"--standalone", "--nproc_per_node=1"};
+    f.insert(f.end(), flags.begin(), flags.end());
+    Proc p(launch_args(f, {"term", dir.path(), "ignore"}),
+           Env{{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", env_value}});
+    REQUIRE(p.wait_output(has_ready(1), 30s));
+    auto t0 = std::chrono::steady_clock::now();
+    ::kill(p.pid(), SIGTERM);
+    REQUIRE(p.wait(60s) == 143);
+    return std::chrono::steady_clock::now() - t0;
+  };
+  SECTION("the variable alone: 2 s, not 30") {
+    auto took = stop_after({}, "2");
+    CHECK(took >= 1900ms);
+    CHECK(took < 15s);
+  }
+  SECTION("the flag over the variable") {
+    auto took = stop_after({"--shutdown_timeout=0"}, "600");
+    CHECK(took < 15s);
+  }
+}
+
+TEST_CASE("launch: LOGLEVEL sets launch's log level; MUSTER_LOG_LEVEL wins", "[launch][compat]") {
+  Proc info({kLaunch, "--standalone", "/bin/true"},
+            Env{{"LOGLEVEL", "INFO"}, {"MUSTER_LOG_LEVEL", std::nullopt}});
+  REQUIRE(info.wait() == 0);
+  CHECK_THAT(info.err(), Catch::Contains("[launch] info: "));
+  Proc quiet({kLaunch, "--standalone", "/bin/true"},
+             Env{{"LOGLEVEL", "INFO"}, {"MUSTER_LOG_LEVEL", "error"}});
+  REQUIRE(quiet.wait() == 0);
+  CHECK(quiet.err().empty());
+  Proc bad({kLaunch, "--standalone", "/bin/true"},
+           Env{{"LOGLEVEL", "loud"}, {"MUSTER_LOG_LEVEL", std::nullopt}});
+  CHECK(bad.wait() == 2);
+  CHECK(bad.err() ==
+        "launch: error: LOGLEVEL: 'loud' is not a log level (DEBUG, INFO, WARNING, ERROR, "
+        "CRITICAL)\n");
+}
+
+TEST_CASE("launch: TORCHELASTIC_SIGNALS_TO_HANDLE is --signals_to_handle as given",
+          "[launch][compat]") {
+  TempDir a, b;
+  Proc dflt(launch_args({"--standalone"}, {"env", a.path()}));
+  REQUIRE(dflt.wait() == 0);
+  CHECK(read_env_file(a.file("env.0"))["TORCHELASTIC_SIGNALS_TO_HANDLE"] ==
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+  Proc mine(launch_args({"--standalone", "--signals-to-handle=SIGTERM,SIGUSR1"}, {"env", b.path()}));
+  REQUIRE(mine.wait() == 0);
+  CHECK(read_env_file(b.file("env.0"))["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGUSR1");
+}
+
+TEST_CASE("launch: --event-log-handler=dynamic_rendezvous runs; --nproc-per-node=xpu is refused",
+          "[launch][compat]") {
+  Proc ok({kLaunch, "--standalone", "--event-log-handler=dynamic_rendezvous", "/bin/echo", "HI"});
+  REQUIRE(ok.wait() == 0);
+  CHECK(ok.out() == "[default0]:HI\n");
+  Proc xpu({kLaunch, "--standalone", "--nproc-per-node=xpu", "/bin/echo", "HI"});
+  CHECK(xpu.wait() == 2);
+  CHECK(xpu.err() ==
+        "launch: error: --nproc_per_node=xpu: launch counts only CUDA devices (gpu, auto) and "
+        "CPUs (cpu); give the number of workers\n");
+  CHECK(xpu.out().empty());
 }

@@ -260,7 +260,10 @@ TEST_CASE("multinode: bad rendezvous flags are usage errors", "[multinode]") {
       {"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=[::1"},
       {"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=:29400"},
       {"--nnodes=3:2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:1"},
-      {"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:1", "--rdzv_conf=color=red"},
+      // An unknown key is accepted (torchrun passes it through); a malformed value is not.
+      {"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:1",
+       "--rdzv_conf=join_timeout=soon"},
+      {"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0"},  // port 0: one node
       {"--nnodes=2", "--rdzv_backend=c10d"},
       {"--nnodes=2", "--rdzv_backend=etcd", "--rdzv_endpoint=127.0.0.1:1"},
       {"--nnodes=1:2", "--rdzv_backend=static"},

@@ -204,7 +204,8 @@ TEST_CASE("rendezvous flags: endpoints, IPv6 in brackets, default port", "[confi
   CHECK(v6->port == 5000);
   CHECK(v6->to_string() == "[::1]:5000");
   CHECK(parse_endpoint("[fe80::1]", 29400)->port == 29400);
-  for (const char* bad : {"", ":1", "h:", "h:0", "h:70000", "h:x", "[::1", "[::1]x", "::1:5"}) {
+  CHECK(parse_endpoint("localhost:0", 29400)->port == 0);  // a free port: the caller decides
+  for (const char* bad : {"", ":1", "h:", "h:-1", "h:70000", "h:x", "[::1", "[::1]x", "::1:5"}) {
     INFO(bad);
     CHECK_FALSE(parse_endpoint(bad, 29400).ok());
   }
@@ -230,8 +231,7 @@ TEST_CASE("rendezvous flags: rdzv_conf keys and units", "[config]") {
   CHECK(d->timeouts.join_timeout == std::chrono::seconds(600));
   CHECK(d->timeouts.last_call_timeout == std::chrono::seconds(30));
   CHECK_FALSE(d->is_host.has_value());
-  CHECK_THAT(std::string(parse_rdzv_conf("colour=red").status().message()),
-             Catch::Contains("unknown key 'colour'"));
+  CHECK(d->ignored_keys.empty());
   CHECK_FALSE(parse_rdzv_conf("join_timeout=soon").ok());
   CHECK_FALSE(parse_rdzv_conf("join_timeout").ok());
   CHECK_FALSE(parse_rdzv_conf("keep_alive_max_attempt=0").ok());
@@ -356,7 +356,7 @@ TEST_CASE("flags: an explicit flag wins over PET_*", "[config]") {
 TEST_CASE("flags: output and signal options", "[config]") {
   LaunchConfig c = parse_ok({"--standalone", "--nproc_per_node=3", "-r", "0:1,2:3", "-t", "2",
                              "--local_ranks_filter=1", "--signals_to_handle=TERM,SIGUSR1", "p"});
-  CHECK(c.redirect_of == std::vector<int>{1, 0, 3});
+  CHECK(c.redirect_of == std::vector<int>{1, 0, 1});  // rank 2's stderr is teed: not redirected
   CHECK(c.tee_of == std::vector<int>{2, 2, 2});
   CHECK(c.console_of == std::vector<bool>{false, true, false});
   CHECK(c.signals == std::vector<int>{SIGTERM, SIGUSR1});
@@ -434,4 +434,182 @@ TEST_CASE("rendezvous flags: durations above their bound are usage errors naming
   }
   CHECK(parse_ok({"--shutdown_timeout=" + secs(limits::kMaxShutdownTimeout), "prog"})
             .shutdown_timeout == limits::kMaxShutdownTimeout);
+}
+
+// --- issue 12: torchrun's habits ------------------------------------------------------------
+
+TEST_CASE("flags: --flag= is an empty value and never takes the next argument", "[config]") {
+  LaunchConfig c = parse_ok({"--standalone", "--rdzv_id=", "/bin/echo", "HI"});
+  CHECK(c.rdzv_id.empty());
+  CHECK(c.program == "/bin/echo");
+  CHECK(c.program_args == std::vector<std::string>{"HI"});
+  LaunchConfig d = parse_ok({"--standalone", "--log_dir=", "--rdzv-conf=", "--local_addr=", "p"});
+  CHECK(d.log_dir.empty());
+  CHECK(d.rdzv_conf_text.empty());
+  CHECK(d.program == "p");
+  // A number cannot be empty (CLI11 would read 0: a shutdown without grace).
+  for (const char* flag : {"--max_restarts=", "--shutdown_timeout=", "--node_rank=",
+                           "--master_port=", "--monitor_interval="}) {
+    INFO(flag);
+    std::string name = std::string(flag).substr(0, std::string(flag).size() - 1);
+    CHECK_THAT(parse_err({"--standalone", flag, "p"}),
+               Catch::Contains(name) && Catch::Contains("expected a number"));
+  }
+  CHECK_THAT(parse_err({"--standalone", "--nproc_per_node=", "p"}),
+             Catch::Contains("--nproc_per_node"));
+  // The program's own "--x=" is its business.
+  CHECK(parse_ok({"--standalone", "p", "--rdzv_id=", "q"}).program_args ==
+        std::vector<std::string>{"--rdzv_id=", "q"});
+}
+
+TEST_CASE("flags: unambiguous prefixes of long flags, as argparse", "[config]") {
+  LaunchConfig c = parse_ok({"--stand", "--nproc", "2", "--redirect=3", "--max-re=4",
+                             "--rdzv_i=job", "--mod", "pkg.main", "--nproc", "9"});
+  CHECK(c.standalone);
+  CHECK(c.nproc_per_node == 2);
+  CHECK(c.redirect_of == std::vector<int>{3, 3});
+  CHECK(c.max_restarts == 4);
+  CHECK(c.rdzv_id == "job");
+  CHECK(c.module);
+  CHECK(c.program == "pkg.main");
+  CHECK(c.program_args == std::vector<std::string>{"--nproc", "9"});  // the program's own
+  // A value that looks like a prefix is a value.
+  CHECK(parse_ok({"--standalone", "--role", "--stand", "p"}).role == "--stand");
+  CHECK(parse_ok({"--standalone", "-r", "1", "--log_d", "/tmp/x", "p"}).log_dir == "/tmp/x");
+  // Ambiguous: one line naming each candidate once (one spelling per flag).
+  const std::string no = parse_err({"--standalone", "--no", "p"});
+  CHECK(no == "ambiguous option '--no' could match --no_python, --node_rank");
+  CHECK_THAT(parse_err({"--standalone", "--rdzv=x", "p"}),
+             Catch::Contains("--rdzv_backend") && Catch::Contains("--rdzv_endpoint") &&
+                 Catch::Contains("--rdzv_id") && Catch::Contains("--rdzv_conf"));
+  CHECK_THAT(parse_err({"--standalone", "--nprocs=2", "p"}), Catch::Contains("--nprocs"));
+}
+
+TEST_CASE("flags: a stream both redirected and teed is teed (torchrun's rule)", "[config]") {
+  LaunchConfig both = parse_ok({"--standalone", "--nproc_per_node=2", "-r", "3", "-t", "3", "p"});
+  CHECK(both.redirect_of == std::vector<int>{0, 0});
+  CHECK(both.tee_of == std::vector<int>{3, 3});
+  LaunchConfig out = parse_ok({"--standalone", "-r", "3", "-t", "1", "p"});
+  CHECK(out.redirect_of == std::vector<int>{2});  // stderr: file only
+  CHECK(out.tee_of == std::vector<int>{1});       // stdout: file and console
+  LaunchConfig ranks =
+      parse_ok({"--standalone", "--nproc_per_node=2", "-r", "0:3,1:2", "-t", "0:2", "p"});
+  CHECK(ranks.redirect_of == std::vector<int>{1, 2});
+  CHECK(ranks.tee_of == std::vector<int>{2, 0});
+}
+
+TEST_CASE("flags: --log_dir=/dev/null writes no files; every stream stays on the console",
+          "[config]") {
+  LaunchConfig c = parse_ok({"--standalone", "--nproc_per_node=2", "--log_dir=/dev/null", "-r",
+                             "3", "-t", "1", "--local_ranks_filter=1", "p"});
+  CHECK(c.log_dir.empty());
+  CHECK(c.redirect_of == std::vector<int>{0, 0});
+  CHECK(c.tee_of == std::vector<int>{0, 0});
+  CHECK(c.console_of == std::vector<bool>{false, true});  // the filter still applies
+}
+
+TEST_CASE("rendezvous flags: rdzv_conf accepts torchrun's pass-through keys and quotes",
+          "[config]") {
+  using muster::launcher::parse_rdzv_conf;
+  auto q = parse_rdzv_conf("'join_timeout=5,last_call_timeout=1,timeout=5'");
+  REQUIRE(q.ok());
+  CHECK(q->timeouts.join_timeout == std::chrono::seconds(5));
+  CHECK(q->timeouts.last_call_timeout == std::chrono::seconds(1));
+  CHECK(q->ignored_keys == std::vector<std::string>{"timeout"});
+  auto dq = parse_rdzv_conf("\" join_timeout = 7 , read_timeout=3 \"");
+  REQUIRE(dq.ok());
+  CHECK(dq->timeouts.join_timeout == std::chrono::seconds(7));
+  CHECK(dq->read_timeout == std::chrono::seconds(3));
+  CHECK(dq->ignored_keys.empty());
+  auto pass = parse_rdzv_conf(
+      "timeout=900,heartbeat_timeout=10,store_type=tcp,use_libuv=1,my_backend_knob=x,"
+      "keep_alive_interval=1");
+  REQUIRE(pass.ok());
+  CHECK(pass->ignored_keys == std::vector<std::string>{"timeout", "heartbeat_timeout",
+                                                       "store_type", "use_libuv",
+                                                       "my_backend_knob"});
+  CHECK(pass->timeouts.keep_alive_interval == std::chrono::seconds(1));
+  // An unpaired quote stays part of the key, which then does nothing (and is warned about).
+  CHECK(parse_rdzv_conf("'join_timeout=5")->ignored_keys ==
+        std::vector<std::string>{"'join_timeout"});
+  // Still refused: what is not key=value, a known key's bad value.
+  CHECK_FALSE(parse_rdzv_conf("=5").ok());
+  CHECK_FALSE(parse_rdzv_conf("'join_timeout=soon'").ok());
+  // The liveness window check still holds with pass-through keys around it.
+  CHECK_FALSE(parse_rdzv_conf("'timeout=1,keep_alive_interval=600,keep_alive_max_attempt=7'").ok());
+  // Through the flags too.
+  LaunchConfig c = parse_ok({"--standalone", "--rdzv-conf='join_timeout=5,timeout=5'", "p"});
+  CHECK(c.rdzv_conf.timeouts.join_timeout == std::chrono::seconds(5));
+  CHECK(c.rdzv_conf.ignored_keys == std::vector<std::string>{"timeout"});
+}
+
+TEST_CASE("rendezvous flags: --rdzv_endpoint with port 0 is a private server on a free port",
+          "[config]") {
+  using muster::launcher::RdzvMode;
+  LaunchConfig c = parse_ok(
+      {"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--nnodes=1", "--rdzv_id=j1", "p"});
+  CHECK(c.mode == RdzvMode::kEmbedded);
+  CHECK(c.rdzv_id == "j1");
+  CHECK(parse_ok({"--rdzv_endpoint=127.0.0.1:0", "p"}).mode == RdzvMode::kEmbedded);  // static
+  CHECK_THAT(parse_err({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--nnodes=1:2",
+                        "p"}),
+             Catch::Contains("port 0") && Catch::Contains("single node"));
+  CHECK_THAT(parse_err({"--nnodes=2", "--node_rank=0", "--rdzv_endpoint=n0:0", "p"}),
+             Catch::Contains("port 0"));
+}
+
+TEST_CASE("flags: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, below the flag and PET_SHUTDOWN_TIMEOUT",
+          "[config]") {
+  {
+    ScopedEnv env(std::map<std::string, std::string>{{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"}});
+    CHECK(parse_ok({"--standalone", "p"}).shutdown_timeout == std::chrono::seconds(7));
+    CHECK(parse_ok({"--standalone", "--shutdown_timeout=2", "p"}).shutdown_timeout ==
+          std::chrono::seconds(2));
+  }
+  {
+    ScopedEnv env({{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"}, {"PET_SHUTDOWN_TIMEOUT", "3"}});
+    CHECK(parse_ok({"--standalone", "p"}).shutdown_timeout == std::chrono::seconds(3));
+  }
+  for (const char* bad : {"soon", "-1", "", "1e300"}) {
+    INFO(bad);
+    ScopedEnv env(std::map<std::string, std::string>{{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", bad}});
+    CHECK_THAT(parse_err({"--standalone", "p"}), Catch::Contains("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"));
+    // A flag given makes the variable irrelevant, even when it is bad.
+    CHECK(parse_ok({"--standalone", "--shutdown_timeout=1", "p"}).shutdown_timeout ==
+          std::chrono::seconds(1));
+  }
+}
+
+TEST_CASE("flags: accelerators launch cannot count are one clear error", "[config]") {
+  for (const char* name : {"xpu", "npu", "hpu", "mtia", "mps"}) {
+    INFO(name);
+    const std::string e = parse_err({"--standalone", std::string("--nproc-per-node=") + name, "p"});
+    CHECK_THAT(e, Catch::Contains(std::string("--nproc_per_node=") + name) &&
+                      Catch::Contains("CUDA devices (gpu, auto)") && Catch::Contains("cpu"));
+    CHECK(e.find('\n') == std::string::npos);
+  }
+}
+
+TEST_CASE("flags: --event_log_handler=dynamic_rendezvous is accepted", "[config]") {
+  CHECK(parse_ok({"--standalone", "--event-log-handler=dynamic_rendezvous", "p"})
+            .event_log_handler == "dynamic_rendezvous");
+  CHECK(parse_ok({"--standalone", "--event_log_handler", "dynamic_rendezvous", "p"})
+            .event_log_handler == "dynamic_rendezvous");
+}
+
+TEST_CASE("logging: MUSTER_LOG_LEVEL, else torchrun's LOGLEVEL, else warnings", "[config]") {
+  using muster::launcher::resolve_log_level;
+  CHECK(*resolve_log_level(nullptr, nullptr) == "warning");
+  CHECK(*resolve_log_level(nullptr, "INFO") == "info");
+  CHECK(*resolve_log_level(nullptr, "debug") == "debug");
+  CHECK(*resolve_log_level(nullptr, "WARN") == "warning");
+  CHECK(*resolve_log_level(nullptr, "CRITICAL") == "critical");
+  CHECK(*resolve_log_level(nullptr, "FATAL") == "critical");
+  CHECK(*resolve_log_level(nullptr, "NOTSET") == "trace");
+  CHECK(*resolve_log_level("error", "DEBUG") == "error");  // MUSTER_LOG_LEVEL wins
+  CHECK(*resolve_log_level("error", "bogus") == "error");  // and LOGLEVEL is then not read
+  auto bad = resolve_log_level(nullptr, "loud");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(std::string(bad.status().message()),
+             Catch::Contains("LOGLEVEL: 'loud'") && Catch::Contains("DEBUG, INFO"));
 }

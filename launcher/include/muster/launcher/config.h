@@ -14,7 +14,8 @@
 
 namespace muster::launcher {
 
-// HOST:PORT, [V6]:PORT, HOST or [V6] (the port then defaults).
+// HOST:PORT, [V6]:PORT, HOST or [V6] (the port then defaults). Port 0 is accepted here (a
+// free port, for a single node: resolve_rendezvous decides).
 struct Endpoint {
   std::string host;  // without brackets
   int port = 0;
@@ -22,19 +23,25 @@ struct Endpoint {
 };
 absl::StatusOr<Endpoint> parse_endpoint(const std::string& text, int default_port);
 
-// --rdzv_conf key=value,...: torchrun's keys, in seconds.
+// --rdzv_conf key=value,...: torchrun's keys, in seconds. The text may be wrapped in one pair
+// of quotes ('...' or "..."), as torchrun's own tests pass it; keys and values are trimmed.
+// Keys launch has no use for (torchrun's `timeout`, `store_type`, `use_libuv`, ..., or a
+// custom backend's) are accepted, as torchrun passes them through, and listed in
+// `ignored_keys` for one warning.
 struct RdzvConf {
   muster::rendezvous::RendezvousTimeouts timeouts;  // join, last_call, keep_alive_*
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};
   std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
   std::string token;            // or $MUSTER_RDZV_TOKEN
   std::optional<bool> is_host;  // override the hosting rule
+  std::vector<std::string> ignored_keys;  // in the order given
 };
 absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text);
 
 // How this launch takes part in the rendezvous.
 enum class RdzvMode {
-  kEmbedded,  // one node: the server runs in-process on 127.0.0.1, port 0
+  kEmbedded,  // one node: the server runs in-process on 127.0.0.1, port 0 (also for an
+              // --rdzv_endpoint with port 0, torchrun's "pick a free port" on one node)
   kStatic,    // fixed membership; node 0 hosts the server
   kC10d,      // elastic; the agent whose host is the endpoint hosts it (or rdzvd does)
 };
@@ -71,11 +78,14 @@ struct LaunchConfig {
   std::string local_ranks_filter;
   std::string event_log_handler = "console";  // accepted: events go to launch's own log
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
-  // Resolved per local rank: bit 1 stdout, bit 2 stderr.
+  // Resolved per local rank: bit 1 stdout, bit 2 stderr. A stream both redirected and teed is
+  // teed (torchrun's rule: tee adds to the redirects), so the two never share a bit. With
+  // --log_dir=/dev/null (torchrun's "no files") both are 0 and log_dir is cleared.
   std::vector<int> redirect_of;  // to the log files only
   std::vector<int> tee_of;       // to the log files and the console
   std::vector<bool> console_of;  // false: --local_ranks_filter hides this rank on the console
   std::vector<int> signals;      // numbers of signals_to_handle
+  // --shutdown_timeout (or PET_SHUTDOWN_TIMEOUT), else $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s.
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
   std::string program;
   std::vector<std::string> program_args;
@@ -94,6 +104,10 @@ struct ParseResult {
 };
 
 // `args` excludes argv[0]. Everything after the program is the program's own arguments.
+// As argparse does for torchrun: an unambiguous prefix of a long flag names it (`--nproc`),
+// an ambiguous one is a usage error naming the candidates, and `--flag=` gives the flag an
+// empty value (it never takes the next argument). Reads PET_* and
+// TORCH_ELASTIC_SHUTDOWN_TIMEOUT from the environment.
 ParseResult parse_launch_args(const std::vector<std::string>& args, const HostInfo& host);
 
 // How the program is started.
@@ -116,6 +130,12 @@ absl::StatusOr<std::string> find_executable(const std::string& name, const std::
 // Whether `host` names this machine: localhost, its hostname, or one of `addresses` (what
 // `host` resolved to, looked up once by the caller) is an address of one of its interfaces.
 bool is_local_host(const std::string& host, const std::vector<std::string>& addresses);
+
+// launch's own log level, as an spdlog level name: $MUSTER_LOG_LEVEL when set (spdlog's
+// names), else $LOGLEVEL as torchrun reads it (Python's names, any case: DEBUG, INFO,
+// WARNING/WARN, ERROR, CRITICAL/FATAL, NOTSET), else "warning". A LOGLEVEL that is not a
+// level is an error. Pass nullptr for an unset variable.
+absl::StatusOr<std::string> resolve_log_level(const char* muster_log_level, const char* loglevel);
 
 // Number of CUDA devices visible to this process (0 without a driver or a GPU).
 int detect_gpu_count();
