@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "muster/agent/failure.h"
+#include "muster/agent/file_timer.h"
 #include "muster/agent/line_splitter.h"
 #include "muster/agent/process.h"
 #include "muster/agent/worker_env.h"
@@ -97,6 +98,15 @@ class Agent::Impl {
       spdlog::info("waiting for the rendezvous server at {} (up to {} ms)", opts_.rdzv_name,
                    opts_.connect_timeout.count());
     }
+    if (!opts_.file_timer_path.empty()) {
+      auto timers = FileTimerServer::start(io_, opts_.file_timer_path,
+                                           [this](const FileTimerTable::Expired& e) { on_timer_expired(e); });
+      if (!timers.ok()) {
+        spdlog::error("{}", std::string(timers.status().message()));
+        return 1;
+      }
+      file_timers_ = std::move(*timers);
+    }
     open_session(opts_.wait_for_server, opts_.connect_timeout);
     send_join();
     keep_alive();
@@ -129,6 +139,7 @@ class Agent::Impl {
     std::unique_ptr<Descriptor> pidfd;
     std::unique_ptr<Pipe> out, err;
     bool reaped = false;
+    std::string timer_scope;  // the file timer that expired, when the agent killed it for one
   };
   enum class Phase { kJoining, kRunning, kStopping, kAwaitingDone, kExiting };
   // What to do once the stopping group has fully exited.
@@ -460,7 +471,29 @@ class Agent::Impl {
     return f;
   }
 
+  // A worker's file timer expired (torch's FileTimerServer rule): send it the timer's signal.
+  // Only the agent's own current workers are signalled.
+  void on_timer_expired(const FileTimerTable::Expired& e) {
+    for (const auto& w : workers_) {
+      if (w->pid != e.pid || w->reaped) continue;
+      if (e.signal <= 0) {
+        spdlog::warn("file timer: scope '{}' of worker rank {} (pid {}) expired; no signal was "
+                     "given, so it is left running",
+                     e.scopes.front(), w->rank, w->pid);
+        return;
+      }
+      spdlog::warn("file timer: scope '{}' of worker rank {} (local rank {}, pid {}) expired; "
+                   "sending {}",
+                   e.scopes.front(), w->rank, w->local_rank, w->pid, signal_name(e.signal));
+      w->timer_scope = e.scopes.front();
+      ::kill(w->pid, e.signal);
+      return;
+    }
+    spdlog::debug("file timer: pid {} is not one of this agent's workers; not signalled", e.pid);
+  }
+
   void on_worker_exit(Worker& w, int status) {
+    if (file_timers_) file_timers_->clear(w.pid);
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (!ok && phase_ == Phase::kRunning) {
       v1::WorkerFailure f = describe(w);
@@ -470,6 +503,9 @@ class Agent::Impl {
         f.set_exit_code(WEXITSTATUS(status));
       }
       read_error_file(w.error_file, f);
+      if (!w.timer_scope.empty() && f.message().empty()) {
+        f.set_message("killed by the file-timer watchdog: timer '" + w.timer_scope + "' expired");
+      }
       spdlog::warn(
           "worker rank {} (local rank {}, pid {}) failed: {}", f.rank(), f.local_rank(), f.pid(),
           f.signal() > 0 ? signal_name(f.signal()) : "exit code " + std::to_string(f.exit_code()));
@@ -661,6 +697,7 @@ class Agent::Impl {
   // After a loss: the node must be heard from its server again by then, or it exits.
   std::optional<std::chrono::steady_clock::time_point> rejoin_deadline_;
   std::unique_ptr<rendezvous::SessionClient> client_;
+  std::unique_ptr<FileTimerServer> file_timers_;
   Phase phase_ = Phase::kJoining;
   After after_ = After::kNone;
   v1::Assignment assignment_;

@@ -240,6 +240,14 @@ int main(int argc, char** argv) {
   if (auto it = env.find("TORCHELASTIC_ERROR_FILE"); it != env.end()) {
     opts.own_error_file = it->second;
   }
+  // torchrun's file-timer watchdog (docs/launch.md, "File timer"): the FIFO is the one named by
+  // TORCHELASTIC_TIMER_FILE, else one in launch's own folder; workers are told where.
+  if (auto it = env.find("TORCHELASTIC_ENABLE_FILE_TIMER"); it != env.end() && it->second == "1") {
+    auto named = env.find("TORCHELASTIC_TIMER_FILE");
+    opts.file_timer_path =
+        named != env.end() && !named->second.empty() ? named->second : tmpl + "/watchdog_timer";
+    env["TORCHELASTIC_TIMER_FILE"] = opts.file_timer_path;
+  }
   if (auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); it != env.end()) {
     opts.prefix_template = it->second;
   }

@@ -84,6 +84,25 @@ TEST_CASE("interop: -m package.module", "[interop]") {
   CHECK_THAT(p.out(), Catch::Contains("module rank 1 of 2"));
 }
 
+TEST_CASE("interop: torch's FileTimerClient: a worker stuck past expires() is killed, the group "
+          "restarts",
+          "[interop]") {
+  auto env = kEnv;
+  env["TORCHELASTIC_ENABLE_FILE_TIMER"] = "1";
+  Proc p({kLaunch, "--standalone", "--nproc_per_node=2", "--max_restarts=1",
+          kScripts + "/stuck_timer.py"},
+         env);
+  INFO(p.err());
+  REQUIRE(p.wait(300s) == 0);
+  // Attempt 0: rank 0 left its timer in time, rank 1 was stuck inside it and got SIGKILL.
+  CHECK_THAT(p.out(), Catch::Contains("rank 0 attempt 0 done"));
+  CHECK_THAT(p.out(), !Catch::Contains("rank 1 attempt 0 done"));
+  CHECK_THAT(p.err(), Catch::Contains("file timer: scope 'step' of worker rank 1"));
+  // Attempt 1: both finish.
+  CHECK_THAT(p.out(), Catch::Contains("rank 0 attempt 1 done"));
+  CHECK_THAT(p.out(), Catch::Contains("rank 1 attempt 1 done"));
+}
+
 int main(int argc, char** argv) {
   Proc probe({"/usr/bin/python3", "-c", "import torch.distributed"});
   if (probe.wait(120s) != 0) {

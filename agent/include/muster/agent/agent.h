@@ -60,6 +60,8 @@ struct AgentOptions {
   std::vector<int> redirect_of, tee_of;
   std::vector<bool> console_of;  // empty: every rank reaches the console
   std::string own_error_file;    // launch's own TORCHELASTIC_ERROR_FILE, written on failure
+  // torchrun's file-timer watchdog: the FIFO the agent serves (agent/file_timer.h); empty: off.
+  std::string file_timer_path;
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // as given, for the workers
   // What keeps the job's descendants from outliving it (owned by main; may be null): each
