@@ -46,6 +46,18 @@ auto has(const std::string& what) {
 
 bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
 
+// Every launch in `ps` still runs the workers of its first round: no restart, no lost server.
+void check_undisturbed(std::initializer_list<Proc*> ps) {
+  for (Proc* p : ps) {
+    INFO(p->err());
+    CHECK(p->err().find("restarting") == std::string::npos);
+    CHECK(p->err().find("lost the server") == std::string::npos);
+    const std::vector<pid_t> workers = ready_pids(p->out());
+    CHECK(workers.size() == 1);
+    for (pid_t w : workers) CHECK(alive(w));
+  }
+}
+
 // Ends a launch by its pid (SIGTERM) and checks it went as a stopped launch goes.
 void stop(Proc& p) {
   ::kill(p.pid(), SIGTERM);
@@ -164,17 +176,13 @@ TEST_CASE("hosts: a blip shorter than the run's window restarts nothing", "[host
   Proc a(net->wrap(0, launch_args(c10d(ep, "2", 1, conf), {"wait"})));
   Proc b(net->wrap(1, launch_args(c10d(ep, "2", 1, conf), {"wait"})));
   for (Proc* p : {&a, &b}) REQUIRE(p->wait_output(has_ready(1, "world 2"), 60s));
-  const pid_t wa = ready_pids(a.out()).at(0), wb = ready_pids(b.out()).at(0);
   REQUIRE(net->cut(1).ok());
   ::usleep(2'000'000);  // the blip's length is the test's input, not an event
   REQUIRE(net->heal(1).ok());
   // Nothing happens within the window and after it: no restart, no lost server.
   CHECK_FALSE(a.wait_output(has("restarting"), 7s));
   CHECK_FALSE(b.wait_output(has("lost the server"), 1s));
-  CHECK(alive(wa));
-  CHECK(alive(wb));
-  CHECK(ready_pids(a.out()).size() == 1);
-  CHECK(ready_pids(b.out()).size() == 1);
+  check_undisturbed({&a, &b});
   for (Proc* p : {&a, &b}) stop(*p);
 }
 
@@ -194,13 +202,7 @@ TEST_CASE("hosts: a 17 s blip under a 60 s window restarts nothing (no fixed tra
   REQUIRE(net->heal(1).ok());
   // TCP's backoff delays the first packet through by up to ~10 s more; still inside 60 s.
   CHECK_FALSE(b.wait_output(has("lost the server"), 12s));
-  for (Proc* p : {&a, &b}) {
-    INFO(p->err());
-    CHECK(p->err().find("restarting") == std::string::npos);
-    CHECK(p->err().find("lost the server") == std::string::npos);
-    CHECK(ready_pids(p->out()).size() == 1);
-    CHECK(alive(ready_pids(p->out()).at(0)));
-  }
+  check_undisturbed({&a, &b});
   for (Proc* p : {&a, &b}) stop(*p);
 }
 
@@ -261,13 +263,7 @@ TEST_CASE("hosts: rdzvd silent within the window costs nothing; past it the job 
     ::usleep(2'000'000);  // the blip's length is the test's input, not an event
     REQUIRE(net->heal(0).ok());
     CHECK_FALSE(a.wait_output(has("lost the server"), 7s));
-    for (Proc* p : {&a, &b}) {
-      INFO(p->err());
-      CHECK(p->err().find("restarting") == std::string::npos);
-      CHECK(p->err().find("lost the server") == std::string::npos);
-      CHECK(ready_pids(p->out()).size() == 1);
-      CHECK(alive(ready_pids(p->out()).at(0)));
-    }
+    check_undisturbed({&a, &b});
     for (Proc* p : {&a, &b}) stop(*p);
   }
   SECTION("4 s of silence under the default 2 s window") {
