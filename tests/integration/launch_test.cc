@@ -601,9 +601,8 @@ TEST_CASE("launch: a server that accepts but never answers was never reached, no
       p.err().find("rendezvous server at " + ep + " not reachable within 3 s") != std::string::npos;
   CHECK((never || unreachable));
   CHECK(std::count(p.err().begin(), p.err().end(), '\n') == 1);
-  ::kill(rdzvd.pid(), SIGCONT);
-  ::kill(rdzvd.pid(), SIGTERM);
-  CHECK(rdzvd.wait(30s) == 0);
+  ::kill(rdzvd.pid(), SIGKILL);  // frozen: its clean shutdown is tested elsewhere
+  CHECK(rdzvd.wait(30s) == 128 + SIGKILL);
 }
 
 TEST_CASE("launch: SIGTERM while a hosting launch closes ends the close at once and removes "
