@@ -128,6 +128,9 @@ class Agent::Impl {
     LineSplitter splitter;
     int console;
     int file;
+    // The attempt's filtered_std{out,err}.log (owned by Impl) and its filters; -1: none.
+    int filtered = -1;
+    const std::vector<std::string>* filters = nullptr;
     std::array<char, 64 * 1024> buf;
     std::string out;
   };
@@ -340,6 +343,8 @@ class Agent::Impl {
     release_workers();
     const std::string tmpl =
         opts_.prefix_template.empty() ? std::string(kDefaultPrefixTemplate) : opts_.prefix_template;
+    open_filtered_logs(std::filesystem::path(opts_.error_dir) /
+                       ("attempt_" + std::to_string(a.restart_count())));
     for (int lr = 0; lr < opts_.nproc_per_node; ++lr) {
       auto w = std::make_unique<Worker>();
       w->local_rank = lr;
@@ -372,9 +377,14 @@ class Agent::Impl {
       spec.node_addr = opts_.host;
       spec.token = opts_.token;
       spec.signals_to_handle = opts_.signals_to_handle;
+      spec.virtual_local_rank = opts_.virtual_local_rank;
       SpawnRequest req{opts_.program_path, opts_.argv,
                        to_envp(build_worker_env(opts_.base_env, spec)),
                        opts_.supervisor != nullptr ? opts_.supervisor->cgroup_procs_fd() : -1};
+      if (lr < static_cast<int>(opts_.numa_of.size())) {
+        req.cpus.assign(opts_.numa_of[lr].cpus.begin(), opts_.numa_of[lr].cpus.end());
+        req.memory_node = opts_.numa_of[lr].memory_node;
+      }
       absl::StatusOr<ChildProcess> child = spawn_worker(req);
       if (!child.ok()) {
         spdlog::error("cannot start worker local rank {}: {}", lr,
@@ -392,6 +402,10 @@ class Agent::Impl {
       std::string prefix = expand_prefix_template(tmpl, opts_.role, w->rank, lr);
       w->out = make_pipe(child->out_fd, prefix, lr, 1, opts_.stdout_fd, dir / "stdout.log");
       w->err = make_pipe(child->err_fd, prefix, lr, 2, opts_.stderr_fd, dir / "stderr.log");
+      w->out->filtered = filtered_[0].fd;
+      w->out->filters = &opts_.duplicate_stdout_filters;
+      w->err->filtered = filtered_[1].fd;
+      w->err->filters = &opts_.duplicate_stderr_filters;
       w->pidfd = std::make_unique<Descriptor>(io_, child->pidfd);
       Worker* raw = w.get();
       workers_.push_back(std::move(w));
@@ -420,6 +434,47 @@ class Agent::Impl {
     return std::make_unique<Pipe>(io_, fd, prefix, shown ? console : -1, file);
   }
 
+  // One filtered_std{out,err}.log per attempt, for the streams that have filters.
+  void open_filtered_logs(const std::filesystem::path& attempt_dir) {
+    const std::vector<std::string>* filters[2] = {&opts_.duplicate_stdout_filters,
+                                                  &opts_.duplicate_stderr_filters};
+    const char* names[2] = {"filtered_stdout.log", "filtered_stderr.log"};
+    for (int i = 0; i < 2; ++i) {
+      filtered_[i].reset();
+      if (filters[i]->empty()) continue;
+      std::error_code ec;
+      std::filesystem::create_directories(attempt_dir, ec);
+      const std::filesystem::path path = attempt_dir / names[i];
+      filtered_[i].fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (filtered_[i].fd < 0) {
+        spdlog::error("cannot write {}: {}", path.string(), std::strerror(errno));
+      }
+    }
+  }
+
+  // The whole prefixed lines in `lines` whose text contains one of the pipe's filters go to
+  // its filtered log.
+  static void write_filtered(const Pipe& p, std::string_view lines) {
+    if (p.filtered < 0 || p.filters == nullptr) return;
+    const std::size_t skip = p.splitter.prefix().size();
+    std::string matched;
+    while (!lines.empty()) {
+      const std::size_t nl = lines.find('\n');
+      const std::size_t len = nl == std::string_view::npos ? lines.size() : nl + 1;
+      std::string_view line = lines.substr(0, len);
+      std::string_view text = line.substr(std::min(skip, line.size()));
+      if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+      for (const std::string& f : *p.filters) {
+        if (text.find(f) != std::string_view::npos) {
+          matched.append(line);
+          break;
+        }
+      }
+      lines.remove_prefix(len);
+    }
+    if (!matched.empty()) write_all(p.filtered, matched);
+  }
+
   void read_pipe(Worker* w, Pipe* p) {
     p->sd.async_read_some(
         asio::buffer(p->buf), [this, w, p](const boost::system::error_code& ec, std::size_t n) {
@@ -430,6 +485,7 @@ class Agent::Impl {
             if (p->console >= 0) {
               p->splitter.feed(std::string_view(p->buf.data(), n), p->out);
               write_all(p->console, p->out);
+              write_filtered(*p, p->out);
             }
             read_pipe(w, p);
             return;
@@ -437,6 +493,7 @@ class Agent::Impl {
           if (p->console >= 0) {
             p->splitter.finish(p->out);  // EOF or forced close: flush the partial line
             write_all(p->console, p->out);
+            write_filtered(*p, p->out);
           }
           boost::system::error_code ignored;
           p->sd.close(ignored);
@@ -698,6 +755,16 @@ class Agent::Impl {
   std::optional<std::chrono::steady_clock::time_point> rejoin_deadline_;
   std::unique_ptr<rendezvous::SessionClient> client_;
   std::unique_ptr<FileTimerServer> file_timers_;
+  // This attempt's filtered_stdout.log and filtered_stderr.log (-1: no filters, or no file).
+  struct OwnedFd {
+    int fd = -1;
+    void reset() {
+      if (fd >= 0) ::close(fd);
+      fd = -1;
+    }
+    ~OwnedFd() { reset(); }
+  };
+  OwnedFd filtered_[2];
   Phase phase_ = Phase::kJoining;
   After after_ = After::kNone;
   v1::Assignment assignment_;

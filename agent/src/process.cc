@@ -1,12 +1,15 @@
 #include "muster/agent/process.h"
 
 #include <fcntl.h>
+#include <linux/mempolicy.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -37,6 +40,15 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
     ::close(out[1]);
     return absl::ErrnoToStatus(e, "pipe2");
   }
+  // Masks for the binding, built before the fork (the child may only use them).
+  int max_cpu = -1;
+  for (int c : req.cpus) max_cpu = std::max(max_cpu, c);
+  const std::size_t cpu_words = static_cast<std::size_t>(max_cpu + 64) / 64;
+  std::vector<unsigned long> cpu_mask(max_cpu >= 0 ? cpu_words : 0, 0UL);
+  for (int c : req.cpus) cpu_mask[static_cast<std::size_t>(c) / 64] |= 1UL << (c % 64);
+  std::vector<unsigned long> node_mask(
+      req.memory_node >= 0 ? static_cast<std::size_t>(req.memory_node) / 64 + 1 : 0, 0UL);
+  if (req.memory_node >= 0) node_mask[req.memory_node / 64] |= 1UL << (req.memory_node % 64);
   const pid_t parent = ::getpid();
   const int cgroup_procs_fd = req.cgroup_procs_fd;
   // Signals stay blocked from before the fork until the child has put every handler back to
@@ -66,6 +78,19 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
       // "0" moves the writer. A failed move leaves the worker to the process-group fallback.
       ssize_t unused = ::write(cgroup_procs_fd, "0", 1);
       (void)unused;
+    }
+    if (!cpu_mask.empty() &&
+        ::sched_setaffinity(0, cpu_mask.size() * sizeof(unsigned long),
+                            reinterpret_cast<const cpu_set_t*>(cpu_mask.data())) != 0) {
+      write_str(err[1], "launch: --numa_binding: cannot bind the worker to its CPUs: ");
+      write_str(err[1], strerror(errno));
+      write_str(err[1], "\n");
+      ::_exit(127);
+    }
+    if (!node_mask.empty()) {
+      // Best effort: a container may refuse it (EPERM without CAP_SYS_NICE under some
+      // seccomp profiles); the CPU binding stands either way.
+      ::syscall(SYS_set_mempolicy, MPOL_PREFERRED, node_mask.data(), node_mask.size() * 64 + 1);
     }
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);  // the agent died before prctl took effect

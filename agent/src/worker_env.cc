@@ -2,6 +2,10 @@
 
 #include <string>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
 extern char** environ;
 
 namespace muster::agent {
@@ -24,7 +28,12 @@ std::map<std::string, std::string> build_worker_env(const std::map<std::string, 
   auto set = [&env](const char* k, const std::string& v) { env[k] = v; };
   auto set_if_unset = [&env](const char* k, const std::string& v) { env.emplace(k, v); };
   set("RANK", std::to_string(rank));
-  set("LOCAL_RANK", std::to_string(s.local_rank));
+  set("LOCAL_RANK", std::to_string(s.virtual_local_rank ? 0 : s.local_rank));
+  if (s.virtual_local_rank) {
+    auto it = base.find("CUDA_VISIBLE_DEVICES");
+    auto device = virtual_visible_device(it == base.end() ? nullptr : &it->second, s.local_rank);
+    set("CUDA_VISIBLE_DEVICES", device.ok() ? *device : std::string());
+  }
   set("WORLD_SIZE", std::to_string(s.world_size));
   set("LOCAL_WORLD_SIZE", std::to_string(s.local_world_size));
   set("GROUP_RANK", std::to_string(s.group_rank));
@@ -51,6 +60,17 @@ std::map<std::string, std::string> build_worker_env(const std::map<std::string, 
   set("MUSTER_NODE_ADDR", s.node_addr);
   if (!s.token.empty()) set("MUSTER_RDZV_TOKEN", s.token);
   return env;
+}
+
+absl::StatusOr<std::string> virtual_visible_device(const std::string* parent, int local_rank) {
+  if (parent == nullptr) return std::to_string(local_rank);
+  std::vector<std::string> devices = absl::StrSplit(*parent, ',');
+  if (local_rank < 0 || local_rank >= static_cast<int>(devices.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--virtual_local_rank: local rank ", local_rank,
+                     " has no device in CUDA_VISIBLE_DEVICES=", *parent));
+  }
+  return std::string(absl::StripAsciiWhitespace(devices[local_rank]));
 }
 
 std::vector<std::string> to_envp(const std::map<std::string, std::string>& env) {

@@ -24,6 +24,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "muster/agent/numa.h"
+#include "muster/agent/worker_env.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/resolve.h"
 
@@ -438,7 +440,8 @@ absl::Status resolve_output(LaunchConfig& c) {
   if (!tee.ok()) return tee.status();
   c.redirect_of = *redirects;
   c.tee_of = *tee;
-  if (c.log_dir == "/dev/null") {
+  const bool no_files = c.log_dir == "/dev/null";
+  if (no_files) {
     // torchrun's "no files": every stream stays on the console, nothing is written.
     c.log_dir.clear();
     std::fill(c.redirect_of.begin(), c.redirect_of.end(), 0);
@@ -457,6 +460,12 @@ absl::Status resolve_output(LaunchConfig& c) {
       }
       if (rank < c.nproc_per_node) c.console_of[rank] = true;
     }
+  }
+  c.duplicate_stdout_filters = parse_filter_list(c.duplicate_stdout_text);
+  c.duplicate_stderr_filters = parse_filter_list(c.duplicate_stderr_text);
+  if (no_files) {  // --log_dir=/dev/null: nowhere to write the filtered copies either
+    c.duplicate_stdout_filters.clear();
+    c.duplicate_stderr_filters.clear();
   }
   c.signals.clear();
   for (absl::string_view name : absl::StrSplit(c.signals_to_handle, ',', absl::SkipEmpty())) {
@@ -524,6 +533,14 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
                      "Signals forwarded to the workers (comma-separated names)"),
       kWorkers);
   pet(app.add_option("--role", c.role, "Worker role name (ROLE_NAME)"), kWorkers);
+  CLI::Option* numa_opt = pet(app.add_option("--numa_binding,--numa-binding", c.numa_binding,
+                     "Bind each local rank to CPUs (and memory) near its GPU, or round-robin "
+                     "over NUMA nodes without GPUs: node, socket, exclusive or core-complex"),
+      kWorkers);
+  pet(app.add_flag("--virtual_local_rank,--virtual-local-rank", c.virtual_local_rank,
+                   "Every worker gets LOCAL_RANK=0 and only its own device in "
+                   "CUDA_VISIBLE_DEVICES (its local rank's, or that entry of launch's list)"),
+      kWorkers);
   pet(app.add_option("--rdzv_backend,--rdzv-backend", c.rdzv_backend,
                      "static (the default: fixed nodes, --node_rank) or c10d (elastic)"),
       kRdzv);
@@ -568,6 +585,16 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
       kLogs);
   pet(app.add_option("--local_ranks_filter,--local-ranks-filter", c.local_ranks_filter,
                      "Only these local ranks reach the console, e.g. 0 or 0,2"),
+      kLogs);
+  pet(app.add_option("--duplicate_stdout_filters,--duplicate-stdout-filters",
+                     c.duplicate_stdout_text,
+                     "Also write the workers' stdout lines that contain any of these "
+                     "comma-separated strings (,, for a comma) to "
+                     "attempt_<k>/filtered_stdout.log"),
+      kLogs);
+  pet(app.add_option("--duplicate_stderr_filters,--duplicate-stderr-filters",
+                     c.duplicate_stderr_text,
+                     "The same for stderr, to attempt_<k>/filtered_stderr.log"),
       kLogs);
   pet(app.add_option("--event_log_handler,--event-log-handler", c.event_log_handler,
                      "Where events are logged: console (launch's log), null or "
@@ -666,6 +693,23 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
     result.error = s;
     return result;
   }
+  if (numa_opt->count() > 0 || !c.numa_binding.empty()) {  // given empty: not a mode either
+    if (auto m = muster::agent::parse_numa_mode(c.numa_binding); !m.ok()) {
+      result.error = m.status();
+      return result;
+    }
+  }
+  if (c.virtual_local_rank) {
+    if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"); visible != nullptr) {
+      const std::string list = visible;
+      for (int lr = 0; lr < c.nproc_per_node; ++lr) {
+        if (auto d = muster::agent::virtual_visible_device(&list, lr); !d.ok()) {
+          result.error = d.status();
+          return result;
+        }
+      }
+    }
+  }
   if (c.role.empty()) {
     result.error = absl::InvalidArgumentError("--role: must not be empty");
     return result;
@@ -747,6 +791,24 @@ absl::StatusOr<std::string> resolve_log_level(const char* muster_log_level, cons
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "LOGLEVEL: '", loglevel, "' is not a log level (DEBUG, INFO, WARNING, ERROR, CRITICAL)"));
+}
+
+std::vector<std::string> parse_filter_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::string item;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != ',') {
+      item += text[i];
+    } else if (i + 1 < text.size() && text[i + 1] == ',') {
+      item += ',';  // ",," is a comma inside the filter
+      ++i;
+    } else {
+      if (!item.empty()) out.push_back(item);
+      item.clear();
+    }
+  }
+  if (!item.empty()) out.push_back(item);
+  return out;
 }
 
 int detect_gpu_count() {

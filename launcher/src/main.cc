@@ -26,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "muster/agent/agent.h"
 #include "muster/agent/failure.h"
+#include "muster/agent/numa.h"
 #include "muster/agent/supervisor.h"
 #include "muster/agent/worker_env.h"
 #include "muster/launcher/config.h"
@@ -117,6 +118,20 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> env = muster::agent::current_environment();
   auto entry = muster::launcher::resolve_entrypoint(cfg, env);
   if (!entry.ok()) return usage_error(entry.status());
+  // --numa-binding: one plan for the whole job (nproc_per_node is fixed), from this host's
+  // topology; a plan that cannot be made (exclusive with more ranks than CPUs) is a usage error.
+  std::vector<muster::agent::NumaBinding> numa_plan;
+  if (!cfg.numa_binding.empty()) {
+    auto plan = muster::agent::plan_numa_binding(*muster::agent::parse_numa_mode(cfg.numa_binding),
+                                                 muster::agent::read_topology(),
+                                                 cfg.nproc_per_node);
+    if (!plan.ok()) return usage_error(plan.status());
+    numa_plan = std::move(*plan);
+    for (std::size_t lr = 0; lr < numa_plan.size(); ++lr) {
+      spdlog::info("--numa_binding={}: local rank {} on CPUs {}, memory node {}", cfg.numa_binding,
+                   lr, muster::agent::cpu_list_text(numa_plan[lr].cpus), numa_plan[lr].memory_node);
+    }
+  }
 
   boost::asio::io_context io(1);
   // Signals are handled from here until launch exits: by the agent while it runs, and by
@@ -185,12 +200,14 @@ int main(int argc, char** argv) {
   }
 
   // The attempt_<k>/<local_rank>/ folders (error files, logs) live in a private temporary
-  // folder removed at exit; with --log_dir, or when --redirects/--tee ask for log files, in a
+  // folder removed at exit; with --log_dir, or when --redirects/--tee/--duplicate_*_filters ask
+  // for log files, in a
   // folder that is kept: <dir>/<run_id>_<random>, torchrun's layout.
   const std::string run_id = cfg.standalone ? random_uuid() : cfg.rdzv_id;
   const bool want_logs = std::any_of(cfg.redirect_of.begin(), cfg.redirect_of.end(),
                                      [](int v) { return v != 0; }) ||
-                         std::any_of(cfg.tee_of.begin(), cfg.tee_of.end(), [](int v) { return v != 0; });
+                         std::any_of(cfg.tee_of.begin(), cfg.tee_of.end(), [](int v) { return v != 0; }) ||
+                         !cfg.duplicate_stdout_filters.empty() || !cfg.duplicate_stderr_filters.empty();
   const char* tmp = std::getenv("TMPDIR");
   const std::string tmp_dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
   const bool keep = !cfg.log_dir.empty() || want_logs;
@@ -232,10 +249,14 @@ int main(int argc, char** argv) {
   opts.entrypoint_name = entry->name;
   opts.shutdown_timeout = cfg.shutdown_timeout;
   opts.signals_to_handle = cfg.signals_to_handle;
+  opts.virtual_local_rank = cfg.virtual_local_rank;
+  opts.numa_of = numa_plan;
   opts.error_dir = tmpl;
   opts.redirect_of = cfg.redirect_of;
   opts.tee_of = cfg.tee_of;
   opts.console_of = cfg.console_of;
+  opts.duplicate_stdout_filters = cfg.duplicate_stdout_filters;
+  opts.duplicate_stderr_filters = cfg.duplicate_stderr_filters;
   opts.supervisor = supervisor.get();
   if (auto it = env.find("TORCHELASTIC_ERROR_FILE"); it != env.end()) {
     opts.own_error_file = it->second;

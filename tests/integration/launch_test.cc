@@ -2,6 +2,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -800,4 +801,238 @@ TEST_CASE("launch: --event-log-handler=dynamic_rendezvous runs; --nproc-per-node
         "launch: error: --nproc_per_node=xpu: launch counts only CUDA devices (gpu, auto) and "
         "CPUs (cpu); give the number of workers\n");
   CHECK(xpu.out().empty());
+}
+
+TEST_CASE("launch: --virtual-local-rank: LOCAL_RANK 0 and one device per worker",
+          "[launch][compat]") {
+  SECTION("no CUDA_VISIBLE_DEVICES: each worker sees its local rank's device") {
+    TempDir dir;
+    Proc p(launch_args({"--standalone", "--nproc_per_node=3", "--virtual-local-rank"},
+                       {"env", dir.path()}),
+           Env{{"CUDA_VISIBLE_DEVICES", std::nullopt}});
+    REQUIRE(p.wait() == 0);
+    for (int r = 0; r < 3; ++r) {
+      auto env = read_env_file(dir.file("env." + std::to_string(r)));
+      INFO("rank " << r);
+      CHECK(env["RANK"] == std::to_string(r));
+      CHECK(env["LOCAL_RANK"] == "0");
+      CHECK(env["CUDA_VISIBLE_DEVICES"] == std::to_string(r));
+    }
+  }
+  SECTION("launch's CUDA_VISIBLE_DEVICES: each worker its entry") {
+    TempDir dir;
+    Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--virtual_local_rank"},
+                       {"env", dir.path()}),
+           Env{{"CUDA_VISIBLE_DEVICES", "6,GPU-1234"}});
+    REQUIRE(p.wait() == 0);
+    CHECK(read_env_file(dir.file("env.0"))["CUDA_VISIBLE_DEVICES"] == "6");
+    CHECK(read_env_file(dir.file("env.1"))["CUDA_VISIBLE_DEVICES"] == "GPU-1234");
+    CHECK(read_env_file(dir.file("env.1"))["LOCAL_RANK"] == "0");
+  }
+  SECTION("too few devices listed: a usage error, nothing started") {
+    TempDir dir;
+    Proc p(launch_args({"--standalone", "--nproc_per_node=3", "--virtual_local_rank"},
+                       {"env", dir.path()}),
+           Env{{"CUDA_VISIBLE_DEVICES", "0,1"}});
+    CHECK(p.wait() == 2);
+    CHECK(p.err() ==
+          "launch: error: --virtual_local_rank: local rank 2 has no device in "
+          "CUDA_VISIBLE_DEVICES=0,1\n");
+    CHECK(std::filesystem::is_empty(dir.path()));
+  }
+  SECTION("off: LOCAL_RANK is the local rank, CUDA_VISIBLE_DEVICES inherited") {
+    TempDir dir;
+    Proc p(launch_args({"--standalone", "--nproc_per_node=2"}, {"env", dir.path()}),
+           Env{{"CUDA_VISIBLE_DEVICES", "6,7"}});
+    REQUIRE(p.wait() == 0);
+    CHECK(read_env_file(dir.file("env.1"))["LOCAL_RANK"] == "1");
+    CHECK(read_env_file(dir.file("env.1"))["CUDA_VISIBLE_DEVICES"] == "6,7");
+  }
+}
+
+TEST_CASE("launch: --duplicate-stdout-filters / --duplicate-stderr-filters copy matching lines",
+          "[launch][logs][compat]") {
+  TempDir logs;
+  // Each worker prints matching and non-matching lines on both streams.
+  const std::string script =
+      "echo \"loss=1 r$RANK\"; echo \"noise r$RANK\"; echo \"a,b r$RANK\"; "
+      "echo \"WARN disk r$RANK\" >&2; echo \"quiet r$RANK\" >&2; printf \"loss tail r$RANK\"";
+  Proc p({kLaunch, "--standalone", "--nproc_per_node=2", "--log_dir=" + logs.path(),
+          "--duplicate-stdout-filters", "loss,a,,b", "--duplicate_stderr_filters=WARN",
+          "/bin/sh", "-c", script});
+  REQUIRE(p.wait() == 0);
+  // The console still has every line.
+  for (int r = 0; r < 2; ++r) {
+    const std::string pre = "[default" + std::to_string(r) + "]:";
+    const std::string rs = " r" + std::to_string(r);
+    CHECK_THAT(p.out(), Catch::Contains(pre + "loss=1" + rs + "\n"));
+    CHECK_THAT(p.out(), Catch::Contains(pre + "noise" + rs + "\n"));
+    CHECK_THAT(p.out(), Catch::Contains(pre + "a,b" + rs + "\n"));
+    CHECK_THAT(p.out(), Catch::Contains(pre + "loss tail" + rs + "\n"));
+    CHECK_THAT(p.err(), Catch::Contains(pre + "WARN disk" + rs + "\n"));
+    CHECK_THAT(p.err(), Catch::Contains(pre + "quiet" + rs + "\n"));
+  }
+  // The attempt's filtered files hold exactly the matching lines, whole and prefixed as on the
+  // console (the ranks' lines in the order they came).
+  const std::string attempt = run_log_dir(logs.path()) + "/attempt_0";
+  auto lines_of = [](const std::string& text) {
+    std::multiset<std::string> lines;
+    std::istringstream in(text);
+    for (std::string l; std::getline(in, l);) lines.insert(l);
+    return lines;
+  };
+  const std::string out = read_file(attempt + "/filtered_stdout.log");
+  CHECK(out.back() == '\n');
+  CHECK(lines_of(out) == std::multiset<std::string>{
+                             "[default0]:loss=1 r0", "[default0]:a,b r0", "[default0]:loss tail r0",
+                             "[default1]:loss=1 r1", "[default1]:a,b r1", "[default1]:loss tail r1"});
+  CHECK(lines_of(read_file(attempt + "/filtered_stderr.log")) ==
+        std::multiset<std::string>{"[default0]:WARN disk r0", "[default1]:WARN disk r1"});
+  // No filters, no file.
+  TempDir plain;
+  Proc q({kLaunch, "--standalone", "--log_dir=" + plain.path(), "/bin/echo", "loss"});
+  REQUIRE(q.wait() == 0);
+  CHECK_FALSE(std::filesystem::exists(run_log_dir(plain.path()) + "/attempt_0/filtered_stdout.log"));
+}
+
+namespace {
+
+std::set<int> cpu_set_of(const std::string& list) {
+  std::set<int> out;
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (item.empty()) continue;
+    const auto dash = item.find('-');
+    const int lo = std::stoi(item.substr(0, dash));
+    const int hi = dash == std::string::npos ? lo : std::stoi(item.substr(dash + 1));
+    for (int c = lo; c <= hi; ++c) out.insert(c);
+  }
+  return out;
+}
+
+std::string first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+// The NUMA nodes that have CPUs, from /sys.
+std::map<int, std::set<int>> numa_nodes() {
+  std::map<int, std::set<int>> nodes;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/sys/devices/system/node", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("node", 0) != 0 || name.size() < 5 || !std::isdigit(name[4])) continue;
+    auto cpus = cpu_set_of(first_line((e.path() / "cpulist").string()));
+    if (!cpus.empty()) nodes[std::stoi(name.substr(4))] = cpus;
+  }
+  return nodes;
+}
+
+std::set<int> my_cpus() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("Cpus_allowed_list:", 0) == 0) {
+      return cpu_set_of(line.substr(line.find_first_not_of(" \t", 18)));
+    }
+  }
+  return {};
+}
+
+// Runs nproc workers in `numa DIR` mode under --numa-binding=mode; each rank's allowed CPUs.
+std::vector<std::set<int>> bound_cpus(const std::string& mode, int nproc) {
+  TempDir dir;
+  Proc p(launch_args({"--standalone", "--nproc_per_node=" + std::to_string(nproc),
+                      "--numa-binding=" + mode},
+                     {"numa", dir.path()}));
+  REQUIRE(p.wait() == 0);
+  std::vector<std::set<int>> out;
+  for (int r = 0; r < nproc; ++r) {
+    auto seen = read_env_file(dir.file("numa." + std::to_string(r)));
+    INFO(mode << " rank " << r);
+    // Mems_allowed is the cpuset's, which a memory policy leaves as it is.
+    CHECK_FALSE(seen["Mems_allowed_list"].empty());
+    // The memory policy prefers the rank's node (on one node: node 0), unless the kernel
+    // refused it (launch's binding of memory is best effort).
+    CHECK((seen["mempolicy"] == "preferred:0" || seen["mempolicy"] == "default:"));
+    out.push_back(cpu_set_of(seen["Cpus_allowed_list"]));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("launch: --numa-binding binds each worker's CPUs as the mode says (one node)",
+          "[launch][numa][compat]") {
+  const auto nodes = numa_nodes();
+  if (nodes.size() != 1) {
+    WARN("this host has " << nodes.size() << " NUMA nodes with CPUs; the checks are for one");
+    return;
+  }
+  std::set<int> node;  // the node's CPUs launch may use
+  for (int c : nodes.begin()->second) {
+    if (my_cpus().count(c) != 0) node.insert(c);
+  }
+  REQUIRE_FALSE(node.empty());
+  const int nproc = std::min<int>(4, static_cast<int>(node.size()));
+  SECTION("node and socket: every CPU of the node") {
+    for (const std::string mode : {"node", "socket"}) {
+      for (const auto& cpus : bound_cpus(mode, 3)) CHECK(cpus == node);
+    }
+  }
+  SECTION("exclusive: disjoint sets that cover the node") {
+    const auto sets = bound_cpus("exclusive", nproc);
+    std::set<int> all;
+    std::size_t total = 0;
+    for (const auto& cpus : sets) {
+      CHECK_FALSE(cpus.empty());
+      all.insert(cpus.begin(), cpus.end());
+      total += cpus.size();
+    }
+    CHECK(total == all.size());  // disjoint
+    CHECK(all == node);
+  }
+  SECTION("core-complex: a group sharing the last-level cache, a different one per rank") {
+    // The groups: shared_cpu_list of each CPU's L3 (index3), larger groups first.
+    std::map<int, std::set<int>> by_first;
+    for (int c : node) {
+      auto shared = cpu_set_of(first_line("/sys/devices/system/cpu/cpu" + std::to_string(c) +
+                                          "/cache/index3/shared_cpu_list"));
+      std::set<int> mine;
+      for (int s : shared) {
+        if (node.count(s) != 0) mine.insert(s);
+      }
+      if (mine.empty()) mine = node;  // no L3 information: the node is one group
+      by_first[*mine.begin()] = mine;
+    }
+    std::vector<std::set<int>> groups;
+    for (const auto& [first, g] : by_first) groups.push_back(g);
+    std::stable_sort(groups.begin(), groups.end(),
+                     [](const auto& a, const auto& b) { return a.size() > b.size(); });
+    const auto sets = bound_cpus("core-complex", 2);
+    for (int r = 0; r < 2; ++r) CHECK(sets[r] == groups[r % groups.size()]);
+  }
+  SECTION("exclusive with more ranks than CPUs, or a bad mode: one line, exit 2") {
+    TempDir dir;
+    Proc p(launch_args({"--standalone", "--nproc_per_node=" + std::to_string(node.size() + 1),
+                        "--numa-binding=exclusive"},
+                       {"numa", dir.path()}));
+    CHECK(p.wait() == 2);
+    CHECK_THAT(p.err(), Catch::StartsWith("launch: error: --numa_binding=exclusive: NUMA node "));
+    CHECK(std::count(p.err().begin(), p.err().end(), '\n') == 1);
+    Proc bad(launch_args({"--standalone", "--numa_binding=numa"}, {"numa", dir.path()}));
+    CHECK(bad.wait() == 2);
+    CHECK(bad.err() ==
+          "launch: error: --numa_binding: 'numa' is not a mode (node, socket, exclusive, "
+          "core-complex)\n");
+    CHECK(std::filesystem::is_empty(dir.path()));
+  }
+  SECTION("off: workers keep launch's CPUs") {
+    TempDir dir;
+    Proc p(launch_args({"--standalone", "--nproc_per_node=2"}, {"numa", dir.path()}));
+    REQUIRE(p.wait() == 0);
+    CHECK(cpu_set_of(read_env_file(dir.file("numa.1"))["Cpus_allowed_list"]) == my_cpus());
+    CHECK(read_env_file(dir.file("numa.1"))["mempolicy"] == "default:");
+  }
 }

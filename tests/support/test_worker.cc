@@ -1,5 +1,7 @@
 // The worker program of the integration tests; argv[1] picks what it does.
 //   env DIR              write the environment to DIR/env.<RANK>, exit 0
+//   numa DIR             write Cpus_allowed_list and Mems_allowed_list (from /proc/self/status)
+//                        and "mempolicy=<mode>:<nodes>" (get_mempolicy) to DIR/numa.<RANK>
 //   exit CODE RANK       rank RANK exits with CODE at once; the others wait to be stopped
 //   restart DIR UNTIL    append TORCHELASTIC_RESTART_COUNT to DIR/restarts.<RANK>; while the
 //                        count is below UNTIL rank 0 exits 3 and the others wait to be stopped
@@ -18,6 +20,8 @@
 //   family setsid        the same, and the child starts a grandchild that calls setsid()
 //                        (its own session and process group): "family <child> <grandchild>"
 #include <fcntl.h>
+#include <linux/mempolicy.h>
+#include <sys/syscall.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -62,6 +66,34 @@ int main(int argc, char** argv) {
   if (mode == "env" && argc == 3) {
     std::ofstream out(std::string(argv[2]) + "/env." + env("RANK"));
     for (char** e = environ; *e != nullptr; ++e) out << *e << "\n";
+    return 0;
+  }
+  if (mode == "numa" && argc == 3) {
+    std::ofstream out(std::string(argv[2]) + "/numa." + env("RANK"));
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);) {
+      for (const char* key : {"Cpus_allowed_list:", "Mems_allowed_list:"}) {
+        if (line.rfind(key, 0) != 0) continue;
+        std::string value = line.substr(std::strlen(key));
+        value.erase(0, value.find_first_not_of(" \t"));
+        out << std::string(key, std::strlen(key) - 1) << "=" << value << "\n";
+      }
+    }
+    int policy = -1;
+    unsigned long nodes[16] = {};
+    std::string text = "unknown";
+    if (::syscall(SYS_get_mempolicy, &policy, nodes, sizeof nodes * 8, nullptr, 0) == 0) {
+      text = policy == MPOL_DEFAULT     ? "default"
+             : policy == MPOL_PREFERRED ? "preferred"
+             : policy == MPOL_BIND      ? "bind"
+                                        : "other";
+      std::string list;
+      for (int n = 0; n < static_cast<int>(sizeof nodes * 8); ++n) {
+        if ((nodes[n / 64] >> (n % 64)) & 1UL) list += (list.empty() ? "" : ",") + std::to_string(n);
+      }
+      text += ":" + list;
+    }
+    out << "mempolicy=" << text << "\n";
     return 0;
   }
   if (mode == "exit" && argc == 4) {

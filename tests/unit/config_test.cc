@@ -613,3 +613,78 @@ TEST_CASE("logging: MUSTER_LOG_LEVEL, else torchrun's LOGLEVEL, else warnings", 
   CHECK_THAT(std::string(bad.status().message()),
              Catch::Contains("LOGLEVEL: 'loud'") && Catch::Contains("DEBUG, INFO"));
 }
+
+TEST_CASE("flags: --virtual_local_rank, both spellings and PET_VIRTUAL_LOCAL_RANK", "[config]") {
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+  CHECK_FALSE(parse_ok({"--standalone", "prog"}).virtual_local_rank);
+  CHECK(parse_ok({"--virtual_local_rank", "prog"}).virtual_local_rank);
+  CHECK(parse_ok({"--virtual-local-rank", "--nproc_per_node=4", "prog"}).virtual_local_rank);
+  {
+    ScopedEnv env(std::map<std::string, std::string>{{"PET_VIRTUAL_LOCAL_RANK", "1"}});
+    CHECK(parse_ok({"prog"}).virtual_local_rank);
+  }
+  SECTION("CUDA_VISIBLE_DEVICES must name a device for every local rank") {
+    ScopedEnv env(std::map<std::string, std::string>{{"CUDA_VISIBLE_DEVICES", "3,5"}});
+    CHECK(parse_ok({"--virtual-local-rank", "--nproc_per_node=2", "prog"}).virtual_local_rank);
+    CHECK(parse_err({"--virtual-local-rank", "--nproc_per_node=3", "prog"}) ==
+          "--virtual_local_rank: local rank 2 has no device in CUDA_VISIBLE_DEVICES=3,5");
+    CHECK(parse_ok({"--nproc_per_node=3", "prog"}).nproc_per_node == 3);  // only when asked
+  }
+}
+
+TEST_CASE("flags: --duplicate_{stdout,stderr}_filters: comma lists, ,, for a comma", "[config]") {
+  using muster::launcher::parse_filter_list;
+  using V = std::vector<std::string>;
+  CHECK(parse_filter_list("") == V{});
+  CHECK(parse_filter_list("apple,orange") == V{"apple", "orange"});
+  CHECK(parse_filter_list("a,,b,c") == V{"a,b", "c"});
+  CHECK(parse_filter_list(",x,,") == V{"x,"});
+  CHECK(parse_filter_list("loss: , step") == V{"loss: ", " step"});  // kept as given
+  auto c = parse_ok({"--duplicate-stdout-filters", "apple,orange", "--duplicate_stderr_filters=E",
+                     "prog"});
+  CHECK(c.duplicate_stdout_filters == V{"apple", "orange"});
+  CHECK(c.duplicate_stderr_filters == V{"E"});
+  CHECK(parse_ok({"prog"}).duplicate_stdout_filters.empty());
+  {
+    ScopedEnv env(std::map<std::string, std::string>{{"PET_DUPLICATE_STDOUT_FILTERS", "x"}});
+    CHECK(parse_ok({"prog"}).duplicate_stdout_filters == V{"x"});
+  }
+  // --log_dir=/dev/null writes no files, the filtered copies included.
+  CHECK(parse_ok({"--log_dir=/dev/null", "--duplicate_stdout_filters=x", "prog"})
+            .duplicate_stdout_filters.empty());
+}
+
+TEST_CASE("flags: --numa_binding takes torchrun's modes", "[config]") {
+  CHECK(parse_ok({"prog"}).numa_binding.empty());
+  for (const std::string m : {"node", "socket", "exclusive", "core-complex"}) {
+    CHECK(parse_ok({"--numa-binding", m, "prog"}).numa_binding == m);
+    CHECK(parse_ok({"--numa_binding=" + m, "prog"}).numa_binding == m);
+  }
+  {
+    ScopedEnv env(std::map<std::string, std::string>{{"PET_NUMA_BINDING", "socket"}});
+    CHECK(parse_ok({"prog"}).numa_binding == "socket");
+  }
+  CHECK(parse_err({"--numa-binding=numa", "prog"}) ==
+        "--numa_binding: 'numa' is not a mode (node, socket, exclusive, core-complex)");
+  CHECK(parse_err({"--numa-binding=", "prog"}) ==
+        "--numa_binding: '' is not a mode (node, socket, exclusive, core-complex)");
+}
+
+TEST_CASE("flags: --help shows the torchrun 2.x flags in their groups", "[config]") {
+  auto r = parse_launch_args({"--help"}, fake_host(1, 0));
+  const std::string& h = r.help;
+  const auto workers = h.find("Workers:");
+  const auto logs = h.find("Logs and output:");
+  REQUIRE(workers != std::string::npos);
+  REQUIRE(logs != std::string::npos);
+  // The flag is listed after the group's heading and before the next heading ("\n\nName:").
+  auto in_group = [&](const std::string& flag, std::size_t group) {
+    const auto at = h.find(flag, group);
+    const auto next = h.find(":\n", h.find('\n', group));
+    return at != std::string::npos && (next == std::string::npos || at < next);
+  };
+  CHECK(in_group("--virtual_local_rank", workers));
+  CHECK(in_group("--numa_binding", workers));
+  CHECK(in_group("--duplicate_stdout_filters", logs));
+  CHECK(in_group("--duplicate_stderr_filters", logs));
+}

@@ -94,3 +94,46 @@ TEST_CASE("worker env: TORCHELASTIC_SIGNALS_TO_HANDLE defaults to torchrun's sig
   auto env = build_worker_env({{"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGUSR2"}}, WorkerEnvSpec{});
   CHECK(env["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
 }
+
+TEST_CASE("worker env: --virtual_local_rank: LOCAL_RANK 0, one device, as torchrun", "[env]") {
+  WorkerEnvSpec s;
+  s.local_rank = 2;
+  s.local_world_size = 4;
+  s.rank_offset = 4;
+  s.virtual_local_rank = true;
+  SECTION("launch has no CUDA_VISIBLE_DEVICES: the local rank's device") {
+    auto env = build_worker_env({}, s);
+    CHECK(env["LOCAL_RANK"] == "0");
+    CHECK(env["RANK"] == "6");
+    CHECK(env["CUDA_VISIBLE_DEVICES"] == "2");
+  }
+  SECTION("launch's CUDA_VISIBLE_DEVICES: the entry at the local rank's position, trimmed") {
+    auto env = build_worker_env({{"CUDA_VISIBLE_DEVICES", "4,5, 7 ,GPU-abc"}}, s);
+    CHECK(env["LOCAL_RANK"] == "0");
+    CHECK(env["CUDA_VISIBLE_DEVICES"] == "7");
+    s.local_rank = 3;
+    CHECK(build_worker_env({{"CUDA_VISIBLE_DEVICES", "4,5,7,GPU-abc"}}, s)["CUDA_VISIBLE_DEVICES"] ==
+          "GPU-abc");
+  }
+  SECTION("off: LOCAL_RANK is the local rank and CUDA_VISIBLE_DEVICES is inherited") {
+    s.virtual_local_rank = false;
+    auto env = build_worker_env({{"CUDA_VISIBLE_DEVICES", "4,5,7,8"}}, s);
+    CHECK(env["LOCAL_RANK"] == "2");
+    CHECK(env["CUDA_VISIBLE_DEVICES"] == "4,5,7,8");
+    CHECK(build_worker_env({}, s).count("CUDA_VISIBLE_DEVICES") == 0);
+  }
+}
+
+TEST_CASE("worker env: virtual_visible_device refuses a local rank past the list", "[env]") {
+  using muster::agent::virtual_visible_device;
+  const std::string two = "0,1";
+  CHECK(*virtual_visible_device(&two, 1) == "1");
+  auto past = virtual_visible_device(&two, 2);
+  REQUIRE_FALSE(past.ok());
+  CHECK(std::string(past.status().message()) ==
+        "--virtual_local_rank: local rank 2 has no device in CUDA_VISIBLE_DEVICES=0,1");
+  CHECK(*virtual_visible_device(nullptr, 5) == "5");
+  const std::string empty;
+  CHECK(*virtual_visible_device(&empty, 0) == "");  // torchrun: "".split(",") == [""]
+  CHECK_FALSE(virtual_visible_device(&empty, 1).ok());
+}

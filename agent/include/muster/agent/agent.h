@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "muster/agent/numa.h"
 #include "muster/agent/supervisor.h"
 #include "muster/rendezvous/state_machine.h"
 
@@ -59,11 +60,19 @@ struct AgentOptions {
   // the files and the console (tee). Empty: neither. Files hold the raw output, unprefixed.
   std::vector<int> redirect_of, tee_of;
   std::vector<bool> console_of;  // empty: every rank reaches the console
+  // torchrun 2.x's --duplicate_{stdout,stderr}_filters: each console line of that stream whose
+  // text (without the prefix) contains any of these is also written, prefixed as on the
+  // console, to attempt_<k>/filtered_stdout.log (filtered_stderr.log), one file per attempt
+  // shared by the node's workers. Empty: no file.
+  std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
   std::string own_error_file;    // launch's own TORCHELASTIC_ERROR_FILE, written on failure
   // torchrun's file-timer watchdog: the FIFO the agent serves (agent/file_timer.h); empty: off.
   std::string file_timer_path;
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // as given, for the workers
+  bool virtual_local_rank = false;  // LOCAL_RANK=0, one device each (worker_env.h)
+  // --numa-binding: each local rank's CPUs and memory node (agent/numa.h); empty: none.
+  std::vector<NumaBinding> numa_of;
   // What keeps the job's descendants from outliving it (owned by main; may be null): each
   // worker joins its cgroup and its process group is tracked.
   JobSupervisor* supervisor = nullptr;

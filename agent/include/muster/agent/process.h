@@ -17,6 +17,11 @@ struct SpawnRequest {
   // The job cgroup's cgroup.procs (JobSupervisor), which the child writes "0" to before
   // exec, so that it and all it starts are in the job cgroup; -1: none.
   int cgroup_procs_fd = -1;
+  // --numa-binding: the child sets its CPU affinity to these CPUs (sched_setaffinity; a
+  // failure ends it with exit 127 and a line on stderr) and prefers this memory node
+  // (set_mempolicy(MPOL_PREFERRED); best effort). Empty / -1: no binding.
+  std::vector<int> cpus;
+  int memory_node = -1;
 };
 
 // A started worker. The caller owns the three descriptors (all close-on-exec).
@@ -29,7 +34,8 @@ struct ChildProcess {
 
 // Forks and execs the worker: in its own process group (pgid == pid), in the job cgroup when
 // one is given, with
-// PR_SET_PDEATHSIG(SIGKILL) set in the child and the parent re-checked afterwards, stdout
+// PR_SET_PDEATHSIG(SIGKILL) set in the child and the parent re-checked afterwards, bound to
+// its CPUs and memory node when asked, stdout
 // and stderr on pipes, SIGPIPE reset to default. Only async-signal-safe calls run between
 // fork and exec; everything is prepared before the fork.
 //

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace muster::agent {
 
 // Everything that varies between workers and rounds.
@@ -30,7 +32,16 @@ struct WorkerEnvSpec {
   // --signals_to_handle as given (TORCHELASTIC_SIGNALS_TO_HANDLE, torchrun 2.x: the signals
   // torch's own process contexts in a worker then handle).
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  // --virtual_local_rank (torchrun 2.x): LOCAL_RANK is 0 and CUDA_VISIBLE_DEVICES holds only
+  // this worker's device (see virtual_visible_device).
+  bool virtual_local_rank = false;
 };
+
+// The one device a worker sees under --virtual_local_rank, as torchrun picks it: entry
+// `local_rank` of launch's CUDA_VISIBLE_DEVICES (trimmed) when launch has that variable,
+// else the local rank itself. An error when the list has no entry at that position.
+// `parent` is nullptr when launch's environment lacks the variable.
+absl::StatusOr<std::string> virtual_visible_device(const std::string* parent, int local_rank);
 
 // Where workers reach the store: the server's Unix-domain target when the server runs with this
 // agent's host identity (same boot, same network namespace), else `tcp_target`.
@@ -44,7 +55,9 @@ std::map<std::string, std::string> current_environment();
 // Returns the worker's environment: `base` with the contract's variables set (they replace
 // any inherited value), plus the variables torchrun only sets when they are unset
 // (OMP_NUM_THREADS=1 when local_world_size > 1, TORCH_NCCL_ASYNC_ERROR_HANDLING=1,
-// NCCL_ASYNC_ERROR_HANDLING=1 for torch < 2).
+// NCCL_ASYNC_ERROR_HANDLING=1 for torch < 2). With spec.virtual_local_rank, LOCAL_RANK is 0
+// and CUDA_VISIBLE_DEVICES is virtual_visible_device(base's, local_rank); the caller has
+// checked that it exists (an impossible entry leaves the worker no device: "").
 std::map<std::string, std::string> build_worker_env(const std::map<std::string, std::string>& base,
                                                     const WorkerEnvSpec& spec);
 

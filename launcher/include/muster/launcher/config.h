@@ -76,8 +76,19 @@ struct LaunchConfig {
   std::string redirects = "0";
   std::string tee = "0";
   std::string local_ranks_filter;
+  // --duplicate_stdout_filters / --duplicate_stderr_filters (torchrun 2.x) as given, and split
+  // by parse_filter_list.
+  std::string duplicate_stdout_text, duplicate_stderr_text;
+  std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
   std::string event_log_handler = "console";  // accepted: events go to launch's own log
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  // --virtual_local_rank (torchrun 2.x): every worker gets LOCAL_RANK=0 and only its own
+  // device in CUDA_VISIBLE_DEVICES. Checked at parse time: with CUDA_VISIBLE_DEVICES set, it
+  // must have an entry for every local rank.
+  bool virtual_local_rank = false;
+  // --numa_binding (torchrun 2.x): "" (off), node, socket, exclusive or core-complex; the
+  // per-rank plan is made by main from the host's topology (agent/numa.h).
+  std::string numa_binding;
   // Resolved per local rank: bit 1 stdout, bit 2 stderr. A stream both redirected and teed is
   // teed (torchrun's rule: tee adds to the redirects), so the two never share a bit. With
   // --log_dir=/dev/null (torchrun's "no files") both are 0 and log_dir is cleared.
@@ -136,6 +147,10 @@ bool is_local_host(const std::string& host, const std::vector<std::string>& addr
 // WARNING/WARN, ERROR, CRITICAL/FATAL, NOTSET), else "warning". A LOGLEVEL that is not a
 // level is an error. Pass nullptr for an unset variable.
 absl::StatusOr<std::string> resolve_log_level(const char* muster_log_level, const char* loglevel);
+
+// torchrun's filter lists: comma separated, ",," stands for a comma inside a filter, empty
+// items are dropped (so "" is no filter at all). Filters are substrings, kept as given.
+std::vector<std::string> parse_filter_list(const std::string& text);
 
 // Number of CUDA devices visible to this process (0 without a driver or a GPU).
 int detect_gpu_count();
