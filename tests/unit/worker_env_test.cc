@@ -94,3 +94,16 @@ TEST_CASE("worker env: TORCHELASTIC_SIGNALS_TO_HANDLE defaults to torchrun's sig
   auto env = build_worker_env({{"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGUSR2"}}, WorkerEnvSpec{});
   CHECK(env["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
 }
+
+TEST_CASE("worker args: torchrun's ${local_rank} macro, as string.Template substitutes it",
+          "[env]") {
+  using muster::agent::substitute_local_rank;
+  CHECK(substitute_local_rank("--local-rank=${local_rank}", 3) == "--local-rank=3");
+  CHECK(substitute_local_rank("out_$local_rank.log", 1) == "out_1.log");
+  CHECK(substitute_local_rank("$local_rank", 0) == "0");
+  CHECK(substitute_local_rank("a$$b", 2) == "a$b");
+  CHECK(substitute_local_rank("$HOME ${rank} $", 2) == "$HOME ${rank} $");
+  CHECK(substitute_local_rank("$local_ranks", 2) == "$local_ranks");  // another name
+  CHECK(substitute_local_rank("${local_rank", 2) == "${local_rank");
+  CHECK(substitute_local_rank("plain", 2) == "plain");
+}
