@@ -133,6 +133,11 @@ class Agent::Impl {
     const std::vector<std::string>* filters = nullptr;
     std::array<char, 64 * 1024> buf;
     std::string out;
+    // The stream's last kTailBytes, kept for a Python worker's stderr (the ModuleNotFoundError
+    // hint); empty otherwise.
+    static constexpr std::size_t kTailBytes = 4096;
+    bool keep_tail = false;
+    std::string tail;
   };
   struct Worker {
     int local_rank = 0;
@@ -378,7 +383,9 @@ class Agent::Impl {
       spec.token = opts_.token;
       spec.signals_to_handle = opts_.signals_to_handle;
       spec.virtual_local_rank = opts_.virtual_local_rank;
-      SpawnRequest req{opts_.program_path, opts_.argv,
+      std::vector<std::string> argv = opts_.argv;
+      for (std::size_t i = 1; i < argv.size(); ++i) argv[i] = substitute_local_rank(argv[i], lr);
+      SpawnRequest req{opts_.program_path, std::move(argv),
                        to_envp(build_worker_env(opts_.base_env, spec)),
                        opts_.supervisor != nullptr ? opts_.supervisor->cgroup_procs_fd() : -1};
       if (lr < static_cast<int>(opts_.numa_of.size())) {
@@ -406,6 +413,7 @@ class Agent::Impl {
       w->out->filters = &opts_.duplicate_stdout_filters;
       w->err->filtered = filtered_[1].fd;
       w->err->filters = &opts_.duplicate_stderr_filters;
+      w->err->keep_tail = !opts_.python_interpreter.empty();
       w->pidfd = std::make_unique<Descriptor>(io_, child->pidfd);
       Worker* raw = w.get();
       workers_.push_back(std::move(w));
@@ -481,6 +489,12 @@ class Agent::Impl {
           if (ec == asio::error::operation_aborted && phase_ == Phase::kExiting) return;
           p->out.clear();
           if (!ec) {
+            if (p->keep_tail) {
+              p->tail.append(p->buf.data(), n);
+              if (p->tail.size() > Pipe::kTailBytes) {
+                p->tail.erase(0, p->tail.size() - Pipe::kTailBytes);
+              }
+            }
             if (p->file >= 0) write_all(p->file, std::string_view(p->buf.data(), n));
             if (p->console >= 0) {
               p->splitter.feed(std::string_view(p->buf.data(), n), p->out);
@@ -697,6 +711,8 @@ class Agent::Impl {
         std::string summary =
             format_failure_summary(opts_.entrypoint_name, fail_.root_cause(), others);
         write_all(opts_.stderr_fd, summary);
+        if (!opts_.python_interpreter.empty()) write_all(opts_.stderr_fd, python_hint());
+        failed_ = true;
         if (!opts_.own_error_file.empty()) {
           // As torchrun: launch's own error file names the root cause, for whoever runs it.
           std::ofstream(opts_.own_error_file) << error_file_json(fail_.root_cause());
@@ -705,9 +721,31 @@ class Agent::Impl {
         return;
       }
       case After::kExit:
+        if (signal_ != 0 && !opts_.own_error_file.empty()) {
+          // As torchrun's @record main: the SignalException that stopped it.
+          std::ofstream(opts_.own_error_file)
+              << signal_exception_json(signal_, ::getpid(), wall_ms() / 1000);
+        }
         finish(exit_code_);
         return;
     }
+  }
+
+  // The ModuleNotFoundError hint for the first of this node's workers whose failure shows one:
+  // the root cause when it is ours (its error file), else any worker's stderr tail.
+  std::string python_hint() const {
+    const v1::WorkerFailure& root = fail_.root_cause();
+    if (root.host() == opts_.host && root.group_rank() == assignment_.group_rank()) {
+      std::string h = module_not_found_hint(root.message() + "\n" + root.traceback(), root.rank(),
+                                            opts_.python_interpreter);
+      if (!h.empty()) return h;
+    }
+    for (const auto& w : workers_) {
+      if (w->err == nullptr) continue;
+      std::string h = module_not_found_hint(w->err->tail, w->rank, opts_.python_interpreter);
+      if (!h.empty()) return h;
+    }
+    return "";
   }
 
   void finish(int code) {
@@ -774,6 +812,9 @@ class Agent::Impl {
   bool failure_reported_ = false;
   int signal_ = 0;
   int exit_code_ = 1;
+
+ public:
+  bool failed_ = false;  // the failure summary was printed
 };
 
 Agent::Agent(asio::io_context& io, AgentOptions options)
@@ -784,5 +825,7 @@ Agent::~Agent() = default;
 int Agent::run() { return impl_->run(); }
 
 void Agent::on_signal(int sig) { impl_->on_signal(sig); }
+
+bool Agent::failed() const { return impl_->failed_; }
 
 }  // namespace muster::agent

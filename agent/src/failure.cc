@@ -345,6 +345,37 @@ std::string error_file_json(const v1::WorkerFailure& f) {
   return out;
 }
 
+std::string signal_exception_json(int sig, long pid, std::int64_t timestamp_s) {
+  google::protobuf::Struct root;
+  auto& msg = *(*root.mutable_fields())["message"].mutable_struct_value()->mutable_fields();
+  const std::string text =
+      absl::StrCat("SignalException: Process ", pid, " got signal: ", sig);
+  msg["message"].set_string_value(text);
+  auto& extra = *msg["extraInfo"].mutable_struct_value()->mutable_fields();
+  extra["py_callstack"].set_string_value(absl::StrCat(
+      "torch.distributed.elastic.multiprocessing.api.", text, " (launch received ",
+      signal_name(sig), ", stopped its workers and exited ", 128 + sig, ")\n"));
+  extra["timestamp"].set_string_value(std::to_string(timestamp_s));
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(root, &out).ok()) return "{}";
+  return out;
+}
+
+std::string module_not_found_hint(std::string_view text, int rank, std::string_view interpreter) {
+  constexpr std::string_view kError = "ModuleNotFoundError";
+  // The last one: a traceback ends with the exception that ended the program.
+  const std::size_t at = text.rfind(kError);
+  if (at == std::string_view::npos) return "";
+  std::string_view line = text.substr(at);
+  line = line.substr(0, std::min({line.find('\n'), line.find('\r'), std::size_t{300}}));
+  std::ostringstream os;
+  os << "launch: worker rank " << rank << " failed with " << sanitize_utf8(std::string(line))
+     << "\n  it ran under " << interpreter
+     << ";\n  to run workers under the python that has the module, set PYTHON_EXEC "
+        "(e.g. PYTHON_EXEC=/path/to/venv/bin/python) or activate its virtual environment\n";
+  return os.str();
+}
+
 std::string signal_name(int sig) {
   if (const char* abbrev = sigabbrev_np(sig); abbrev != nullptr) {
     return std::string("SIG") + abbrev;

@@ -286,6 +286,8 @@ void JobSupervisor::track_folder(const std::string& path) {
   send('D', static_cast<pid_t>(path.size()), path);
 }
 
+void JobSupervisor::forget_folder() { send('D', 0); }  // an empty path: nothing to remove
+
 
 void JobSupervisor::kill_cgroup() {
   if (kill_fd_ >= 0) write_str(kill_fd_, "1");

@@ -1,5 +1,7 @@
 #include "muster/agent/worker_env.h"
 
+#include <cctype>
+
 #include <string>
 
 #include "absl/strings/ascii.h"
@@ -85,6 +87,46 @@ std::string store_target_for_workers(const std::string& local_target,
                                      const std::string& my_identity, const std::string& tcp_target) {
   const bool local = !local_target.empty() && !my_identity.empty() && server_identity == my_identity;
   return local ? local_target : tcp_target;
+}
+
+std::string substitute_local_rank(const std::string& arg, int local_rank) {
+  if (arg.find('$') == std::string::npos) return arg;
+  const std::string value = std::to_string(local_rank);
+  auto ident_char = [](char c, bool first) {
+    return c == '_' || std::isalpha(static_cast<unsigned char>(c)) ||
+           (!first && std::isdigit(static_cast<unsigned char>(c)));
+  };
+  std::string out;
+  for (std::size_t i = 0; i < arg.size(); ++i) {
+    if (arg[i] != '$' || i + 1 == arg.size()) {
+      out += arg[i];
+      continue;
+    }
+    if (arg[i + 1] == '$') {
+      out += '$';
+      ++i;
+      continue;
+    }
+    if (arg[i + 1] == '{') {
+      const std::size_t close = arg.find('}', i + 2);
+      if (close != std::string::npos && arg.compare(i + 2, close - i - 2, "local_rank") == 0) {
+        out += value;
+        i = close;
+        continue;
+      }
+      out += '$';
+      continue;
+    }
+    std::size_t end = i + 1;
+    while (end < arg.size() && ident_char(arg[end], end == i + 1)) ++end;
+    if (arg.compare(i + 1, end - i - 1, "local_rank") == 0) {
+      out += value;
+      i = end - 1;
+      continue;
+    }
+    out += '$';
+  }
+  return out;
 }
 
 }  // namespace muster::agent

@@ -496,7 +496,9 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   app.prefix_command();
   app.footer(
       "PROGRAM [ARGS...]: an executable (a path, or a name on PATH), a .py script (run as "
-      "python3 -u), or a module with -m. Everything after PROGRAM is passed to it. "
+      "PYTHON -u, PYTHON being $PYTHON_EXEC, else $VIRTUAL_ENV/bin/python, else the first python3 "
+      "on PATH that can import torch when the script imports it, else python3), or a module "
+      "with -m. Everything after PROGRAM is passed to it. "
       "Details: docs/launch.md and docs/rendezvous.md.");
   app.set_help_flag("-h,--help", "Show this help and exit");
   // Every flag also reads PET_<NAME> (torchrun's env defaults, as Kubeflow's PyTorchJob sets
@@ -572,6 +574,15 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   pet(app.add_flag("--run_path,--run-path", c.run_path,
                    "Run PROGRAM as a Python script whatever its name (python3 -u PROGRAM)"),
       kProgram);
+  const char* kLegacy = "torch.distributed.launch (legacy)";
+  pet(app.add_flag("--legacy_launch,--legacy-launch", c.legacy_launch,
+                   "Act as python -m torch.distributed.launch: PROGRAM gets --local-rank=N "
+                   "(its local rank) before its own arguments, unless --use_env"),
+      kLegacy);
+  pet(app.add_flag("--use_env,--use-env", c.use_env,
+                   "torch.distributed.launch's flag: LOCAL_RANK only in the environment, no "
+                   "--local-rank argument (always so without --legacy_launch)"),
+      kLegacy);
   pet(app.add_option("--log_dir,--log-dir", c.log_dir,
                      "Keep each worker's stdout.log, stderr.log and error.json under "
                      "DIR/<run_id>_<random>/attempt_<k>/<local_rank>/"),
@@ -744,12 +755,10 @@ absl::StatusOr<std::string> find_executable(const std::string& name, const std::
 }
 
 absl::StatusOr<Entrypoint> resolve_entrypoint(const LaunchConfig& c,
-                                              const std::map<std::string, std::string>& env) {
-  auto get = [&env](const char* k) {
-    auto it = env.find(k);
-    return it == env.end() ? std::string() : it->second;
-  };
-  const std::string path_var = get("PATH");
+                                              const std::map<std::string, std::string>& env,
+                                              const TorchProbe& probe) {
+  auto it = env.find("PATH");
+  const std::string path_var = it == env.end() ? std::string() : it->second;
   Entrypoint e;
   e.name = c.program;
   const bool python =
@@ -760,19 +769,22 @@ absl::StatusOr<Entrypoint> resolve_entrypoint(const LaunchConfig& c,
     e.path = *exe;
     e.argv.push_back(c.program);
   } else {
-    std::string interp = get("PYTHON_EXEC");
-    auto exe = find_executable(interp.empty() ? "python3" : interp, path_var);
-    if (!exe.ok()) {
-      return absl::NotFoundError(absl::StrCat("python interpreter: ", exe.status().message()));
-    }
     if (!c.module && ::access(c.program.c_str(), R_OK) != 0) {
       return absl::NotFoundError(absl::StrCat("script '", c.program, "' does not exist"));
     }
-    e.path = *exe;
-    e.argv = {*exe, "-u"};
+    const std::string source = c.module ? module_source(c.program) : c.program;
+    const bool wants_torch = !source.empty() && script_imports_torch(source);
+    auto choice = choose_python(env, wants_torch, probe, kTorchProbeBudget);
+    if (!choice.ok()) return choice.status();
+    e.path = choice->path;
+    e.python_reason = choice->reason;
+    e.argv = {choice->path, "-u"};
     if (c.module) e.argv.push_back("-m");
     e.argv.push_back(c.program);
   }
+  // torch.distributed.launch's argument (torch 2.x spells it --local-rank; the agent puts each
+  // worker's local rank in place of the macro, as torchrun does for any ${local_rank}).
+  if (c.legacy_launch && !c.use_env) e.argv.push_back("--local-rank=${local_rank}");
   e.argv.insert(e.argv.end(), c.program_args.begin(), c.program_args.end());
   return e;
 }

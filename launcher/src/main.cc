@@ -13,6 +13,8 @@
 #include <boost/asio/signal_set.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
+#include <fstream>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -76,6 +78,16 @@ absl::Status setup_logging() {
   return absl::OkStatus();
 }
 
+// Whether a worker wrote its error file (attempt_<k>/<local_rank>/error.json) under `dir`.
+bool holds_error_file(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->path().filename() == "error.json") return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -131,6 +143,9 @@ int main(int argc, char** argv) {
       spdlog::info("--numa_binding={}: local rank {} on CPUs {}, memory node {}", cfg.numa_binding,
                    lr, muster::agent::cpu_list_text(numa_plan[lr].cpus), numa_plan[lr].memory_node);
     }
+  }
+  if (!entry->python_reason.empty()) {
+    spdlog::info("python: {} runs under {} ({})", entry->name, entry->path, entry->python_reason);
   }
 
   boost::asio::io_context io(1);
@@ -247,6 +262,9 @@ int main(int argc, char** argv) {
   opts.program_path = entry->path;
   opts.argv = entry->argv;
   opts.entrypoint_name = entry->name;
+  if (!entry->python_reason.empty()) {
+    opts.python_interpreter = absl::StrCat(entry->path, " (", entry->python_reason, ")");
+  }
   opts.shutdown_timeout = cfg.shutdown_timeout;
   opts.signals_to_handle = cfg.signals_to_handle;
   opts.virtual_local_rank = cfg.virtual_local_rank;
@@ -261,6 +279,7 @@ int main(int argc, char** argv) {
   if (auto it = env.find("TORCHELASTIC_ERROR_FILE"); it != env.end()) {
     opts.own_error_file = it->second;
   }
+  const std::string own_error_file = opts.own_error_file;
   // torchrun's file-timer watchdog (docs/launch.md, "File timer"): the FIFO is the one named by
   // TORCHELASTIC_TIMER_FILE, else one in launch's own folder; workers are told where.
   if (auto it = env.find("TORCHELASTIC_ENABLE_FILE_TIMER"); it != env.end() && it->second == "1") {
@@ -279,10 +298,11 @@ int main(int argc, char** argv) {
 
   // A kill -9 leaves no temporary folder either: the supervisor removes it.
   if (!keep && supervisor) supervisor->track_folder(tmpl);
+  bool keep_failed = false;  // a failed job keeps the error files its summary names
   auto cleanup = [&] {
     // The supervisor is not told to forget the folder: a kill -9 while it is being removed
     // would leave the rest. Removing what is already gone costs it nothing.
-    if (!keep) std::filesystem::remove_all(tmpl, ec);
+    if (!keep && !keep_failed) std::filesystem::remove_all(tmpl, ec);
     // The supervisor kills what is left (nothing, normally) and removes the job cgroup.
     if (supervisor) supervisor->finish(std::chrono::seconds(2));
   };
@@ -290,6 +310,13 @@ int main(int argc, char** argv) {
   muster::agent::Agent agent(io, std::move(opts));
   on_signal = [&agent](int sig) { agent.on_signal(sig); };
   const int code = agent.run();
+  if (agent.failed() && !keep && holds_error_file(tmpl)) {
+    // The summary names the error files workers wrote in the private folder: they must
+    // outlive launch, so the supervisor is told to leave it too.
+    keep_failed = true;
+    if (supervisor) supervisor->forget_folder();
+    spdlog::warn("the failed job's error files are kept in {} (remove it when done)", tmpl);
+  }
   if (server) {
     // A hosting agent stays until every member has been told the run's end (their streams
     // close once they have read it); after a signal or a rendezvous error it leaves at once.
@@ -302,6 +329,10 @@ int main(int argc, char** argv) {
     on_signal = [&](int sig) {
       spdlog::warn("received {} while closing the rendezvous; leaving now",
                    muster::agent::signal_name(sig));
+      if (!own_error_file.empty()) {  // torchrun's record of the SignalException
+        std::ofstream(own_error_file) << muster::agent::signal_exception_json(
+            sig, ::getpid(), static_cast<std::int64_t>(std::time(nullptr)));
+      }
       cleanup();
       std::fflush(stdout);
       std::fflush(stderr);

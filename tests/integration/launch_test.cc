@@ -1036,3 +1036,84 @@ TEST_CASE("launch: --numa-binding binds each worker's CPUs as the mode says (one
     CHECK(read_env_file(dir.file("numa.1"))["mempolicy"] == "default:");
   }
 }
+
+// --- issue 12: the interpreter, torch.distributed.launch, the edges --------------------
+
+TEST_CASE("launch: a ModuleNotFoundError names the interpreter and PYTHON_EXEC",
+          "[launch][python]") {
+  REQUIRE(::access("/usr/bin/python3", X_OK) == 0);  // scripts/setup installs it
+  TempDir dir;
+  std::ofstream(dir.file("job.py")) << "import no_such_module_for_launch_tests\n";
+  Proc p({kLaunch, "--standalone", "--nproc_per_node=2", dir.file("job.py")},
+         Env{{"PATH", "/usr/bin:/bin"}, {"PYTHON_EXEC", std::nullopt},
+             {"VIRTUAL_ENV", std::nullopt}, {"MUSTER_LOG_LEVEL", "info"}});
+  REQUIRE(p.wait() == 1);
+  CHECK_THAT(p.err(), Catch::Contains("python: " + dir.file("job.py") +
+                                      " runs under /usr/bin/python3 (python3 from PATH)"));
+  CHECK_THAT(p.err(), Catch::Contains("failed with ModuleNotFoundError: No module named "
+                                      "'no_such_module_for_launch_tests'\n"));
+  CHECK_THAT(p.err(), Catch::Contains("it ran under /usr/bin/python3 (python3 from PATH)"));
+  CHECK_THAT(p.err(), Catch::Contains("set PYTHON_EXEC"));
+  // The hint follows the summary.
+  CHECK(p.err().rfind("set PYTHON_EXEC") > p.err().rfind("Root Cause"));
+}
+
+TEST_CASE("launch: --legacy_launch passes --local-rank=N unless --use_env",
+          "[launch][compat]") {
+  REQUIRE(::access("/usr/bin/python3", X_OK) == 0);  // scripts/setup installs it
+  TempDir dir;
+  std::ofstream(dir.file("args.py")) << "import os, sys\nprint(os.environ['LOCAL_RANK'], "
+                                        "' '.join(sys.argv[1:]))\n";
+  Env env{{"PYTHON_EXEC", "/usr/bin/python3"}};
+  Proc legacy({kLaunch, "--legacy_launch", "--nproc_per_node=2", dir.file("args.py"), "--lr",
+               "1"},
+              env);
+  REQUIRE(legacy.wait() == 0);
+  CHECK_THAT(legacy.out(), Catch::Contains("[default0]:0 --local-rank=0 --lr 1\n"));
+  CHECK_THAT(legacy.out(), Catch::Contains("[default1]:1 --local-rank=1 --lr 1\n"));
+  Proc use_env({kLaunch, "--legacy_launch", "--use-env", "--nproc_per_node=2",
+                dir.file("args.py"), "--lr", "1"},
+               env);
+  REQUIRE(use_env.wait() == 0);
+  CHECK_THAT(use_env.out(), Catch::Contains("[default1]:1 --lr 1\n"));
+  // torchrun's macro works in any argument.
+  Proc macro({kLaunch, "--standalone", "--nproc_per_node=2", "/bin/echo", "rank=${local_rank}"});
+  REQUIRE(macro.wait() == 0);
+  CHECK_THAT(macro.out(), Catch::Contains("[default1]:rank=1\n"));
+}
+
+TEST_CASE("launch: signalled, it writes torch's SignalException to its own error file",
+          "[launch][signals][compat]") {
+  TempDir dir, own;
+  const std::string own_file = own.file("launch_error.json");
+  Proc p(launch_args({"--standalone", "--nproc_per_node=2"}, {"term", dir.path(), "handle"}),
+         Env{{"TORCHELASTIC_ERROR_FILE", own_file}});
+  REQUIRE(p.wait_output(has_ready(2), 30s));
+  ::kill(p.pid(), SIGTERM);
+  REQUIRE(p.wait() == 128 + SIGTERM);
+  const std::string record = read_file(own_file);
+  CHECK_THAT(record, Catch::Contains(R"("message":"SignalException: Process )" +
+                                     std::to_string(p.pid()) + " got signal: 15\""));
+  CHECK_THAT(record, Catch::Contains(R"("py_callstack":)"));
+  CHECK_THAT(record, Catch::Contains(R"("timestamp":)"));
+}
+
+TEST_CASE("launch: a failed job keeps the error file its summary names", "[launch][logs]") {
+  TempDir tmp;
+  Proc p(launch_args({"--standalone", "--nproc_per_node=1"}, {"errfile", "ValueError: bad"}),
+         Env{{"TMPDIR", tmp.path()}});
+  REQUIRE(p.wait() == 1);
+  static const std::regex re(R"(  error_file: (\S+))");
+  std::smatch m;
+  const std::string err = p.err();
+  REQUIRE(std::regex_search(err, m, re));
+  const std::string named = m[1].str();
+  CHECK(named.rfind(tmp.path(), 0) == 0);
+  CHECK_THAT(read_file(named), Catch::Contains("ValueError: bad"));
+  CHECK_THAT(err, Catch::Contains("error files are kept in " + tmp.path() + "/muster_"));
+  // A failure without an error file (nothing to name) leaves nothing behind.
+  TempDir tmp2;
+  Proc q(launch_args({"--standalone"}, {"exit", "3", "0"}), Env{{"TMPDIR", tmp2.path()}});
+  REQUIRE(q.wait() == 1);
+  CHECK(std::filesystem::is_empty(tmp2.path()));
+}

@@ -1,6 +1,9 @@
 // Real PyTorch under `launch`: Debian's python3-torch (CPU, gloo), run by /usr/bin/python3.
 // Exits 77 (ctest: Skipped) where that torch is not installed.
 #include <signal.h>
+#include <sys/stat.h>
+
+#include <fstream>
 
 #include <regex>
 #include <set>
@@ -82,6 +85,27 @@ TEST_CASE("interop: -m package.module", "[interop]") {
   REQUIRE(p.wait(300s) == 0);
   CHECK_THAT(p.out(), Catch::Contains("module rank 0 of 2"));
   CHECK_THAT(p.out(), Catch::Contains("module rank 1 of 2"));
+}
+
+TEST_CASE("interop: with PYTHON_EXEC unset, a torch script runs under the python3 on PATH that "
+          "has torch, not the first one",
+          "[interop][python]") {
+  TempDir dir;
+  // A python3 without torch first on PATH (it answers no to everything), then Debian's.
+  std::ofstream(dir.file("python3")) << "#!/bin/sh\necho 'fake python3 ran' >&2\nexit 1\n";
+  ::chmod(dir.file("python3").c_str(), 0755);
+  std::ofstream(dir.file("job.py")) << "import sys\nimport torch\n"
+                                       "print('torch', torch.__version__, sys.executable)\n";
+  Proc p({kLaunch, "--standalone", dir.file("job.py")},
+         {{"PATH", dir.path() + ":/usr/bin:/bin"}, {"PYTHON_EXEC", std::nullopt},
+          {"VIRTUAL_ENV", std::nullopt}, {"MUSTER_LOG_LEVEL", "info"}});
+  INFO(p.err());
+  REQUIRE(p.wait(120s) == 0);
+  CHECK_THAT(p.out(), Catch::Contains("[default0]:torch "));
+  CHECK_THAT(p.out(), Catch::Contains(" /usr/bin/python3\n"));
+  CHECK_THAT(p.err(), Catch::Contains("runs under /usr/bin/python3 (the first python3 on PATH that "
+                                      "can import torch)"));
+  CHECK(p.err().find("fake python3 ran") == std::string::npos);  // probed, never a worker
 }
 
 TEST_CASE("interop: torch's FileTimerClient: a worker stuck past expires() is killed, the group "

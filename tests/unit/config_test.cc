@@ -688,3 +688,37 @@ TEST_CASE("flags: --help shows the torchrun 2.x flags in their groups", "[config
   CHECK(in_group("--duplicate_stdout_filters", logs));
   CHECK(in_group("--duplicate_stderr_filters", logs));
 }
+
+TEST_CASE("flags: --legacy_launch gives the program --local-rank=N unless --use_env",
+          "[config]") {
+  muster::testing::TempDir dir;
+  const std::string exe = dir.file("tool");
+  std::ofstream(exe) << "#!/bin/sh\n";
+  ::chmod(exe.c_str(), 0755);
+  std::map<std::string, std::string> env{{"PATH", dir.path()}};
+  auto argv = [&](const std::vector<std::string>& args) {
+    auto e = muster::launcher::resolve_entrypoint(parse_ok(args), env);
+    REQUIRE(e.ok());
+    return e->argv;
+  };
+  // torch 2.x's torch.distributed.launch spelling, first after the program, before its own
+  // arguments; the agent puts the local rank in place of the macro.
+  CHECK(argv({"--legacy_launch", "--nproc_per_node=2", exe, "--lr", "1"}) ==
+        std::vector<std::string>{exe, "--local-rank=${local_rank}", "--lr", "1"});
+  CHECK(argv({"--legacy-launch", "--use_env", exe, "a"}) == std::vector<std::string>{exe, "a"});
+  CHECK(argv({"--legacy-launch", "--use-env", exe, "a"}) == std::vector<std::string>{exe, "a"});
+  // torchrun (no --legacy_launch) never passes it; --use_env is accepted and changes nothing.
+  CHECK(argv({"--use_env", exe, "a"}) == std::vector<std::string>{exe, "a"});
+  CHECK(argv({exe, "a"}) == std::vector<std::string>{exe, "a"});
+  // The static flags as torch.distributed.launch has them (its defaults are torchrun's).
+  LaunchConfig c = parse_ok({"--legacy_launch", "--nnodes=2", "--node_rank=1",
+                             "--master_addr=10.0.0.1", "--master_port=1234", "p"});
+  CHECK(c.node_rank == 1);
+  CHECK(c.master_addr == "10.0.0.1");
+  CHECK(c.master_port == 1234);
+  CHECK(c.mode == muster::launcher::RdzvMode::kStatic);
+  LaunchConfig d = parse_ok({"--legacy_launch", "p"});
+  CHECK(d.master_addr == "127.0.0.1");
+  CHECK(d.master_port == 29500);
+  CHECK(d.node_rank == 0);
+}

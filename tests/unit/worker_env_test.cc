@@ -137,3 +137,16 @@ TEST_CASE("worker env: virtual_visible_device refuses a local rank past the list
   CHECK(*virtual_visible_device(&empty, 0) == "");  // torchrun: "".split(",") == [""]
   CHECK_FALSE(virtual_visible_device(&empty, 1).ok());
 }
+
+TEST_CASE("worker args: torchrun's ${local_rank} macro, as string.Template substitutes it",
+          "[env]") {
+  using muster::agent::substitute_local_rank;
+  CHECK(substitute_local_rank("--local-rank=${local_rank}", 3) == "--local-rank=3");
+  CHECK(substitute_local_rank("out_$local_rank.log", 1) == "out_1.log");
+  CHECK(substitute_local_rank("$local_rank", 0) == "0");
+  CHECK(substitute_local_rank("a$$b", 2) == "a$b");
+  CHECK(substitute_local_rank("$HOME ${rank} $", 2) == "$HOME ${rank} $");
+  CHECK(substitute_local_rank("$local_ranks", 2) == "$local_ranks");  // another name
+  CHECK(substitute_local_rank("${local_rank", 2) == "${local_rank");
+  CHECK(substitute_local_rank("plain", 2) == "plain");
+}

@@ -53,6 +53,11 @@ struct AgentOptions {
   std::string program_path;       // resolved executable
   std::vector<std::string> argv;  // argv[0] included
   std::string entrypoint_name;    // what the failure summary calls the job
+  // A Python program: its interpreter and why it was chosen ("/usr/bin/python3 (python3 from
+  // PATH)"). When a worker of this node failed with ModuleNotFoundError (its error file or the
+  // end of its stderr says so), the failure summary is followed by a hint naming it and
+  // PYTHON_EXEC. Empty: not Python, no hint.
+  std::string python_interpreter;
   std::map<std::string, std::string> base_env;
   std::string prefix_template;  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, or the default
   std::string error_dir;  // attempt_<k>/<local_rank>/ folders go under here
@@ -98,6 +103,9 @@ class Agent {
   // and run() returns 128+N once the workers are gone; a second signal skips the grace.
   // Called on the io_context's thread; ignored once the job has ended.
   void on_signal(int sig);
+
+  // After run(): the job failed and run() printed torchrun's failure summary (exit 1).
+  bool failed() const;
 
  private:
   class Impl;

@@ -1,6 +1,7 @@
 // Worker failures: reading torch's error file and printing torchrun's failure summary.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,19 @@ void read_error_file(const std::string& path, v1::WorkerFailure& f);
 // failed: {"message": {"message": ..., "extraInfo": {"py_callstack": ..., "timestamp": ...},
 // "errorCode": <exit code, or -signal>}}.
 std::string error_file_json(const v1::WorkerFailure& f);
+
+// torch's record of a SignalException, as torchrun's @record main writes it to its own
+// TORCHELASTIC_ERROR_FILE when a signal stopped it:
+//   {"message": {"message": "SignalException: Process <pid> got signal: <sig>",
+//                "extraInfo": {"py_callstack": ..., "timestamp": "<seconds>"}}}
+// (no errorCode: torch's record_exception writes none).
+std::string signal_exception_json(int sig, long pid, std::int64_t timestamp_s);
+
+// When `text` (a worker's error message and traceback, or the end of its stderr) shows
+// Python's ModuleNotFoundError, the note launch adds after the failure summary: which
+// interpreter ran the worker (`interpreter`, with why it was chosen) and how to choose
+// another (PYTHON_EXEC). Empty when `text` shows no ModuleNotFoundError.
+std::string module_not_found_hint(std::string_view text, int rank, std::string_view interpreter);
 
 // "SIGKILL" for 9; "signal 70" for numbers without a name.
 std::string signal_name(int sig);

@@ -55,6 +55,8 @@ class JobSupervisor {
   // The supervisor removes this folder (launch's private temporary folder) when launch has
   // ended, if it is still there (kill -9, also while launch was removing it itself).
   void track_folder(const std::string& path);
+  // The folder is to be kept after all (a failed job's error files): it is not removed.
+  void forget_folder();
 
   // Kills every process left in the job cgroup now (every worker has exited; what remains was
   // started by them). A no-op in the process-group fallback.

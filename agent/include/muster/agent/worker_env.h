@@ -64,4 +64,9 @@ std::map<std::string, std::string> build_worker_env(const std::map<std::string, 
 // "KEY=VALUE" strings, for execve.
 std::vector<std::string> to_envp(const std::map<std::string, std::string>& env);
 
+// torchrun's macro in the program's arguments (torch's `macros.substitute`, a Python
+// string.Template safe_substitute): `${local_rank}` and `$local_rank` become the worker's
+// local rank, `$$` becomes `$`, anything else (other names, a lone `$`) is left as it is.
+std::string substitute_local_rank(const std::string& arg, int local_rank);
+
 }  // namespace muster::agent

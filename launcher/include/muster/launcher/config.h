@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "muster/launcher/python.h"
 #include "muster/rendezvous/state_machine.h"
 
 namespace muster::launcher {
@@ -71,6 +72,10 @@ struct LaunchConfig {
   bool module = false;     // -m: run the program as `python3 -u -m <module>`
   bool no_python = false;  // run the program directly, never through python
   bool run_path = false;   // run the program as a python script whatever its name
+  // --legacy_launch: torch.distributed.launch's habits (a drop-in for `python -m
+  // torch.distributed.launch`): unless --use_env, the program is given --local-rank=N first.
+  bool legacy_launch = false;
+  bool use_env = false;  // --use_env/--use-env: accepted always; torchrun's rule without it
   // Output (torchrun's): --log_dir, --redirects, --tee, --local_ranks_filter.
   std::string log_dir;
   std::string redirects = "0";
@@ -126,14 +131,18 @@ struct Entrypoint {
   std::string path;               // the executable actually exec'd
   std::vector<std::string> argv;  // argv[0] included
   std::string name;               // what summaries call the job (the program as given)
+  std::string python_reason;      // a Python program: why this interpreter (python.h); else empty
 };
 
 // Resolves the program: `--no_python` or a non-.py program: an executable path, or a name
-// looked up on PATH; `x.py`: `$PYTHON_EXEC -u x.py` (python3 from PATH when PYTHON_EXEC is
-// unset); `-m mod`: `$PYTHON_EXEC -u -m mod`. Fails with a usage error when the program or
-// the interpreter is missing or not executable.
+// looked up on PATH; `x.py`: `PYTHON -u x.py`; `-m mod`: `PYTHON -u -m mod`, where PYTHON is
+// choose_python's (python.h: PYTHON_EXEC, VIRTUAL_ENV, a python3 on PATH that can import
+// torch when the program imports it, python3 from PATH; `probe` asks an interpreter about
+// torch). Fails with a usage error when the program or the interpreter is missing or not
+// executable.
 absl::StatusOr<Entrypoint> resolve_entrypoint(const LaunchConfig& config,
-                                              const std::map<std::string, std::string>& env);
+                                              const std::map<std::string, std::string>& env,
+                                              const TorchProbe& probe = can_import_torch);
 
 // Looks `name` up as execvp would (a name with a slash is taken as a path).
 absl::StatusOr<std::string> find_executable(const std::string& name, const std::string& path_var);
