@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <random>
 #include <thread>
@@ -307,10 +308,11 @@ int main(int argc, char** argv) {
     if (supervisor) supervisor->finish(std::chrono::seconds(2));
   };
 
-  muster::agent::Agent agent(io, std::move(opts));
-  on_signal = [&agent](int sig) { agent.on_signal(sig); };
-  const int code = agent.run();
-  if (agent.failed() && !keep && holds_error_file(tmpl)) {
+  std::optional<muster::agent::Agent> agent;
+  agent.emplace(io, std::move(opts));
+  on_signal = [&agent](int sig) { agent->on_signal(sig); };
+  const int code = agent->run();
+  if (agent->failed() && !keep && holds_error_file(tmpl)) {
     // The summary names the error files workers wrote in the private folder: they must
     // outlive launch, so the supervisor is told to leave it too.
     keep_failed = true;
@@ -346,7 +348,14 @@ int main(int argc, char** argv) {
     io.run();
     closer.join();
   }
-  on_signal = [](int) {};  // exiting anyway: the code already says why
+  // Exiting anyway: the code already says why. Signals stay handled (and ignored) to the end:
+  // the agent is ended here while the signal set still stands, and launch leaves with _exit,
+  // so no signal finds the default action on the way out (the signal set's destructor would
+  // restore it, and gRPC's global teardown after main takes a while).
+  on_signal = [](int) {};
+  agent.reset();
   cleanup();
-  return code;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::_exit(code);
 }
