@@ -127,6 +127,17 @@ TEST_CASE("interop: torch's FileTimerClient: a worker stuck past expires() is ki
   CHECK_THAT(p.out(), Catch::Contains("rank 1 attempt 1 done"));
 }
 
+TEST_CASE("interop: TORCHELASTIC_USE_AGENT_STORE=False: rank 0 hosts torch's own TCPStore on "
+          "MASTER_PORT",
+          "[interop]") {
+  Proc p({kLaunch, "--standalone", "--nproc_per_node=3", kScripts + "/own_store.py"}, kEnv);
+  INFO(p.err());
+  REQUIRE(p.wait(300s) == 0);
+  for (int r = 0; r < 3; ++r) {
+    CHECK_THAT(p.out(), Catch::Contains("rank " + std::to_string(r) + " own store ok 3"));
+  }
+}
+
 int main(int argc, char** argv) {
   Proc probe({"/usr/bin/python3", "-c", "import torch.distributed"});
   if (probe.wait(120s) != 0) {
