@@ -241,7 +241,7 @@ class Agent::Impl {
       const std::string silence = absl::StrFormat(
           "nothing heard from it for %g s, the run's liveness window",
           static_cast<double>(window_.count()) / 1000);
-      if (!reached_ && !reconnecting_) {
+      if (!reached_ && !rejoin_deadline_) {
         never_reached(absl::StrCat("connected, but ", silence));
         return;
       }
@@ -252,7 +252,6 @@ class Agent::Impl {
   void on_server_message(const v1::ServerMsg& m) {
     if (phase_ == Phase::kExiting) return;
     reached_ = true;
-    reconnecting_ = false;
     rejoin_deadline_.reset();
     heard_from_server();
     if (m.has_keep_alive()) return;
@@ -280,7 +279,7 @@ class Agent::Impl {
     const bool lost = status.ok() || status.code() == absl::StatusCode::kUnavailable ||
                       status.code() == absl::StatusCode::kCancelled;
     std::string why = status.ok() ? std::string("it ended the session") : std::string(status.message());
-    if (reconnecting_ && (lost || status.code() == absl::StatusCode::kDeadlineExceeded)) {
+    if (rejoin_deadline_ && (lost || status.code() == absl::StatusCode::kDeadlineExceeded)) {
       lost_server(why);  // tries again until the deadline, then says it could not
       return;
     }
@@ -333,7 +332,6 @@ class Agent::Impl {
       exit_with(1);
       return;
     }
-    reached_ = false;
     after_ = After::kReconnect;
     stop_group(SIGTERM);
   }
@@ -385,9 +383,11 @@ class Agent::Impl {
       spec.virtual_local_rank = opts_.virtual_local_rank;
       std::vector<std::string> argv = opts_.argv;
       for (std::size_t i = 1; i < argv.size(); ++i) argv[i] = substitute_local_rank(argv[i], lr);
-      SpawnRequest req{opts_.program_path, std::move(argv),
-                       to_envp(build_worker_env(opts_.base_env, spec)),
-                       opts_.supervisor != nullptr ? opts_.supervisor->cgroup_procs_fd() : -1};
+      SpawnRequest req;
+      req.path = opts_.program_path;
+      req.argv = std::move(argv);
+      req.envp = to_envp(build_worker_env(opts_.base_env, spec));
+      req.cgroup_procs_fd = opts_.supervisor != nullptr ? opts_.supervisor->cgroup_procs_fd() : -1;
       if (lr < static_cast<int>(opts_.numa_of.size())) {
         req.cpus.assign(opts_.numa_of[lr].cpus.begin(), opts_.numa_of[lr].cpus.end());
         req.memory_node = opts_.numa_of[lr].memory_node;
@@ -696,7 +696,6 @@ class Agent::Impl {
       case After::kReconnect:
         release_workers();
         after_ = After::kNone;
-        reconnecting_ = true;
         // Not from inside the old client's callback: the new stream is opened from the loop.
         asio::post(io_, [this] {
           if (phase_ == Phase::kExiting || after_ == After::kExit) return;
@@ -712,7 +711,6 @@ class Agent::Impl {
             format_failure_summary(opts_.entrypoint_name, fail_.root_cause(), others);
         write_all(opts_.stderr_fd, summary);
         if (!opts_.python_interpreter.empty()) write_all(opts_.stderr_fd, python_hint());
-        failed_ = true;
         if (!opts_.own_error_file.empty()) {
           // As torchrun: launch's own error file names the root cause, for whoever runs it.
           std::ofstream(opts_.own_error_file) << error_file_json(fail_.root_cause());
@@ -723,8 +721,7 @@ class Agent::Impl {
       case After::kExit:
         if (signal_ != 0 && !opts_.own_error_file.empty()) {
           // As torchrun's @record main: the SignalException that stopped it.
-          std::ofstream(opts_.own_error_file)
-              << signal_exception_json(signal_, ::getpid(), wall_ms() / 1000);
+          write_signal_exception(opts_.own_error_file, signal_);
         }
         finish(exit_code_);
         return;
@@ -787,9 +784,9 @@ class Agent::Impl {
   const std::chrono::milliseconds window_;  // the liveness window
   std::chrono::steady_clock::time_point last_heard_{};
   bool silence_armed_ = false;
-  bool reached_ = false;       // this stream has heard from the server
-  bool reconnecting_ = false;  // after a loss, until the server is heard from again
-  // After a loss: the node must be heard from its server again by then, or it exits.
+  bool reached_ = false;  // the server has been heard from (on any stream)
+  // After a loss, until the server is heard from again: the node must be back in touch by
+  // then, or it exits.
   std::optional<std::chrono::steady_clock::time_point> rejoin_deadline_;
   std::unique_ptr<rendezvous::SessionClient> client_;
   std::unique_ptr<FileTimerServer> file_timers_;
@@ -814,7 +811,8 @@ class Agent::Impl {
   int exit_code_ = 1;
 
  public:
-  bool failed_ = false;  // the failure summary was printed
+  // The run failed and the failure summary was printed (nothing changes after finish()).
+  bool failed() const { return phase_ == Phase::kExiting && after_ == After::kFail; }
 };
 
 Agent::Agent(asio::io_context& io, AgentOptions options)
@@ -826,6 +824,6 @@ int Agent::run() { return impl_->run(); }
 
 void Agent::on_signal(int sig) { impl_->on_signal(sig); }
 
-bool Agent::failed() const { return impl_->failed_; }
+bool Agent::failed() const { return impl_->failed(); }
 
 }  // namespace muster::agent

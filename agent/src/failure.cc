@@ -324,10 +324,27 @@ void read_error_file(const std::string& path, v1::WorkerFailure& f) {
   if (f.message().empty() && !f.traceback().empty()) f.set_message("(see traceback)");
 }
 
-std::string error_file_json(const v1::WorkerFailure& f) {
+namespace {
+
+// torch's @record error file: {"message": {"message", "extraInfo": {"py_callstack",
+// "timestamp"}, "errorCode" (when given)}}.
+std::string record_json(const std::string& message, const std::string& callstack,
+                        std::int64_t timestamp_s, std::optional<int> error_code) {
   google::protobuf::Struct root;
-  google::protobuf::Struct* msg = (*root.mutable_fields())["message"].mutable_struct_value();
-  auto& fields = *msg->mutable_fields();
+  auto& fields = *(*root.mutable_fields())["message"].mutable_struct_value()->mutable_fields();
+  fields["message"].set_string_value(message);
+  auto& extra = *fields["extraInfo"].mutable_struct_value()->mutable_fields();
+  extra["py_callstack"].set_string_value(callstack);
+  extra["timestamp"].set_string_value(std::to_string(timestamp_s));
+  if (error_code) fields["errorCode"].set_number_value(*error_code);
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(root, &out).ok()) return "{}";
+  return out;
+}
+
+}  // namespace
+
+std::string error_file_json(const v1::WorkerFailure& f) {
   const int code = f.signal() > 0 ? -f.signal() : f.exit_code();
   std::string text = f.message();
   if (text.empty()) {
@@ -335,30 +352,22 @@ std::string error_file_json(const v1::WorkerFailure& f) {
                                 ") received by PID " + std::to_string(f.pid())
                           : "worker exited with code " + std::to_string(code);
   }
-  fields["message"].set_string_value(text);
-  auto& extra = *fields["extraInfo"].mutable_struct_value()->mutable_fields();
-  extra["py_callstack"].set_string_value(f.traceback());
-  extra["timestamp"].set_string_value(std::to_string(f.timestamp_ms() / 1000));
-  fields["errorCode"].set_number_value(code);
-  std::string out;
-  if (!google::protobuf::util::MessageToJsonString(root, &out).ok()) return "{}";
-  return out;
+  return record_json(text, f.traceback(), f.timestamp_ms() / 1000, code);
 }
 
 std::string signal_exception_json(int sig, long pid, std::int64_t timestamp_s) {
-  google::protobuf::Struct root;
-  auto& msg = *(*root.mutable_fields())["message"].mutable_struct_value()->mutable_fields();
   const std::string text =
       absl::StrCat("SignalException: Process ", pid, " got signal: ", sig);
-  msg["message"].set_string_value(text);
-  auto& extra = *msg["extraInfo"].mutable_struct_value()->mutable_fields();
-  extra["py_callstack"].set_string_value(absl::StrCat(
-      "torch.distributed.elastic.multiprocessing.api.", text, " (launch received ",
-      signal_name(sig), ", stopped its workers and exited ", 128 + sig, ")\n"));
-  extra["timestamp"].set_string_value(std::to_string(timestamp_s));
-  std::string out;
-  if (!google::protobuf::util::MessageToJsonString(root, &out).ok()) return "{}";
-  return out;
+  return record_json(text,
+                     absl::StrCat("torch.distributed.elastic.multiprocessing.api.", text,
+                                  " (launch received ", signal_name(sig),
+                                  ", stopped its workers and exited ", 128 + sig, ")\n"),
+                     timestamp_s, std::nullopt);
+}
+
+void write_signal_exception(const std::string& path, int sig) {
+  std::ofstream(path) << signal_exception_json(sig, ::getpid(),
+                                               static_cast<std::int64_t>(std::time(nullptr)));
 }
 
 std::string module_not_found_hint(std::string_view text, int rank, std::string_view interpreter) {

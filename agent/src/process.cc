@@ -41,11 +41,10 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
     return absl::ErrnoToStatus(e, "pipe2");
   }
   // Masks for the binding, built before the fork (the child may only use them).
-  int max_cpu = -1;
-  for (int c : req.cpus) max_cpu = std::max(max_cpu, c);
-  const std::size_t cpu_words = static_cast<std::size_t>(max_cpu + 64) / 64;
-  std::vector<unsigned long> cpu_mask(max_cpu >= 0 ? cpu_words : 0, 0UL);
-  for (int c : req.cpus) cpu_mask[static_cast<std::size_t>(c) / 64] |= 1UL << (c % 64);
+  // (Planned CPUs come from launch's own affinity, a cpu_set_t: each is below CPU_SETSIZE.)
+  cpu_set_t cpu_set;
+  CPU_ZERO(&cpu_set);
+  for (int c : req.cpus) CPU_SET(c, &cpu_set);
   std::vector<unsigned long> node_mask(
       req.memory_node >= 0 ? static_cast<std::size_t>(req.memory_node) / 64 + 1 : 0, 0UL);
   if (req.memory_node >= 0) node_mask[req.memory_node / 64] |= 1UL << (req.memory_node % 64);
@@ -79,9 +78,7 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
       ssize_t unused = ::write(cgroup_procs_fd, "0", 1);
       (void)unused;
     }
-    if (!cpu_mask.empty() &&
-        ::sched_setaffinity(0, cpu_mask.size() * sizeof(unsigned long),
-                            reinterpret_cast<const cpu_set_t*>(cpu_mask.data())) != 0) {
+    if (!req.cpus.empty() && ::sched_setaffinity(0, sizeof cpu_set, &cpu_set) != 0) {
       write_str(err[1], "launch: --numa_binding: cannot bind the worker to its CPUs: ");
       write_str(err[1], strerror(errno));
       write_str(err[1], "\n");

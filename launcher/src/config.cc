@@ -98,11 +98,6 @@ std::string one_line(std::string s) {
   return s;
 }
 
-bool is_executable_file(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
-}
-
 absl::Status resolve_rendezvous(LaunchConfig& c);
 absl::Status resolve_output(LaunchConfig& c);
 
@@ -461,11 +456,9 @@ absl::Status resolve_output(LaunchConfig& c) {
       if (rank < c.nproc_per_node) c.console_of[rank] = true;
     }
   }
-  c.duplicate_stdout_filters = parse_filter_list(c.duplicate_stdout_text);
-  c.duplicate_stderr_filters = parse_filter_list(c.duplicate_stderr_text);
-  if (no_files) {  // --log_dir=/dev/null: nowhere to write the filtered copies either
-    c.duplicate_stdout_filters.clear();
-    c.duplicate_stderr_filters.clear();
+  if (!no_files) {  // --log_dir=/dev/null: nowhere to write the filtered copies either
+    c.duplicate_stdout_filters = parse_filter_list(c.duplicate_stdout_text);
+    c.duplicate_stderr_filters = parse_filter_list(c.duplicate_stderr_text);
   }
   c.signals.clear();
   for (absl::string_view name : absl::StrSplit(c.signals_to_handle, ',', absl::SkipEmpty())) {
@@ -705,10 +698,12 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
     return result;
   }
   if (numa_opt->count() > 0 || !c.numa_binding.empty()) {  // given empty: not a mode either
-    if (auto m = muster::agent::parse_numa_mode(c.numa_binding); !m.ok()) {
+    auto m = muster::agent::parse_numa_mode(c.numa_binding);
+    if (!m.ok()) {
       result.error = m.status();
       return result;
     }
+    c.numa_mode = *m;
   }
   if (c.virtual_local_rank) {
     if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"); visible != nullptr) {
@@ -735,6 +730,11 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   }
   result.config = std::move(c);
   return result;
+}
+
+bool is_executable_file(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
 }
 
 absl::StatusOr<std::string> find_executable(const std::string& name, const std::string& path_var) {

@@ -1,11 +1,8 @@
 // launch: parse flags, host or reach the rendezvous server, run the agent.
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
@@ -13,8 +10,6 @@
 #include <boost/asio/signal_set.hpp>
 #include <algorithm>
 #include <cstdio>
-#include <ctime>
-#include <fstream>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -49,12 +44,6 @@ int usage_error(const absl::Status& status) {
 int fatal(const absl::Status& status) {
   std::fprintf(stderr, "launch: error: %s\n", std::string(status.message()).c_str());
   return 1;
-}
-
-bool is_ip_literal(const std::string& host) {
-  unsigned char buf[sizeof(in6_addr)];
-  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 ||
-         ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
 }
 
 std::string random_uuid() {
@@ -134,9 +123,8 @@ int main(int argc, char** argv) {
   // --numa-binding: one plan for the whole job (nproc_per_node is fixed), from this host's
   // topology; a plan that cannot be made (exclusive with more ranks than CPUs) is a usage error.
   std::vector<muster::agent::NumaBinding> numa_plan;
-  if (!cfg.numa_binding.empty()) {
-    auto plan = muster::agent::plan_numa_binding(*muster::agent::parse_numa_mode(cfg.numa_binding),
-                                                 muster::agent::read_topology(),
+  if (cfg.numa_mode) {
+    auto plan = muster::agent::plan_numa_binding(*cfg.numa_mode, muster::agent::read_topology(),
                                                  cfg.nproc_per_node);
     if (!plan.ok()) return usage_error(plan.status());
     numa_plan = std::move(*plan);
@@ -198,7 +186,7 @@ int main(int argc, char** argv) {
     rdzv_addr = cfg.endpoint.to_string();
     rdzv_target = muster::rendezvous::grpc_address_target(addresses->front(), cfg.endpoint.port);
     if (try_host) {
-      server_opts.listen_address = is_ip_literal(cfg.endpoint.host)
+      server_opts.listen_address = muster::rendezvous::is_ip_literal(cfg.endpoint.host)
                                        ? rdzv_addr
                                        : absl::StrCat("0.0.0.0:", cfg.endpoint.port);
       auto started = muster::rendezvous::RendezvousServer::start(io, server_opts);
@@ -332,8 +320,7 @@ int main(int argc, char** argv) {
       spdlog::warn("received {} while closing the rendezvous; leaving now",
                    muster::agent::signal_name(sig));
       if (!own_error_file.empty()) {  // torchrun's record of the SignalException
-        std::ofstream(own_error_file) << muster::agent::signal_exception_json(
-            sig, ::getpid(), static_cast<std::int64_t>(std::time(nullptr)));
+        muster::agent::write_signal_exception(own_error_file, sig);
       }
       cleanup();
       std::fflush(stdout);

@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,11 +27,6 @@ extern char** environ;
 
 namespace muster::launcher {
 namespace {
-
-bool executable(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
-}
 
 std::string real_path(const std::string& p) {
   char buf[PATH_MAX];
@@ -141,14 +135,14 @@ absl::StatusOr<PythonChoice> choose_python(const std::map<std::string, std::stri
   }
   if (const std::string venv = get("VIRTUAL_ENV"); !venv.empty()) {
     const std::string p = venv + "/bin/python";
-    if (executable(p)) return PythonChoice{p, "the active virtual environment, VIRTUAL_ENV"};
+    if (is_executable_file(p)) return PythonChoice{p, "the active virtual environment, VIRTUAL_ENV"};
   }
   if (wants_torch) {
     const auto deadline = std::chrono::steady_clock::now() + budget;
     std::set<std::string> asked;
     for (absl::string_view dir : absl::StrSplit(path_var, ':')) {
       const std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/python3");
-      if (!executable(candidate) || !asked.insert(real_path(candidate)).second) continue;
+      if (!is_executable_file(candidate) || !asked.insert(real_path(candidate)).second) continue;
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) break;

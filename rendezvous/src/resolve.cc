@@ -20,12 +20,6 @@
 namespace muster::rendezvous {
 namespace {
 
-bool is_ip_literal(const std::string& host) {
-  unsigned char buf[sizeof(in6_addr)];
-  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 ||
-         ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
-}
-
 // Runs `f` on a thread of its own and waits for it at most `timeout`. A lookup cannot be
 // cancelled: one that overruns is detached and finishes (into state nobody reads) by itself.
 template <typename T, typename F>
@@ -81,6 +75,12 @@ std::string seconds_text(std::chrono::milliseconds d) {
 }
 
 }  // namespace
+
+bool is_ip_literal(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 ||
+         ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
 
 absl::StatusOr<std::vector<std::string>> resolve_host(const std::string& host,
                                                       std::chrono::milliseconds timeout) {

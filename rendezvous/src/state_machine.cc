@@ -70,11 +70,6 @@ milliseconds shutdown_timeout_of(const v1::Join& j) {
 
 // --- UTF-8 -------------------------------------------------------------------------------
 
-// `s` as text for a `string` field (a reason the agent prints): invalid bytes become
-// U+FFFD and at most `max` bytes of `s` are used. Protobuf refuses to parse a `string`
-// field that is not UTF-8, so a client's bytes must never reach one unchecked.
-std::string printable(std::string_view s, std::size_t max) { return printable_utf8(s, max); }
-
 // Room kept for the note a cut adds, so that text plus note stays within the bound:
 // "\n[... cut " + up to 20 digits + " bytes]".
 constexpr std::size_t kCutNoteRoom = 40;
@@ -148,6 +143,15 @@ template <typename Nodes>
 auto find_session(Nodes& nodes, SessionId session) {
   return std::find_if(nodes.begin(), nodes.end(),
                       [session](const auto& n) { return n.session == session; });
+}
+
+// Whether an expected survivor has joined again since the restart (it is then waiting):
+// restarted_at holds it from the restart until its Join, or until it goes. O(log n), where
+// a scan of `waiting` would cost O(n) per survivor on every event (check_invariants checks
+// that the two agree).
+template <typename Run>
+bool survivor_back(const Run& run, SessionId session) {
+  return run.restarted_at.count(session) == 0;
 }
 
 }  // namespace
@@ -347,7 +351,7 @@ void StateMachine::maybe_close_round(Run& run, TimePoint now, std::vector<Outgoi
   // slower to stop than the last call that repeats for ever.
   bool pending = false;
   for (const auto& [session, until] : run.expected) {
-    if (find_session(run.waiting, session) == run.waiting.end()) pending = true;
+    if (!survivor_back(run, session)) pending = true;
   }
   if (pending) {
     run.last_call_deadline.reset();
@@ -495,7 +499,7 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
   const v1::WorkerFailure rc = cap_failure(f.root_cause());
   if (run.restart_count < run.max_restarts) {
     restart(run,
-            absl::StrCat("worker rank ", rc.rank(), " on ", printable(rc.host(), limits::kMaxIdBytes),
+            absl::StrCat("worker rank ", rc.rank(), " on ", printable_utf8(rc.host(), limits::kMaxIdBytes),
                          " failed; restart ", run.restart_count + 1, " of ", run.max_restarts),
             true, now, out);
     return;
@@ -665,7 +669,7 @@ void StateMachine::tick_run(const std::string& run_id, TimePoint now,
   // Survivors past their hold no longer hold the round.
   std::optional<TimePoint> latest_hold;
   for (auto e = run.expected.begin(); e != run.expected.end();) {
-    const bool back = find_session(run.waiting, e->first) != run.waiting.end();
+    const bool back = survivor_back(run, e->first);
     if (!back && now >= e->second) {
       e = run.expected.erase(e);
       continue;
@@ -716,7 +720,7 @@ std::optional<TimePoint> StateMachine::next_deadline() const {
     consider(run.keep_alive_check);
     if (run.phase == Phase::kJoining) {
       for (const auto& [session, until] : run.expected) {
-        if (find_session(run.waiting, session) == run.waiting.end()) consider(until);
+        if (!survivor_back(run, session)) consider(until);
       }
     }
   }
@@ -766,11 +770,9 @@ absl::Status StateMachine::check_invariants() const {
         return broken("expected session ", session, " of run '", id, "' is not connected");
       }
     }
-    for (const auto* m : {&run.restarted_at}) {
-      for (const auto& [session, t] : *m) {
-        if (run.last_seen.count(session) == 0) {
-          return broken("restarted session ", session, " of run '", id, "' is not connected");
-        }
+    for (const auto& [session, t] : run.restarted_at) {
+      if (run.last_seen.count(session) == 0) {
+        return broken("restarted session ", session, " of run '", id, "' is not connected");
       }
     }
     for (const auto& [session, took] : run.rejoin_took) {
@@ -809,7 +811,12 @@ absl::Status StateMachine::check_invariants() const {
         if (run.last_seen.empty()) return broken("run '", id, "' is held by nobody");
         bool pending = false;
         for (const auto& [session, until] : run.expected) {
-          pending |= find_session(run.waiting, session) == run.waiting.end();
+          const bool waits = find_session(run.waiting, session) != run.waiting.end();
+          if (waits != survivor_back(run, session)) {
+            return broken("survivor ", session, " of run '", id, "': waiting ", waits,
+                          ", rejoined ", survivor_back(run, session));
+          }
+          pending |= !waits;
         }
         if (!pending && waiting >= run.min_nodes && (waiting >= run.max_nodes ||
                                                      !run.expected.empty())) {

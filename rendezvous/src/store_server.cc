@@ -112,15 +112,17 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
       // A reply stays in memory until its client reads it: large ones come out of a
       // server-wide budget, so clients that ask and never read cannot hold unbounded memory.
       const std::size_t size = reply_.ByteSizeLong();
-      if (size >= limits::kStoreReplyBudgetFrom) large_ = true;
-      if (size >= limits::kStoreReplyBudgetFrom && !impl_->reserve_reply(size)) {
-        v1::StoreReply().Swap(&reply_);  // frees the value (Clear would keep its capacity)
-        reply_.set_code(static_cast<int>(absl::StatusCode::kResourceExhausted));
-        reply_.set_error(absl::StrCat("store: the server already holds ",
-                                      limits::kMaxStoreUnreadReplyBytes >> 20,
-                                      " MiB of replies its clients have not read; retry later"));
-      } else if (size >= limits::kStoreReplyBudgetFrom) {
-        reserved_ = size;
+      if (size >= limits::kStoreReplyBudgetFrom) {
+        large_ = true;
+        if (impl_->reserve_reply(size)) {
+          reserved_ = size;
+        } else {
+          v1::StoreReply().Swap(&reply_);  // frees the value (Clear would keep its capacity)
+          reply_.set_code(static_cast<int>(absl::StatusCode::kResourceExhausted));
+          reply_.set_error(absl::StrCat("store: the server already holds ",
+                                        limits::kMaxStoreUnreadReplyBytes >> 20,
+                                        " MiB of replies its clients have not read; retry later"));
+        }
       }
       StartWrite(&reply_);
     }

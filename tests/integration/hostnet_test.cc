@@ -168,8 +168,11 @@ int probe(const HostNet& net, int from, const std::string& to, int port, int tim
 bool gone(const std::vector<std::string>& names) {
   Proc links({"/usr/sbin/ip", "-o", "link", "show"});
   Proc nss({"/usr/sbin/ip", "netns", "list"});
-  links.wait(10s);
-  nss.wait(10s);
+  // An `ip` that did not run lists nothing: that must not read as "nothing left".
+  if (links.wait(10s) != 0 || nss.wait(10s) != 0) {
+    UNSCOPED_INFO("`ip` failed: " << links.err() << nss.err());
+    return false;
+  }
   for (const auto& n : names) {
     if (links.out().find(n + ":") != std::string::npos ||
         links.out().find(n + "@") != std::string::npos) {
@@ -258,6 +261,8 @@ TEST_CASE("hosts have their names, addresses and hosts files; wrapped pids are t
   REQUIRE(resolv.wait(10s) == 0);
   CHECK(resolv.out().find("nameserver " + net->unused_addr()) != std::string::npos);
 
+  ::kill(server.pid(), SIGKILL);  // ended by its pid before its host goes
+  server.wait(10s);
   auto names = names_of(*net);
   net.reset();
   CHECK(gone(names));
@@ -392,7 +397,9 @@ TEST_CASE("hostnet run: a script makes hosts, starts, cuts and heals, and nothin
   REQUIRE(std::regex_search(run.out(), m, std::regex("ns (\\S+) (\\S+) (\\S+)")));
   CHECK(gone({m[1], m[2], m[3]}));
   REQUIRE(std::regex_search(run.out(), m, std::regex("sleeper (\\d+)")));
-  CHECK(!alive(std::stoi(m[1])));  // the sleeper in host 1 was ended
+  const pid_t sleeper = std::stoi(m[1]);
+  CHECK(!alive(sleeper));  // the sleeper in host 1 was ended
+  if (alive(sleeper)) ::kill(sleeper, SIGKILL);
 }
 
 int main(int argc, char** argv) {

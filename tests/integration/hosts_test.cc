@@ -64,28 +64,45 @@ void stop(Proc& p) {
   CHECK(p.wait(60s) == 128 + SIGTERM);
 }
 
+// rdzvd on its own host (host `host`), ended by its pid; its endpoint by name.
+struct HostRdzvd {
+  std::unique_ptr<Proc> proc;
+  std::string port;
+  std::string endpoint;
+  HostRdzvd(const HostNet& net, int host) {
+    proc = std::make_unique<Proc>(net.wrap(host, {kRdzvd, "--listen", "0.0.0.0:0"}));
+    REQUIRE(proc->wait_output(
+        [](const std::string& out, const std::string&) { return out.find('\n') != std::string::npos; },
+        30s));
+    std::smatch m;
+    REQUIRE(std::regex_search(proc->out(), m, std::regex(R"(listening on port (\d+))")));
+    port = m[1].str();
+    endpoint = net.hostname(host) + ":" + port;
+  }
+  ~HostRdzvd() {
+    ::kill(proc->pid(), SIGTERM);
+    CHECK(proc->wait(30s) == 0);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("hosts: names, rdzvd on its own host, two agents on one host and one elsewhere",
           "[hosts]") {
   auto net = make_hosts(3);
   TempDir dir;
-  Proc rdzvd(net->wrap(0, {kRdzvd, "--listen", "0.0.0.0:0"}));
-  REQUIRE(rdzvd.wait_output(
-      [](const std::string& out, const std::string&) { return out.find('\n') != std::string::npos; },
-      30s));
-  std::smatch m;
-  REQUIRE(std::regex_search(rdzvd.out(), m, std::regex(R"(listening on port (\d+))")));
-  const std::string ep = net->hostname(0) + ":" + m[1].str();
+  HostRdzvd rdzvd(*net, 0);
+  const std::string& ep = rdzvd.endpoint;
   // node1 runs two agents of one worker each, node2 one agent of two workers.
   Proc a(net->wrap(1, launch_args(c10d(ep, "3", 1), {"env", dir.path()})));
   Proc b(net->wrap(1, launch_args(c10d(ep, "3", 1), {"env", dir.path()})));
   Proc c(net->wrap(2, launch_args(c10d(ep, "3", 2), {"env", dir.path()})));
   for (Proc* p : {&a, &b, &c}) {
+    const auto rc = p->wait(60s);
     INFO(p->err());
-    CHECK(p->wait(60s) == 0);
+    CHECK(rc == 0);
   }
-  std::set<std::string> masters, hosts_of_ranks, stores;
+  std::set<std::string> masters;
   for (int rank = 0; rank < 4; ++rank) {
     auto env = read_env_file(dir.file("env." + std::to_string(rank)));
     INFO("rank " << rank);
@@ -93,15 +110,12 @@ TEST_CASE("hosts: names, rdzvd on its own host, two agents on one host and one e
     CHECK(env["GROUP_WORLD_SIZE"] == "3");
     masters.insert(env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]);
     // The store is reached at an address, looked up once by the agent, never by name.
-    stores.insert(env["MUSTER_STORE_ADDR"]);
-    CHECK(env["MUSTER_STORE_ADDR"] == "ipv4:" + net->addr(0) + ":" + m[1].str());
+    CHECK(env["MUSTER_STORE_ADDR"] == "ipv4:" + net->addr(0) + ":" + rdzvd.port);
   }
   CHECK(masters.size() == 1);
   // MASTER_ADDR is the name of the group-rank-0 node's host, as torchrun gives it.
   const std::string master = masters.begin()->substr(0, masters.begin()->find(':'));
   CHECK((master == net->hostname(1) || master == net->hostname(2)));
-  ::kill(rdzvd.pid(), SIGTERM);
-  CHECK(rdzvd.wait(30s) == 0);
 }
 
 TEST_CASE("hosts: an IPv6 endpoint and --local_addr over IPv6", "[hosts]") {
@@ -115,8 +129,9 @@ TEST_CASE("hosts: an IPv6 endpoint and --local_addr over IPv6", "[hosts]") {
   Proc b(net->wrap(1, launch_args(c10d(ep, "2", 1, {"--local_addr=" + net->addr6(1)}),
                                   {"env", dir.path()})));
   for (Proc* p : {&a, &b}) {
+    const auto rc = p->wait(60s);
     INFO(p->err());
-    CHECK(p->wait(60s) == 0);
+    CHECK(rc == 0);
   }
   std::set<std::string> masters;
   int over_v6 = 0;  // the worker on host 1 reaches the store over IPv6 (host 0's: its own socket)
@@ -149,8 +164,9 @@ TEST_CASE("hosts: a silently partitioned host is out within the window; it rejoi
   // The survivors go on in the smaller world; the partitioned host stops its workers on its
   // own (it cannot hear the server), saying why.
   for (Proc* p : {&a, &b}) {
+    const bool seen = p->wait_output(has_ready(1, "world 2"), 30s);
     INFO(p->err());
-    CHECK(p->wait_output(has_ready(1, "world 2"), 30s));
+    CHECK(seen);
   }
   CHECK(wait_pidfd(c_fd, 30s));
   ::close(c_fd);
@@ -160,8 +176,9 @@ TEST_CASE("hosts: a silently partitioned host is out within the window; it rejoi
   REQUIRE(net->heal(2).ok());
   // The run still wants it (max 3): it joins again and the world grows back.
   for (Proc* p : {&a, &b, &c}) {
+    const bool seen = p->wait_output(has_ready(2, "world 3"), 60s);
     INFO(p->err());
-    CHECK(p->wait_output(has_ready(2, "world 3"), 60s));
+    CHECK(seen);
   }
   CHECK(ready_pids(a.out()).size() == a_first.size() + 2);  // world 2, then world 3 again
   for (Proc* p : {&a, &b, &c}) stop(*p);
@@ -218,37 +235,20 @@ TEST_CASE("hosts: the hosting host cut off from both others trains alone (nnodes
   for (Proc* p : {&a, &b, &c}) REQUIRE(p->wait_output(has_ready(1, "world 3"), 60s));
   const std::size_t before = ready_pids(a.out()).size();
   REQUIRE(net->cut(0).ok());
-  INFO(a.err());
   // Both peers dropped after the window; the round closes as soon as the host is back
   // alone (nobody else is expected), without waiting out a last call.
-  CHECK(a.wait_output(has_ready(1, "world 1"), 30s));
+  const bool alone = a.wait_output(has_ready(1, "world 1"), 30s);
+  INFO(a.err());
+  CHECK(alone);
   CHECK(ready_pids(a.out()).size() == before + 1);
   for (Proc* p : {&b, &c}) {
+    const auto rc = p->wait(60s);
     INFO(p->err());
-    CHECK(p->wait(60s) == 1);
+    CHECK(rc == 1);
     CHECK_THAT(p->err(), Catch::Contains("could not reach it again within 3 s"));
   }
   stop(a);
 }
-
-// rdzvd on its own host, started in host 0; its endpoint by name.
-struct HostRdzvd {
-  std::unique_ptr<Proc> proc;
-  std::string endpoint;
-  HostRdzvd(const HostNet& net, int host) {
-    proc = std::make_unique<Proc>(net.wrap(host, {kRdzvd, "--listen", "0.0.0.0:0"}));
-    REQUIRE(proc->wait_output(
-        [](const std::string& out, const std::string&) { return out.find('\n') != std::string::npos; },
-        30s));
-    std::smatch m;
-    REQUIRE(std::regex_search(proc->out(), m, std::regex(R"(listening on port (\d+))")));
-    endpoint = net.hostname(host) + ":" + m[1].str();
-  }
-  ~HostRdzvd() {
-    ::kill(proc->pid(), SIGTERM);
-    CHECK(proc->wait(30s) == 0);
-  }
-};
 
 TEST_CASE("hosts: rdzvd silent within the window costs nothing; past it the job forms again",
           "[hosts]") {
@@ -263,6 +263,7 @@ TEST_CASE("hosts: rdzvd silent within the window costs nothing; past it the job 
     ::usleep(2'000'000);  // the blip's length is the test's input, not an event
     REQUIRE(net->heal(0).ok());
     CHECK_FALSE(a.wait_output(has("lost the server"), 7s));
+    CHECK_FALSE(b.wait_output(has("lost the server"), 1s));
     check_undisturbed({&a, &b});
     for (Proc* p : {&a, &b}) stop(*p);
   }
@@ -281,8 +282,9 @@ TEST_CASE("hosts: rdzvd silent within the window costs nothing; past it the job 
     // Both reach it again; the server had dropped the run (no node left), so they form it
     // anew: the workers start again in a world of two.
     for (Proc* p : {&a, &b}) {
+      const bool seen = p->wait_output(has_ready(2, "world 2"), 60s);
       INFO(p->err());
-      CHECK(p->wait_output(has_ready(2, "world 2"), 60s));
+      CHECK(seen);
     }
     for (Proc* p : {&a, &b}) stop(*p);
   }
@@ -298,8 +300,9 @@ TEST_CASE("hosts: hosts whose every core is busy for a minute are not declared d
   Proc b(net->wrap(1, launch_args(c10d(ep, "3", cores), {"burn", "60"})));
   Proc c(net->wrap(2, launch_args(c10d(ep, "3", cores), {"burn", "60"})));
   for (Proc* p : {&a, &b, &c}) {
+    const auto rc = p->wait(180s);
     INFO(p->err());
-    CHECK(p->wait(180s) == 0);
+    CHECK(rc == 0);
     CHECK(p->err().find("restarting") == std::string::npos);
     CHECK(p->err().find("lost the server") == std::string::npos);
     CHECK(ready_pids(p->out()).size() == static_cast<std::size_t>(cores));  // one round only
@@ -318,14 +321,16 @@ TEST_CASE("hosts: a resolver that does not answer costs nothing for names in /et
   Proc b(net->wrap(1, launch_args(c10d(ep, "2", 1), {"env", dir.path()})));
   // gRPC's own resolver asked DNS for the other address family and took over a minute here.
   for (Proc* p : {&a, &b}) {
+    const auto rc = p->wait(20s);
     INFO(p->err());
-    CHECK(p->wait(20s) == 0);
+    CHECK(rc == 0);
   }
   // A name that only DNS could answer: one clear line, exit 1, within the resolve bound
   // (glibc's own timeouts, 5 s x 2, end about when the bound does: either error may come).
   Proc lost(net->wrap(1, launch_args(c10d("nosuchhost:29400", "2", 1), {"env", dir.path()})));
-  CHECK(lost.wait(40s) == 1);
+  const auto rc = lost.wait(40s);
   INFO(lost.err());
+  CHECK(rc == 1);
   CHECK_THAT(lost.err(), Catch::Contains("cannot resolve 'nosuchhost'"));
   CHECK(std::count(lost.err().begin(), lost.err().end(), '\n') == 1);
 }
@@ -342,8 +347,9 @@ TEST_CASE("hosts: PyTorch DDP across two hosts", "[hosts][interop]") {
   Proc a(net->wrap(0, args()), env);
   Proc b(net->wrap(1, args()), env);
   for (Proc* p : {&a, &b}) {
+    const auto rc = p->wait(300s);
     INFO(p->err());
-    REQUIRE(p->wait(300s) == 0);
+    REQUIRE(rc == 0);
   }
   std::regex re(R"(rank (\d+)/2 params_identical=True checksum=(\S+))");
   std::set<std::string> sums;

@@ -31,6 +31,8 @@ std::string error_file_json(const v1::WorkerFailure& f);
 //                "extraInfo": {"py_callstack": ..., "timestamp": "<seconds>"}}}
 // (no errorCode: torch's record_exception writes none).
 std::string signal_exception_json(int sig, long pid, std::int64_t timestamp_s);
+// Writes that record for this process, now, to `path` (launch's own TORCHELASTIC_ERROR_FILE).
+void write_signal_exception(const std::string& path, int sig);
 
 // When `text` (a worker's error message and traceback, or the end of its stderr) shows
 // Python's ModuleNotFoundError, the note launch adds after the failure summary: which

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "muster/agent/numa.h"
 #include "muster/launcher/python.h"
 #include "muster/rendezvous/state_machine.h"
 
@@ -94,6 +95,7 @@ struct LaunchConfig {
   // --numa_binding (torchrun 2.x): "" (off), node, socket, exclusive or core-complex; the
   // per-rank plan is made by main from the host's topology (agent/numa.h).
   std::string numa_binding;
+  std::optional<muster::agent::NumaMode> numa_mode;  // resolved from numa_binding
   // Resolved per local rank: bit 1 stdout, bit 2 stderr. A stream both redirected and teed is
   // teed (torchrun's rule: tee adds to the redirects), so the two never share a bit. With
   // --log_dir=/dev/null (torchrun's "no files") both are 0 and log_dir is cleared.
@@ -146,6 +148,9 @@ absl::StatusOr<Entrypoint> resolve_entrypoint(const LaunchConfig& config,
 
 // Looks `name` up as execvp would (a name with a slash is taken as a path).
 absl::StatusOr<std::string> find_executable(const std::string& name, const std::string& path_var);
+
+// A regular file this process may execute.
+bool is_executable_file(const std::string& path);
 
 // Whether `host` names this machine: localhost, its hostname, or one of `addresses` (what
 // `host` resolved to, looked up once by the caller) is an address of one of its interfaces.

@@ -23,6 +23,9 @@ namespace muster::rendezvous {
 absl::StatusOr<std::vector<std::string>> resolve_host(
     const std::string& host, std::chrono::milliseconds timeout = limits::kResolveTimeout);
 
+// Whether `host` is an IPv4 or IPv6 address (no brackets), not a name.
+bool is_ip_literal(const std::string& host);
+
 // A gRPC target for one numeric address: "ipv4:10.0.0.1:29400" or "ipv6:[fd00::1]:29400".
 std::string grpc_address_target(const std::string& address, int port);
 
