@@ -387,6 +387,7 @@ class Agent::Impl {
       req.path = opts_.program_path;
       req.argv = std::move(argv);
       req.envp = to_envp(build_worker_env(opts_.base_env, spec));
+      if (opts_.workers_stdin_null) req.stdin_mode = SpawnRequest::Stdin::kNull;
       req.cgroup_procs_fd = opts_.supervisor != nullptr ? opts_.supervisor->cgroup_procs_fd() : -1;
       if (lr < static_cast<int>(opts_.numa_of.size())) {
         req.cpus.assign(opts_.numa_of[lr].cpus.begin(), opts_.numa_of[lr].cpus.end());

@@ -40,6 +40,17 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
     ::close(out[1]);
     return absl::ErrnoToStatus(e, "pipe2");
   }
+  int in[2] = {-1, -1};  // the child's stdin, when it is not launch's own
+  if (req.stdin_mode == SpawnRequest::Stdin::kPipe) {
+    if (::pipe2(in, O_CLOEXEC) != 0) in[0] = in[1] = -1;
+  } else if (req.stdin_mode == SpawnRequest::Stdin::kNull) {
+    in[0] = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+  if (req.stdin_mode != SpawnRequest::Stdin::kInherit && in[0] < 0) {
+    int e = errno;
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    return absl::ErrnoToStatus(e, "stdin");
+  }
   // Masks for the binding, built before the fork (the child may only use them).
   // (Planned CPUs come from launch's own affinity, a cpu_set_t: each is below CPU_SETSIZE.)
   cpu_set_t cpu_set;
@@ -60,7 +71,9 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
   if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
   if (pid < 0) {
     int e = errno;
-    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    for (int fd : {out[0], out[1], err[0], err[1], in[0], in[1]}) {
+      if (fd >= 0) ::close(fd);
+    }
     return absl::ErrnoToStatus(e, "fork");
   }
   if (pid == 0) {
@@ -93,6 +106,7 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
     if (::getppid() != parent) ::_exit(1);  // the agent died before prctl took effect
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);
+    if (in[0] >= 0) ::dup2(in[0], STDIN_FILENO);
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -107,10 +121,12 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
   ::setpgid(pid, pid);  // also in the parent, so signalling the group never races the child
   ::close(out[1]);
   ::close(err[1]);
+  if (in[0] >= 0) ::close(in[0]);
   ChildProcess child;
   child.pid = pid;
   child.out_fd = out[0];
   child.err_fd = err[0];
+  child.in_fd = in[1];
   child.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   if (child.pidfd < 0) {
     int e = errno;
@@ -118,6 +134,7 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
     ::waitpid(pid, nullptr, 0);
     ::close(child.out_fd);
     ::close(child.err_fd);
+    if (child.in_fd >= 0) ::close(child.in_fd);
     return absl::ErrnoToStatus(e, "pidfd_open (Linux 5.3 or later is required)");
   }
   ::fcntl(child.pidfd, F_SETFD, FD_CLOEXEC);

@@ -28,6 +28,7 @@
 #include "muster/agent/worker_env.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/resolve.h"
+#include "cluster_config.h"
 
 namespace muster::launcher {
 
@@ -613,6 +614,29 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
                      "Accepted (workers are always fork+exec'd)"),
       kCompat)
       ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
+  const char* kCluster = "Many hosts from one command (docs/cluster.md)";
+  pet(app.add_option("--hosts", c.cluster.hosts_text,
+                     "Start one agent per host over ssh: HOST[:SLOTS],... (horovodrun's -H); "
+                     "SLOTS workers there, else --nproc_per_node"),
+      kCluster);
+  pet(app.add_option("--hostfile", c.cluster.hostfile,
+                     "The hosts from a file: 'HOST slots=N' (DeepSpeed's), 'HOST:N' or 'HOST' "
+                     "lines, # comments"),
+      kCluster);
+  pet(app.add_option("--include", c.cluster.include,
+                     "Only these of the hosts (comma or @ separated)"),
+      kCluster);
+  pet(app.add_option("--exclude", c.cluster.exclude, "All of the hosts but these"), kCluster);
+  pet(app.add_option("--ssh_args,--ssh-args", c.cluster.ssh_args_text,
+                     "More ssh options, e.g. '-p 2222 -F cfg' (ssh runs in BatchMode)"),
+      kCluster);
+  pet(app.add_option("--remote_launch,--remote-launch", c.cluster.remote_launch,
+                     "launch's path on the hosts (default: this launch's own path)"),
+      kCluster);
+  pet(app.add_option("--env", c.cluster.env_text,
+                     "More variables for the hosts' agents: NAME (its value here) or "
+                     "NAME=VALUE, comma separated"),
+      kCluster);
   std::string logs_specs;
   pet(app.add_option("--logs_specs,--logs-specs", logs_specs,
                      "Refused: a Python plug-in hook (use --log_dir, --redirects, --tee)"),
@@ -657,7 +681,13 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
     result.error = s;
     return result;
   }
-  if (absl::Status s = resolve_nproc(c, host); !s.ok()) {
+  const bool cluster = !c.cluster.hosts_text.empty() || !c.cluster.hostfile.empty();
+  // With --hosts, cpu/gpu/auto are counted by each host's agent on its own machine.
+  const bool counted_remotely =
+      cluster && (c.nproc_spec == "cpu" || c.nproc_spec == "gpu" || c.nproc_spec == "auto");
+  if (counted_remotely) {
+    c.nproc_per_node = 1;
+  } else if (absl::Status s = resolve_nproc(c, host); !s.ok()) {
     result.error = s;
     return result;
   }
@@ -724,7 +754,37 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
     result.error = absl::InvalidArgumentError("--standalone runs one node: use --nnodes=1");
     return result;
   }
-  if (absl::Status s = resolve_rendezvous(c); !s.ok()) {
+  if (cluster) {
+    auto given = [&app](std::string_view name) {
+      for (const CLI::Option* o : app.get_options()) {
+        if (o->get_lnames().front() == name) return o->count() > 0;
+      }
+      return false;
+    };
+    if (absl::Status s = resolve_cluster(c, given); !s.ok()) {
+      result.error = s;
+      return result;
+    }
+    // Every host's agent gets this command's launch flags, less the driver's (above).
+    const std::size_t flag_count = expanded->size() - (c.program_args.size() + 1);
+    std::map<std::string, const CLI::Option*> by_name;
+    for (const CLI::Option* o : app.get_options()) {
+      for (const std::string& n : o->get_lnames()) by_name.emplace(n, o);
+    }
+    for (std::size_t i = 0; i < flag_count; ++i) {
+      const std::string& a = (*expanded)[i];
+      if (a == "--") break;
+      if (absl::StartsWith(a, "--")) {
+        const std::string name = a.substr(2, a.find('=') - 2);
+        auto it = by_name.find(name);
+        if (it != by_name.end() && driver_sets_flag(it->second->get_lnames().front())) {
+          if (a.find('=') == std::string::npos && it->second->get_items_expected_min() > 0) ++i;
+          continue;
+        }
+      }
+      c.cluster.agent_args.push_back(a);
+    }
+  } else if (absl::Status s = resolve_rendezvous(c); !s.ok()) {
     result.error = s;
     return result;
   }

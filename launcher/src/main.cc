@@ -7,8 +7,10 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -27,7 +29,9 @@
 #include "muster/agent/numa.h"
 #include "muster/agent/supervisor.h"
 #include "muster/agent/worker_env.h"
+#include "muster/launcher/cluster.h"
 #include "muster/launcher/config.h"
+#include "cluster_driver.h"
 #include "muster/rendezvous/resolve.h"
 #include "muster/rendezvous/server.h"
 
@@ -117,7 +121,41 @@ int main(int argc, char** argv) {
                  cfg.rdzv_conf.ignored_keys.size() == 1 ? "does" : "do");
   }
 
+  boost::asio::io_context io(1);
+  // Signals are handled from here until launch exits: by the agent while it runs, and by
+  // main during the close that follows (see below). One set for the whole life: were it
+  // replaced, a signal in between would find the default action and kill launch, leaving
+  // its temporary folder. (A signal before this point kills launch before it made anything
+  // but the supervisor, which then cleans up.)
+  boost::asio::signal_set signals(io);
+  for (int sig : cfg.signals) signals.add(sig);
+  std::function<void(int)> on_signal = [](int) {};
+  std::function<void()> wait_signal = [&] {
+    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      on_signal(sig);
+      wait_signal();
+    });
+  };
+  wait_signal();
+  // launch --hosts / --hostfile: this command drives one agent per host (docs/cluster.md).
+  if (cfg.cluster.enabled()) {
+    const int code = muster::launcher::run_cluster(cfg, io, on_signal, supervisor.get());
+    on_signal = [](int) {};
+    if (supervisor) supervisor->finish(std::chrono::seconds(2));
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::_exit(code);
+  }
+
   std::map<std::string, std::string> env = muster::agent::current_environment();
+  // An agent started by launch --hosts: its stdin is the driver's (through ssh); when it ends,
+  // the driver or its session is gone, and this host stops (docs/cluster.md).
+  bool watch_stdin = false;
+  if (auto w = env.find(muster::launcher::kStdinWatchVar); w != env.end()) {
+    watch_stdin = w->second == "1";
+    env.erase(w);  // not the workers'
+  }
   auto entry = muster::launcher::resolve_entrypoint(cfg, env);
   if (!entry.ok()) return usage_error(entry.status());
   // --numa-binding: one plan for the whole job (nproc_per_node is fixed), from this host's
@@ -137,23 +175,6 @@ int main(int argc, char** argv) {
     spdlog::info("python: {} runs under {} ({})", entry->name, entry->path, entry->python_reason);
   }
 
-  boost::asio::io_context io(1);
-  // Signals are handled from here until launch exits: by the agent while it runs, and by
-  // main during the close that follows (see below). One set for the whole life: were it
-  // replaced, a signal in between would find the default action and kill launch, leaving
-  // its temporary folder. (A signal before this point kills launch before it made anything
-  // but the supervisor, which then cleans up.)
-  boost::asio::signal_set signals(io);
-  for (int sig : cfg.signals) signals.add(sig);
-  std::function<void(int)> on_signal = [](int) {};
-  std::function<void()> wait_signal = [&] {
-    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
-      if (ec) return;
-      on_signal(sig);
-      wait_signal();
-    });
-  };
-  wait_signal();
   std::unique_ptr<muster::rendezvous::RendezvousServer> server;
   std::string rdzv_addr;    // the server as messages name it
   std::string rdzv_target;  // and as gRPC reaches it: an address, never a name
@@ -265,6 +286,7 @@ int main(int argc, char** argv) {
   opts.duplicate_stdout_filters = cfg.duplicate_stdout_filters;
   opts.duplicate_stderr_filters = cfg.duplicate_stderr_filters;
   opts.supervisor = supervisor.get();
+  opts.workers_stdin_null = watch_stdin;
   if (auto it = env.find("TORCHELASTIC_ERROR_FILE"); it != env.end()) {
     opts.own_error_file = it->second;
   }
@@ -299,6 +321,24 @@ int main(int argc, char** argv) {
   std::optional<muster::agent::Agent> agent;
   agent.emplace(io, std::move(opts));
   on_signal = [&agent](int sig) { agent->on_signal(sig); };
+  std::optional<boost::asio::posix::stream_descriptor> stdin_watch;
+  std::array<char, 256> stdin_buf{};
+  std::function<void()> read_stdin = [&] {
+    stdin_watch->async_read_some(
+        boost::asio::buffer(stdin_buf), [&](const boost::system::error_code& ec, std::size_t) {
+          if (ec == boost::asio::error::operation_aborted) return;
+          if (!ec) {  // nothing is ever sent; whatever comes is skipped
+            read_stdin();
+            return;
+          }
+          spdlog::warn("the launching command is gone (its session ended); stopping");
+          on_signal(SIGHUP);
+        });
+  };
+  if (watch_stdin) {
+    stdin_watch.emplace(io, ::dup(STDIN_FILENO));
+    read_stdin();
+  }
   const int code = agent->run();
   if (agent->failed() && !keep && holds_error_file(tmpl)) {
     // The summary names the error files workers wrote in the private folder: they must

@@ -32,6 +32,9 @@ struct AgentOptions {
   std::string run_id;
   std::string node_id;
   std::string host;  // this node's address for MASTER_ADDR and the summary
+  // Workers read /dev/null instead of launch's stdin (an agent started by launch --hosts,
+  // whose stdin is the ssh channel it watches).
+  bool workers_stdin_null = false;
   int min_nodes = 1;
   int max_nodes = 1;
   int requested_rank = -1;

@@ -22,14 +22,19 @@ struct SpawnRequest {
   // (set_mempolicy(MPOL_PREFERRED); best effort). Empty / -1: no binding.
   std::vector<int> cpus;
   int memory_node = -1;
+  // The child's stdin: launch's own (torchrun's way), /dev/null, or a pipe whose write end
+  // the caller gets (ChildProcess::in_fd).
+  enum class Stdin { kInherit, kNull, kPipe };
+  Stdin stdin_mode = Stdin::kInherit;
 };
 
-// A started worker. The caller owns the three descriptors (all close-on-exec).
+// A started worker. The caller owns the descriptors (all close-on-exec).
 struct ChildProcess {
   pid_t pid = -1;
   int pidfd = -1;   // readable once the child has exited (pidfd_open)
   int out_fd = -1;  // read end of the child's stdout
   int err_fd = -1;  // read end of the child's stderr
+  int in_fd = -1;   // write end of the child's stdin (SpawnRequest::Stdin::kPipe only)
 };
 
 // Forks and execs the worker: in its own process group (pgid == pid), in the job cgroup when

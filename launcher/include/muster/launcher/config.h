@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "muster/agent/numa.h"
+#include "muster/launcher/hostfile.h"
 #include "muster/launcher/python.h"
 #include "muster/rendezvous/state_machine.h"
 
@@ -46,6 +47,22 @@ enum class RdzvMode {
               // --rdzv_endpoint with port 0, torchrun's "pick a free port" on one node)
   kStatic,    // fixed membership; node 0 hosts the server
   kC10d,      // elastic; the agent whose host is the endpoint hosts it (or rdzvd does)
+};
+
+// launch --hosts / --hostfile (docs/cluster.md): this command starts one agent per host (over
+// ssh; directly for this machine) and hosts the rendezvous, unless --rdzv_endpoint names one.
+struct ClusterOptions {
+  // As given.
+  std::string hosts_text, hostfile, include, exclude, ssh_args_text, env_text;
+  std::string remote_launch;  // launch's path on the hosts (default: this binary's own)
+  // Resolved.
+  std::vector<HostSlots> hosts;        // the list's or the file's, after --include/--exclude
+  std::vector<std::string> ssh_args;   // split as a shell would (quotes), nothing expanded
+  std::vector<std::string> env;        // --env items: NAME (its value here) or NAME=VALUE
+  // This command's own launch flags (canonical spellings), less the cluster's and those the
+  // driver sets for each host (--nnodes, --nproc_per_node, --rdzv_*, --local_addr).
+  std::vector<std::string> agent_args;
+  bool enabled() const { return !hosts.empty(); }
 };
 
 // Every flag's default lives here.
@@ -105,6 +122,7 @@ struct LaunchConfig {
   std::vector<int> signals;      // numbers of signals_to_handle
   // --shutdown_timeout (or PET_SHUTDOWN_TIMEOUT), else $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s.
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  ClusterOptions cluster;
   std::string program;
   std::vector<std::string> program_args;
 };
@@ -127,6 +145,10 @@ struct ParseResult {
 // empty value (it never takes the next argument). Reads PET_* and
 // TORCH_ELASTIC_SHUTDOWN_TIMEOUT from the environment.
 ParseResult parse_launch_args(const std::vector<std::string>& args, const HostInfo& host);
+
+// --ssh_args: split as a POSIX shell splits words (blanks; '...' and "..." quoting; \ escapes),
+// nothing expanded. An unclosed quote is an error.
+absl::StatusOr<std::vector<std::string>> split_shell_words(const std::string& text);
 
 // How the program is started.
 struct Entrypoint {

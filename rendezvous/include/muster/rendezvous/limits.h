@@ -109,4 +109,12 @@ inline constexpr std::size_t kStoreReplyBudgetFrom = 64 << 10;
 // the two services' messages. The Session reactor applies the tighter agent bound itself.
 inline constexpr std::size_t kMaxServerReceiveBytes = kMaxStoreMessageBytes;
 
+// launch --hosts (docs/cluster.md): ssh's connect timeout and its keep-alive (a host whose ssh
+// session is silent for interval x count is taken as lost, as is the session); after a stop,
+// how much longer than --shutdown_timeout the driver waits for an agent before ending its ssh.
+inline constexpr milliseconds kSshConnectTimeout = std::chrono::seconds(10);
+inline constexpr milliseconds kSshServerAliveInterval = std::chrono::seconds(5);
+inline constexpr int kSshServerAliveCount = 3;
+inline constexpr milliseconds kClusterStopMargin = std::chrono::seconds(10);
+
 }  // namespace muster::rendezvous::limits
