@@ -75,7 +75,7 @@ std::string select_err(std::string_view include, std::string_view exclude) {
 
 }  // namespace
 
-TEST_CASE("--hosts: horovod's h1:8,h2:8,h3") {
+TEST_CASE("host list (--hosts): horovod's h1:8,h2:8,h3") {
   CHECK(list_ok("h1:8,h2:8,h3") == Strings{"h1=8", "h2=8", "h3=0"});
   CHECK(list_ok("h1") == Strings{"h1=0"});
   CHECK(has(list_err(" h1 : 2 "), "'h1 ' is not a host name"));  // no space inside an item
@@ -85,7 +85,7 @@ TEST_CASE("--hosts: horovod's h1:8,h2:8,h3") {
   CHECK(list_ok("alice@h1:4,bob@h2") == Strings{"alice@h1=4", "bob@h2=0"});
 }
 
-TEST_CASE("--hosts: IPv6 in brackets with slots, bare without") {
+TEST_CASE("host list (--hosts): IPv6 in brackets with slots, bare without") {
   CHECK(list_ok("[fd00::1]:4,fd00::2,[fd00::3]") == Strings{"fd00::1=4", "fd00::2=0", "fd00::3=0"});
   CHECK(list_ok("alice@[fd00::1]:2") == Strings{"alice@fd00::1=2"});
   CHECK(list_ok("fe80::1%eth0") == Strings{"fe80::1%eth0=0"});
@@ -98,7 +98,7 @@ TEST_CASE("--hosts: IPv6 in brackets with slots, bare without") {
   CHECK(has(list_err("[fd00::1%e;th0]"), "is not one"));
 }
 
-TEST_CASE("--hosts: slots are 1..kMaxLocalWorldSize") {
+TEST_CASE("host list (--hosts): slots are 1..kMaxLocalWorldSize") {
   const int max = muster::rendezvous::kMaxLocalWorldSize;
   CHECK(list_ok("h:1") == Strings{"h=1"});
   CHECK(list_ok("h:" + std::to_string(max)) == Strings{"h=" + std::to_string(max)});
@@ -111,7 +111,7 @@ TEST_CASE("--hosts: slots are 1..kMaxLocalWorldSize") {
   CHECK(has(list_err("h1:2,h2:0"), "--hosts: item 2: slots '0'"));
 }
 
-TEST_CASE("--hosts: empty lists and items, duplicates") {
+TEST_CASE("host list (--hosts): empty lists and items, duplicates") {
   CHECK(list_err("") == "--hosts: no host given");
   CHECK(list_err("  ") == "--hosts: no host given");
   CHECK(has(list_err("h1,,h2"), "--hosts: item 2: empty"));
@@ -124,7 +124,7 @@ TEST_CASE("--hosts: empty lists and items, duplicates") {
   CHECK(has(list_err("fd00::1,[fd00:0:0::1]:2"), "is listed twice"));
 }
 
-TEST_CASE("--hosts: a host must be safe on an ssh command line") {
+TEST_CASE("host list (--hosts): a host must be safe on an ssh command line") {
   for (const char* bad :
        {"h;rm -rf /", "h|x", "h&x", "$(x)", "`x`", "h'x", "h\"x", "h\\x", "h<x", "h>x", "h x",
         "h\tx:2", "h*", "h/x", "-oProxyCommand=x", "alice@-oX", "-x@h", "h\x01"}) {
@@ -143,7 +143,7 @@ TEST_CASE("--hosts: a host must be safe on an ssh command line") {
   CHECK(has(list_err(longest + "a"), "longer than the limit"));
 }
 
-TEST_CASE("--hosts: at most kMaxHosts hosts") {
+TEST_CASE("host list (--hosts): at most kMaxHosts hosts") {
   const std::size_t max = muster::rendezvous::limits::kMaxHosts;
   std::string text;
   for (std::size_t i = 0; i < max; ++i) text += (i ? ",h" : "h") + std::to_string(i);
