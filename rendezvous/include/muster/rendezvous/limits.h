@@ -72,6 +72,8 @@ inline constexpr milliseconds kResolveTimeout = std::chrono::seconds(10);
 // capped message and traceback even when JSON escaping sixfolds them. The rest of a larger
 // file is not read; what it held is reported as cut.
 inline constexpr std::size_t kMaxErrorFileReadBytes = 1 << 20;
+// Hosts of one whole-cluster launch (--hosts, --hostfile): a longer list is refused.
+inline constexpr std::size_t kMaxHosts = 4096;
 
 // --- Server-wide ---------------------------------------------------------------------
 // Runs held at once (joining, running or within their finished grace); a Join that would
