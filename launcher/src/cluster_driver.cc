@@ -183,6 +183,7 @@ class Driver {
     int open_streams = 0;
     bool exited = false;
     bool done = false;  // exited and its output read to the end
+    bool signaled = false;  // killed by a signal (rather than exiting with 128+N itself)
     int code = 0;
     bool lost = false;
   };
@@ -281,6 +282,7 @@ class Driver {
       h->pidfd->close();
       if (supervisor_ != nullptr) supervisor_->forget_group(h->pid);
       h->exited = true;
+      h->signaled = WIFSIGNALED(status);
       h->code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       maybe_done(*h);
     });
@@ -293,11 +295,10 @@ class Driver {
     if (h.in_fd >= 0) ::close(h.in_fd);
     h.in_fd = -1;
     --live_;
-    // ssh's own failures (cannot connect, login refused, the connection lost) are 255; a
-    // local agent that was killed is lost the same way. A job's failure is not a lost host.
-    const bool killed = h.code > 128 && h.code != 128 + SIGTERM && h.code != 128 + SIGINT &&
-                        h.code != 128 + SIGHUP;
-    if (stop_signal_ == 0 && (h.cmd.local ? killed : h.code == 255)) {
+    // ssh's own failures (cannot connect, login refused, the connection lost) are 255; an ssh
+    // client or a local agent killed by a signal is lost the same way. A job's failure (the
+    // agent's exit code) is not a lost host.
+    if (stop_signal_ == 0 && (h.signaled || (!h.cmd.local && h.code == 255))) {
       h.lost = true;
       on_lost(h);
     } else if (h.code != 0) {

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -164,6 +165,18 @@ TEST_CASE("cluster: SIGINT of the launching command leaves nothing on any host",
   INFO(d->err());
   CHECK(rc == 128 + SIGINT);
   for (int host : {1, 2}) CHECK(k.quiet(host, 10s));
+  for (pid_t w : workers) CHECK(::kill(w, 0) != 0);
+}
+
+TEST_CASE("cluster: kill -9 of the launching command stops every host too", "[cluster]") {
+  Cluster k(3);
+  auto d = k.driver({"--hosts", "node1,node2"}, {kWorker, "wait"});
+  REQUIRE(d->wait_output(has_ready(2, "world 2"), 90s));
+  const std::vector<pid_t> workers = ready_pids(d->out());
+  ::kill(d->pid(), SIGKILL);
+  CHECK(d->wait(30s) == 128 + SIGKILL);
+  // Its job supervisor ends the ssh clients; the sessions end, and with them the agents.
+  for (int host : {1, 2}) CHECK(k.quiet(host, 15s));
   for (pid_t w : workers) CHECK(::kill(w, 0) != 0);
 }
 
