@@ -72,6 +72,9 @@ inline constexpr milliseconds kResolveTimeout = std::chrono::seconds(10);
 // capped message and traceback even when JSON escaping sixfolds them. The rest of a larger
 // file is not read; what it held is reported as cut.
 inline constexpr std::size_t kMaxErrorFileReadBytes = 1 << 20;
+// Hosts one Slurm host list (SLURM_STEP_NODELIST, ...) may expand to; a longer list is a
+// usage error, refused before it is expanded. Also the bound on a scheduler's node count.
+inline constexpr std::size_t kMaxSlurmHosts = 100000;
 
 // --- Server-wide ---------------------------------------------------------------------
 // Runs held at once (joining, running or within their finished grace); a Join that would
