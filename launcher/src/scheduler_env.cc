@@ -267,19 +267,6 @@ absl::StatusOr<std::optional<SchedulerJob>> derive_slurm(const Env& env) {
     return absl::InvalidArgumentError(
         absl::StrCat("SLURM_NODEID: ", *rank, " is not below ", nodes_var, "=", *nnodes));
   }
-  auto [tasks_var, tasks_text] =
-      first_of(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"});
-  if (tasks_text != nullptr) {
-    auto tasks = number(tasks_var, *tasks_text, 1, std::numeric_limits<std::int32_t>::max());
-    if (!tasks.ok()) return tasks.status();
-    if (*tasks > *nnodes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "srun started ", *tasks, " tasks on ", *nnodes,
-          " nodes; launch needs one per node (srun --ntasks-per-node=1), or set "
-          "MUSTER_SCHEDULER_ENV=0 to ignore Slurm"));
-    }
-  }
-
   SchedulerJob j;
   j.source = "slurm";
   j.nnodes = static_cast<int>(*nnodes);
@@ -305,6 +292,19 @@ absl::StatusOr<std::optional<SchedulerJob>> derive_slurm(const Env& env) {
         "under srun but no SLURM_STEP_NODELIST, SLURM_JOB_NODELIST or SLURM_NODELIST names the "
         "nodes; set MASTER_ADDR to the first node's host");
   }
+  auto [tasks_var, tasks_text] =
+      first_of(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"});
+  if (tasks_text != nullptr) {
+    auto tasks = number(tasks_var, *tasks_text, 1, std::numeric_limits<std::int32_t>::max());
+    if (!tasks.ok()) return tasks.status();
+    if (*tasks > *nnodes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "srun started ", *tasks, " tasks on ", *nnodes,
+          " nodes; launch needs one per node (srun --ntasks-per-node=1), or set "
+          "MUSTER_SCHEDULER_ENV=0 to ignore Slurm"));
+    }
+  }
+
   auto port = master_port_env(env);
   if (!port.ok()) return port.status();
   std::string port_from = "MASTER_PORT";
