@@ -65,6 +65,7 @@ std::vector<std::pair<std::string, std::string>> forwarded_env(
     }
   }
   out[kStdinWatchVar] = "1";
+  out["MUSTER_SCHEDULER_ENV"] = "0";  // the job's shape is the driver's, not a scheduler's
   if (!token.empty()) out["MUSTER_RDZV_TOKEN"] = token;
   return {out.begin(), out.end()};
 }

@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "muster/agent/numa.h"
 #include "muster/agent/worker_env.h"
+#include "muster/launcher/scheduler_env.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/resolve.h"
 #include "cluster_config.h"
@@ -203,6 +204,62 @@ CLI::Validator not_empty() {
 
 constexpr int kDefaultRdzvPort = 29400;
 constexpr int kDefaultMasterPort = 29500;
+
+// The flags a scheduler's job may fill; one given (on the command line or by PET_*: CLI11
+// counts both) wins.
+struct SchedulerFlags {
+  CLI::Option* nnodes = nullptr;
+  CLI::Option* nproc = nullptr;
+  CLI::Option* rdzv_backend = nullptr;
+  CLI::Option* rdzv_endpoint = nullptr;
+  CLI::Option* rdzv_id = nullptr;
+  CLI::Option* node_rank = nullptr;
+  CLI::Option* master_addr = nullptr;
+  CLI::Option* master_port = nullptr;
+};
+
+// Fills from `job` what no flag gave, and says so in c.scheduler_summary. The static
+// rendezvous's ranks come along unless the user chose c10d; its place (master address and
+// port) only when no --rdzv_endpoint names it either.
+absl::Status apply_scheduler_job(const SchedulerJob& job, const SchedulerFlags& given,
+                                 LaunchConfig& c, std::string& nnodes, HostInfo& counted) {
+  std::vector<std::string> kept;
+  auto from_job = [&kept](const CLI::Option* o) {
+    if (o->count() == 0) return true;
+    kept.push_back("--" + o->get_lnames().front());
+    return false;
+  };
+  if (from_job(given.nnodes)) nnodes = absl::StrCat(job.nnodes);
+  if (job.nproc_per_node && from_job(given.nproc)) {
+    c.nproc_spec = absl::StrCat(*job.nproc_per_node);
+  }
+  if (job.cpus_on_node) counted.cpu_count = *job.cpus_on_node;  // cpu, and auto without GPUs
+  if (from_job(given.rdzv_id)) c.rdzv_id = job.run_id;
+  std::string note;
+  if (c.rdzv_backend == "static") {
+    if (from_job(given.node_rank)) c.node_rank = job.node_rank;
+    if (given.rdzv_endpoint->count() > 0) {
+      note = "; the rendezvous is --rdzv_endpoint's";
+      // Still the workers' MASTER_ADDR / MASTER_PORT where the scheduler knows them.
+      if (!job.master_addr.empty() && from_job(given.master_addr)) c.master_addr = job.master_addr;
+      if (from_job(given.master_port)) c.master_port = job.master_port;
+    } else {
+      if (from_job(given.master_addr)) {
+        if (job.master_addr.empty()) return absl::InvalidArgumentError(job.missing_master);
+        c.master_addr = job.master_addr;
+      }
+      if (from_job(given.master_port)) c.master_port = job.master_port;
+      note = "; static rendezvous";
+    }
+  } else {
+    note = absl::StrCat("; the rendezvous is --rdzv_backend=", c.rdzv_backend, "'s");
+  }
+  c.scheduler_summary = absl::StrCat(job.summary, note);
+  if (!kept.empty()) {
+    absl::StrAppend(&c.scheduler_summary, "; given, so kept: ", absl::StrJoin(kept, ", "));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -482,6 +539,11 @@ absl::Status resolve_output(LaunchConfig& c) {
 }  // namespace
 
 ParseResult parse_launch_args(const std::vector<std::string>& args, const HostInfo& host) {
+  return parse_launch_args(args, host, muster::agent::current_environment());
+}
+
+ParseResult parse_launch_args(const std::vector<std::string>& args, const HostInfo& host,
+                              const std::map<std::string, std::string>& env) {
   ParseResult result;
   LaunchConfig c;
   std::string nnodes = "1";
@@ -508,8 +570,9 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   const char* kProgram = "Program";
   const char* kLogs = "Logs and output";
   const char* kCompat = "Accepted for torchrun compatibility";
-  pet(app.add_option("--nnodes", nnodes, "Number of nodes, N or MIN:MAX (elastic)"), kRdzv);
-  pet(app.add_option("--nproc_per_node,--nproc-per-node", c.nproc_spec,
+  SchedulerFlags given;
+  given.nnodes = pet(app.add_option("--nnodes", nnodes, "Number of nodes, N or MIN:MAX (elastic)"), kRdzv);
+  given.nproc = pet(app.add_option("--nproc_per_node,--nproc-per-node", c.nproc_spec,
                      "Workers per node: an integer, cpu, gpu or auto"),
       kWorkers);
   pet(app.add_flag("--standalone", c.standalone,
@@ -537,13 +600,14 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
                    "Every worker gets LOCAL_RANK=0 and only its own device in "
                    "CUDA_VISIBLE_DEVICES (its local rank's, or that entry of launch's list)"),
       kWorkers);
-  pet(app.add_option("--rdzv_backend,--rdzv-backend", c.rdzv_backend,
+  given.rdzv_backend = pet(app.add_option("--rdzv_backend,--rdzv-backend", c.rdzv_backend,
                      "static (the default: fixed nodes, --node_rank) or c10d (elastic)"),
       kRdzv);
-  pet(app.add_option("--rdzv_endpoint,--rdzv-endpoint", c.rdzv_endpoint,
+  given.rdzv_endpoint = pet(app.add_option("--rdzv_endpoint,--rdzv-endpoint", c.rdzv_endpoint,
                      "Rendezvous HOST[:PORT]"),
       kRdzv);
-  pet(app.add_option("--rdzv_id,--rdzv-id", c.rdzv_id, "Job id shared by every node"), kRdzv);
+  given.rdzv_id =
+      pet(app.add_option("--rdzv_id,--rdzv-id", c.rdzv_id, "Job id shared by every node"), kRdzv);
   pet(app.add_option("--rdzv_conf,--rdzv-conf", c.rdzv_conf_text,
                      "key=value,... : join_timeout, last_call_timeout, close_timeout, "
                      "keep_alive_interval, keep_alive_max_attempt, read_timeout (seconds), "
@@ -552,12 +616,13 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   pet(app.add_option("--local_addr,--local-addr", c.local_addr,
                      "This node's address as other nodes reach it (default: its FQDN)"),
       kRdzv);
-  pet(app.add_option("--node_rank,--node-rank", c.node_rank, "This node's rank"), kStatic)
-      ->check(not_empty());
-  pet(app.add_option("--master_addr,--master-addr", c.master_addr,
+  given.node_rank =
+      pet(app.add_option("--node_rank,--node-rank", c.node_rank, "This node's rank"), kStatic)
+          ->check(not_empty());
+  given.master_addr = pet(app.add_option("--master_addr,--master-addr", c.master_addr,
                      "Workers' MASTER_ADDR (default 127.0.0.1)"),
       kStatic);
-  pet(app.add_option("--master_port,--master-port", c.master_port,
+  given.master_port = pet(app.add_option("--master_port,--master-port", c.master_port,
                      "Workers' MASTER_PORT (default 29500)"),
       kStatic)
       ->check(not_empty());
@@ -677,17 +742,33 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
         "--redirects and --tee");
     return result;
   }
+  // Under srun or mpirun the scheduler gives what no flag did (scheduler_env.h); not to a
+  // launch that starts the hosts itself (--hosts, --hostfile).
+  const bool cluster = !c.cluster.hosts_text.empty() || !c.cluster.hostfile.empty();
+  HostInfo counted = host;
+  if (!c.standalone && !cluster && scheduler_env_enabled(env)) {
+    auto job = derive_scheduler_job(env);
+    if (!job.ok()) {
+      result.error = job.status();
+      return result;
+    }
+    if (job->has_value()) {
+      if (absl::Status s = apply_scheduler_job(**job, given, c, nnodes, counted); !s.ok()) {
+        result.error = s;
+        return result;
+      }
+    }
+  }
   if (absl::Status s = parse_nnodes(nnodes, c); !s.ok()) {
     result.error = s;
     return result;
   }
-  const bool cluster = !c.cluster.hosts_text.empty() || !c.cluster.hostfile.empty();
   // With --hosts, cpu/gpu/auto are counted by each host's agent on its own machine.
   const bool counted_remotely =
       cluster && (c.nproc_spec == "cpu" || c.nproc_spec == "gpu" || c.nproc_spec == "auto");
   if (counted_remotely) {
     c.nproc_per_node = 1;
-  } else if (absl::Status s = resolve_nproc(c, host); !s.ok()) {
+  } else if (absl::Status s = resolve_nproc(c, counted); !s.ok()) {
     result.error = s;
     return result;
   }
@@ -755,13 +836,13 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
     return result;
   }
   if (cluster) {
-    auto given = [&app](std::string_view name) {
+    auto flag_given = [&app](std::string_view name) {
       for (const CLI::Option* o : app.get_options()) {
         if (o->get_lnames().front() == name) return o->count() > 0;
       }
       return false;
     };
-    if (absl::Status s = resolve_cluster(c, given); !s.ok()) {
+    if (absl::Status s = resolve_cluster(c, flag_given); !s.ok()) {
       result.error = s;
       return result;
     }

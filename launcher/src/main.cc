@@ -115,6 +115,7 @@ int main(int argc, char** argv) {
   if (!logging.ok()) return usage_error(logging);
   if (!parsed.error.ok()) return usage_error(parsed.error);
   const LaunchConfig& cfg = *parsed.config;
+  if (!cfg.scheduler_summary.empty()) spdlog::info("{}", cfg.scheduler_summary);
   if (!cfg.rdzv_conf.ignored_keys.empty()) {
     spdlog::warn("--rdzv_conf: {} {} nothing in launch; ignored",
                  absl::StrJoin(cfg.rdzv_conf.ignored_keys, ", "),

@@ -151,6 +151,7 @@ TEST_CASE("hosts: what the agents' environment gets from here", "[cluster]") {
   CHECK(m["A"] == "from-here");
   CHECK(m["B"] == "given");
   CHECK(m["MUSTER_STDIN_WATCH"] == "1");
+  CHECK(m["MUSTER_SCHEDULER_ENV"] == "0");
   CHECK(m["MUSTER_RDZV_TOKEN"] == "new");
   CHECK(std::is_sorted(env.begin(), env.end()));
 }

@@ -23,8 +23,11 @@ HostInfo fake_host(int cpus, int gpus) {
   return h;
 }
 
+// No scheduler (scheduler_env.h): these tests mean the same under srun or mpirun.
+const std::map<std::string, std::string> kNoScheduler;
+
 LaunchConfig parse_ok(const std::vector<std::string>& args, HostInfo host = fake_host(8, 0)) {
-  auto r = parse_launch_args(args, host);
+  auto r = parse_launch_args(args, host, kNoScheduler);
   INFO(r.error.message());
   REQUIRE(r.error.ok());
   REQUIRE(r.config.has_value());
@@ -32,7 +35,7 @@ LaunchConfig parse_ok(const std::vector<std::string>& args, HostInfo host = fake
 }
 
 std::string parse_err(const std::vector<std::string>& args, HostInfo host = fake_host(8, 0)) {
-  auto r = parse_launch_args(args, host);
+  auto r = parse_launch_args(args, host, kNoScheduler);
   REQUIRE_FALSE(r.config.has_value());
   REQUIRE_FALSE(r.error.ok());
   return std::string(r.error.message());

@@ -49,7 +49,8 @@ std::string shell_quote(std::string_view word);
 // The variables the hosts' agents get from the driver's environment: PATH, LD_LIBRARY_PATH,
 // PYTHONPATH, VIRTUAL_ENV, LOGLEVEL and every variable starting with one of kForwardedPrefixes,
 // then --env's items (NAME: its value here, skipped when unset; NAME=VALUE as given), then
-// MUSTER_STDIN_WATCH=1 and the token. Sorted by name, one entry per name, the last given wins.
+// MUSTER_STDIN_WATCH=1, MUSTER_SCHEDULER_ENV=0 (scheduler_env.h) and the token. Sorted by
+// name, one entry per name, the last given wins.
 std::vector<std::pair<std::string, std::string>> forwarded_env(
     const std::map<std::string, std::string>& env, const std::vector<std::string>& extra,
     const std::string& token);

@@ -125,6 +125,9 @@ struct LaunchConfig {
   ClusterOptions cluster;
   std::string program;
   std::vector<std::string> program_args;
+  // Under an srun step or mpirun (scheduler_env.h): what the scheduler's environment gave,
+  // one line for the log, with the flags that overrode it; empty otherwise.
+  std::string scheduler_summary;
 };
 
 // What parsing needs to know about this host (injected so tests can fake it).
@@ -144,7 +147,16 @@ struct ParseResult {
 // an ambiguous one is a usage error naming the candidates, and `--flag=` gives the flag an
 // empty value (it never takes the next argument). Reads PET_* and
 // TORCH_ELASTIC_SHUTDOWN_TIMEOUT from the environment.
+//
+// Under a scheduler step (srun, mpirun: derive_scheduler_job over `env`) and without
+// --standalone, the job's shape comes from the scheduler where no flag (nor PET_*) gives it:
+// --nnodes, --nproc_per_node, --rdzv_id, and, unless --rdzv_backend=c10d or --rdzv_endpoint
+// is given, the static rendezvous (--node_rank, --master_addr, --master_port). The
+// scheduler's own errors are usage errors. MUSTER_SCHEDULER_ENV=0 in `env` turns this off.
+// The first form reads `env` from this process's environment.
 ParseResult parse_launch_args(const std::vector<std::string>& args, const HostInfo& host);
+ParseResult parse_launch_args(const std::vector<std::string>& args, const HostInfo& host,
+                              const std::map<std::string, std::string>& env);
 
 // --ssh_args: split as a POSIX shell splits words (blanks; '...' and "..." quoting; \ escapes),
 // nothing expanded. An unclosed quote is an error.

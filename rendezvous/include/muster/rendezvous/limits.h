@@ -74,6 +74,9 @@ inline constexpr milliseconds kResolveTimeout = std::chrono::seconds(10);
 inline constexpr std::size_t kMaxErrorFileReadBytes = 1 << 20;
 // Hosts of one whole-cluster launch (--hosts, --hostfile): a longer list is refused.
 inline constexpr std::size_t kMaxHosts = 4096;
+// Hosts one Slurm host list (SLURM_STEP_NODELIST, ...) may expand to; a longer list is a
+// usage error, refused before it is expanded. Also the bound on a scheduler's node count.
+inline constexpr std::size_t kMaxSlurmHosts = 100000;
 
 // --- Server-wide ---------------------------------------------------------------------
 // Runs held at once (joining, running or within their finished grace); a Join that would
