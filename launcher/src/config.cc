@@ -129,11 +129,13 @@ absl::StatusOr<std::chrono::milliseconds> parse_seconds(absl::string_view key, a
 }
 
 // argparse's ways with long flags, which CLI11 lacks, applied to launch's own arguments (up
-// to the program): a unique prefix names its flag (both spellings of one flag are one flag),
-// and `--flag=` is an empty value, passed to CLI11 as a separate "" so that it never takes
+// to the program): a unique prefix names its flag (both spellings of one flag are one flag;
+// a prefix that matches one torchrun flag and some of launch's own, the group `own_group`,
+// names the torchrun flag, as torchrun would), and `--flag=` is an empty value, passed to CLI11 as a separate "" so that it never takes
 // the next argument. Unknown flags are left for CLI11 to name.
 absl::StatusOr<std::vector<std::string>> expand_long_flags(const CLI::App& app,
-                                                           const std::vector<std::string>& args) {
+                                                           const std::vector<std::string>& args,
+                                                           const std::string& own_group) {
   std::map<std::string, const CLI::Option*> long_names, short_names;
   for (const CLI::Option* o : app.get_options()) {
     for (const std::string& n : o->get_lnames()) long_names.emplace(n, o);
@@ -166,6 +168,18 @@ absl::StatusOr<std::vector<std::string>> expand_long_flags(const CLI::App& app,
            it != long_names.end() && absl::StartsWith(it->first, name); ++it) {
         if (flags.insert(it->second).second) {
           candidates.push_back("--" + it->second->get_lnames().front());  // its first spelling
+        }
+      }
+      // A prefix that torchrun itself would take as one of its flags still means that flag:
+      // launch's own flags (the group `own_group`) need more letters where they share one.
+      if (candidates.size() > 1) {
+        std::set<const CLI::Option*> torchrun_flags;
+        for (const CLI::Option* o : flags) {
+          if (o->get_group() != own_group) torchrun_flags.insert(o);
+        }
+        if (torchrun_flags.size() == 1) {
+          flags = torchrun_flags;
+          candidates = {"--" + (*flags.begin())->get_lnames().front()};
         }
       }
       if (candidates.size() > 1) {
@@ -707,7 +721,7 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
                      "Refused: a Python plug-in hook (use --log_dir, --redirects, --tee)"),
       kCompat);
 
-  auto expanded = expand_long_flags(app, args);
+  auto expanded = expand_long_flags(app, args, kCluster);
   if (!expanded.ok()) {
     result.error = expanded.status();
     return result;

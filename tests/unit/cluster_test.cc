@@ -79,6 +79,21 @@ TEST_CASE("hosts: the agents get this command's flags, less the ones the driver 
   CHECK(c.program_args == std::vector<std::string>{"--hosts", "y"});
 }
 
+TEST_CASE("hosts: the new flags take no prefix away from torchrun's", "[cluster]") {
+  // torchrun takes --e for --event_log_handler and --re for --redirects: so does launch,
+  // though --env, --exclude and --remote_launch start the same way.
+  LaunchConfig c = parse_ok({"--standalone", "--e", "null", "--re", "1", "--log_dir=/tmp", "p"});
+  CHECK(c.event_log_handler == "null");
+  CHECK(c.redirects == "1");
+  CHECK(c.cluster.env_text.empty());
+  // Launch's own flags are abbreviated where no torchrun flag shares the prefix.
+  LaunchConfig h = parse_ok({"--hosts=a,b", "--ssh=-q", "p"});
+  CHECK(h.cluster.ssh_args == std::vector<std::string>{"-q"});
+  CHECK(parse_err({"--hostf=/nonexistent/h", "p"}).find("--hostfile /nonexistent/h") !=
+        std::string::npos);
+  CHECK(parse_err({"--host=a", "p"}).find("ambiguous") != std::string::npos);
+}
+
 TEST_CASE("hosts: flags that cannot go with --hosts, and node counts", "[cluster]") {
   CHECK(parse_err({"--hosts=a,b", "--hostfile=f", "p"}).find("not both") != std::string::npos);
   CHECK(parse_err({"--hosts=a,b", "--standalone", "p"}).find("--standalone") != std::string::npos);
