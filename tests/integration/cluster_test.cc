@@ -153,6 +153,32 @@ TEST_CASE("cluster: a 3-host job from a hostfile, this machine among the hosts",
   CHECK(d->err().find("restart 1 of 1") != std::string::npos);
 }
 
+TEST_CASE("cluster: with --rdzv_endpoint the agents meet at an rdzvd; the driver hosts none",
+          "[cluster]") {
+  Cluster k(3);
+  TempDir out;
+  Proc rdzvd(k.net->wrap(0, {kRdzvd, "--listen", "0.0.0.0:0"}));
+  REQUIRE(rdzvd.wait_output(has("listening on port"), 30s));
+  const std::string banner = rdzvd.out() + rdzvd.err();
+  std::smatch m;
+  REQUIRE(std::regex_search(banner, m, std::regex(R"(listening on port (\d+))")));
+  const std::string ep = k.net->hostname(0) + ":" + m[1].str();
+  auto d = k.driver({"--hosts", "node1,node2", "--rdzv_endpoint", ep, "--rdzv_id=shared"},
+                    {kWorker, "env", out.path()});
+  const auto rc = d->wait(90s);
+  INFO(d->err());
+  CHECK(rc == 0);
+  CHECK(d->err().find("hosting the rendezvous") == std::string::npos);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto env = read_env_file(out.file("env." + std::to_string(rank)));
+    CHECK(env["WORLD_SIZE"] == "2");
+    CHECK(env["TORCHELASTIC_RUN_ID"] == "shared");
+    CHECK(env["MUSTER_STORE_ADDR"] == "ipv4:" + k.net->addr(0) + ":" + m[1].str());
+  }
+  ::kill(rdzvd.pid(), SIGTERM);
+  CHECK(rdzvd.wait(30s) == 0);
+}
+
 TEST_CASE("cluster: SIGINT of the launching command leaves nothing on any host", "[cluster]") {
   Cluster k(3);
   auto d = k.driver({"--hosts", "node1:2,node2:1", "--shutdown_timeout=5"}, {kWorker, "wait"});
@@ -214,6 +240,18 @@ TEST_CASE("cluster: a host that cannot be reached is named; too few hosts stop t
     CHECK(count_lines_with(d->err(), "host node3 is lost") == 1);
     CHECK(d->err().find("Connection refused") != std::string::npos);
     CHECK(read_env_file(out.file("env.0"))["WORLD_SIZE"] == "2");
+  }
+  SECTION("a login refused (an unknown user) is lost the same way") {
+    TempDir out;
+    auto d = k.driver({"--hosts", "node1,nosuchuser@node2", "--nnodes=1:2",
+                       "--rdzv_conf=last_call_timeout=1"},
+                      {kWorker, "env", out.path()});
+    const auto rc = d->wait(90s);
+    INFO(d->err());
+    CHECK(rc == 0);
+    CHECK(count_lines_with(d->err(), "host nosuchuser@node2 is lost") == 1);
+    CHECK(d->err().find("Permission denied") != std::string::npos);
+    CHECK(read_env_file(out.file("env.0"))["WORLD_SIZE"] == "1");
   }
   SECTION("without, one error line and nothing left running") {
     auto d = k.driver({"--hosts", "node1,node3"}, {kWorker, "wait"});
