@@ -64,8 +64,8 @@ std::vector<std::pair<std::string, std::string>> forwarded_env(
       out[item] = it->second;
     }
   }
-  out[kStdinWatchVar] = "1";
-  out["MUSTER_SCHEDULER_ENV"] = "0";  // the job's shape is the driver's, not a scheduler's
+  out[kStdinWatchVar] = std::string(1, '1');
+  out["MUSTER_SCHEDULER_ENV"] = std::string(1, '0');  // the job's shape is the driver's
   if (!token.empty()) out["MUSTER_RDZV_TOKEN"] = token;
   return {out.begin(), out.end()};
 }

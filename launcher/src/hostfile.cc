@@ -198,6 +198,20 @@ absl::Status with_prefix(absl::string_view prefix, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
 }
 
+// HOST or HOST:SLOTS (horovod's item, also a hostfile line's first field); errors behind `where`.
+absl::StatusOr<HostSlots> parse_host_item(absl::string_view item, absl::string_view where) {
+  auto split = split_item(item);
+  if (!split.ok()) return with_prefix(where, split.status());
+  if (auto s = check_host(split->host); !s.ok()) return with_prefix(where, s);
+  HostSlots h{split->host, 0};
+  if (split->has_slots) {
+    auto n = parse_slots(split->slots, "slots ");
+    if (!n.ok()) return with_prefix(where, n.status());
+    h.slots = *n;
+  }
+  return h;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<HostSlots>> parse_host_list(std::string_view text_in) {
@@ -214,16 +228,9 @@ absl::StatusOr<std::vector<HostSlots>> parse_host_list(std::string_view text_in)
                                                      "empty (two ',' in a row, or one at "
                                                      "an end)"));
     }
-    auto split = split_item(item);
-    if (!split.ok()) return with_prefix(where, split.status());
-    if (auto s = check_host(split->host); !s.ok()) return with_prefix(where, s);
-    HostSlots h{split->host, 0};
-    if (split->has_slots) {
-      auto n = parse_slots(split->slots, "slots ");
-      if (!n.ok()) return with_prefix(where, n.status());
-      h.slots = *n;
-    }
-    if (auto s = hosts.add(std::move(h), "--hosts: ", absl::StrCat("as item ", index)); !s.ok())
+    auto h = parse_host_item(item, where);
+    if (!h.ok()) return h.status();
+    if (auto s = hosts.add(std::move(*h), "--hosts: ", absl::StrCat("as item ", index)); !s.ok())
       return s;
   }
   if (hosts.empty()) return absl::InvalidArgumentError("--hosts: no host given");
@@ -242,20 +249,14 @@ absl::StatusOr<std::vector<HostSlots>> parse_hostfile(std::string_view text_in,
     std::vector<absl::string_view> fields =
         absl::StrSplit(line, absl::ByAnyChar(" \t\r\v\f"), absl::SkipEmpty());
     if (fields.empty()) continue;
-    auto split = split_item(fields[0]);
-    if (!split.ok()) return with_prefix(where, split.status());
-    if (auto s = check_host(split->host); !s.ok()) return with_prefix(where, s);
-    HostSlots h{split->host, 0};
-    if (split->has_slots) {
-      auto n = parse_slots(split->slots, "slots ");
-      if (!n.ok()) return with_prefix(where, n.status());
-      h.slots = *n;
-    }
+    auto parsed = parse_host_item(fields[0], where);
+    if (!parsed.ok()) return parsed.status();
+    HostSlots h = std::move(*parsed);
     bool slots_field = false, max_slots_field = false;
     for (std::size_t f = 1; f < fields.size(); ++f) {
       absl::string_view field = fields[f];
       if (absl::ConsumePrefix(&field, "slots=")) {
-        if (split->has_slots || slots_field)
+        if (h.slots > 0 || slots_field)
           return absl::InvalidArgumentError(
               absl::StrCat(where, "slots given twice for ", shown(h.host)));
         auto n = parse_slots(field, "slots=");
