@@ -1,0 +1,109 @@
+// The progress page: a small file each worker maps and writes its step and phase to, and its
+// agent reads on a timer to tell a hung rank from a busy one (docs/hangs.md). Header-only, no
+// dependencies: the agent (reader), the worker runtime (Runtime::progress) and the Python
+// module (python/muster_progress.py, which writes the same bytes) share it.
+//
+// The agent creates the file (kProgressPageBytes, zero-filled, magic and version set) and
+// names it in the worker's environment (kProgressFileVar). Layout, little-endian, fixed
+// offsets:
+//
+//   0  u32  magic      kProgressMagic
+//   4  u32  version    kProgressVersion
+//   8  u64  seq        even: stable; odd: a write is in progress (a sequence lock)
+//  16  u64  step       the worker's last reported step
+//  24  u64  time_ns    CLOCK_MONOTONIC of that report
+//  32  u64  reports    how many reports were made (0: the worker never reported)
+//  40  char phase[64]  NUL-padded name of what the worker is doing ("forward", "all_reduce")
+//
+// A write costs a few stores and no system call: the hot path stays as it is.
+#pragma once
+
+#include <time.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace muster::worker {
+
+inline constexpr char kProgressFileVar[] = "MUSTER_PROGRESS_FILE";
+inline constexpr std::uint32_t kProgressMagic = 0x3150504du;  // "MPP1"
+inline constexpr std::uint32_t kProgressVersion = 1;
+inline constexpr std::size_t kProgressPageBytes = 4096;
+inline constexpr std::size_t kProgressPhaseBytes = 64;
+
+struct ProgressPage {
+  std::uint32_t magic;
+  std::uint32_t version;
+  std::uint64_t seq;
+  std::uint64_t step;
+  std::uint64_t time_ns;
+  std::uint64_t reports;
+  char phase[kProgressPhaseBytes];
+};
+static_assert(offsetof(ProgressPage, seq) == 8 && offsetof(ProgressPage, step) == 16 &&
+              offsetof(ProgressPage, time_ns) == 24 && offsetof(ProgressPage, reports) == 32 &&
+              offsetof(ProgressPage, phase) == 40 && sizeof(ProgressPage) <= kProgressPageBytes);
+
+inline std::uint64_t monotonic_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// The worker's side: one writer per page. `phase` longer than 63 bytes is cut.
+inline void write_progress(ProgressPage* p, std::uint64_t step, std::string_view phase) {
+  const std::uint64_t seq = __atomic_load_n(&p->seq, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->seq, seq | 1u, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  __atomic_store_n(&p->step, step, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->time_ns, monotonic_ns(), __ATOMIC_RELAXED);
+  __atomic_store_n(&p->reports, __atomic_load_n(&p->reports, __ATOMIC_RELAXED) + 1,
+                   __ATOMIC_RELAXED);
+  char buf[kProgressPhaseBytes] = {};
+  std::memcpy(buf, phase.data(), std::min(phase.size(), kProgressPhaseBytes - 1));
+  for (std::size_t i = 0; i < kProgressPhaseBytes; ++i) {
+    __atomic_store_n(&p->phase[i], buf[i], __ATOMIC_RELAXED);
+  }
+  __atomic_store_n(&p->seq, (seq | 1u) + 1, __ATOMIC_RELEASE);
+}
+
+struct ProgressSnapshot {
+  std::uint64_t step = 0;
+  std::uint64_t time_ns = 0;
+  std::uint64_t reports = 0;  // 0: never reported
+  std::string phase;
+};
+
+// The agent's side: a consistent copy, or false when the page is not one (wrong magic or
+// version) or stayed mid-write for every try.
+inline bool read_progress(const ProgressPage* p, ProgressSnapshot* out) {
+  if (__atomic_load_n(&p->magic, __ATOMIC_RELAXED) != kProgressMagic ||
+      __atomic_load_n(&p->version, __ATOMIC_RELAXED) != kProgressVersion) {
+    return false;
+  }
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const std::uint64_t before = __atomic_load_n(&p->seq, __ATOMIC_ACQUIRE);
+    if (before & 1u) continue;
+    ProgressSnapshot s;
+    s.step = __atomic_load_n(&p->step, __ATOMIC_RELAXED);
+    s.time_ns = __atomic_load_n(&p->time_ns, __ATOMIC_RELAXED);
+    s.reports = __atomic_load_n(&p->reports, __ATOMIC_RELAXED);
+    char buf[kProgressPhaseBytes];
+    for (std::size_t i = 0; i < kProgressPhaseBytes; ++i) {
+      buf[i] = __atomic_load_n(&p->phase[i], __ATOMIC_RELAXED);
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&p->seq, __ATOMIC_RELAXED) != before) continue;
+    buf[kProgressPhaseBytes - 1] = '\0';
+    s.phase = buf;
+    *out = std::move(s);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace muster::worker
