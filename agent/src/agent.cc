@@ -23,9 +23,12 @@
 #include "absl/strings/str_format.h"
 #include "muster/agent/failure.h"
 #include "muster/agent/file_timer.h"
+#include "muster/agent/hang_watch.h"
 #include "muster/agent/line_splitter.h"
 #include "muster/agent/process.h"
 #include "muster/agent/worker_env.h"
+#include "muster/rendezvous/limits.h"
+#include "muster/worker/progress_page.h"
 #include "muster/rendezvous/client.h"
 #include "muster/rendezvous/host_id.h"
 
@@ -33,6 +36,7 @@ namespace muster::agent {
 namespace {
 
 namespace asio = boost::asio;
+namespace limits = muster::rendezvous::limits;
 using Descriptor = asio::posix::stream_descriptor;
 
 // Once every worker is reaped and its group killed, a pipe still open belongs to a process
@@ -85,6 +89,7 @@ class Agent::Impl {
         opts_(std::move(opts)),
         grace_timer_(io),
         drain_timer_(io),
+        hang_timer_(io),
         keep_alive_timer_(io),
         silence_timer_(io),
         window_(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -106,6 +111,10 @@ class Agent::Impl {
         return 1;
       }
       file_timers_ = std::move(*timers);
+    }
+    if (opts_.hang_timeout.count() > 0) {
+      hang_watch_ = std::make_unique<HangWatch>(io_, opts_.hang_timeout,
+                                                [this](const Stall& s) { on_stall(s); });
     }
     open_session(opts_.wait_for_server, opts_.connect_timeout);
     send_join();
@@ -138,6 +147,8 @@ class Agent::Impl {
     static constexpr std::size_t kTailBytes = 4096;
     bool keep_tail = false;
     std::string tail;
+    // A hung Python worker's stderr while faulthandler dumps its tracebacks: also written here.
+    int capture = -1;
   };
   struct Worker {
     int local_rank = 0;
@@ -148,6 +159,13 @@ class Agent::Impl {
     std::unique_ptr<Pipe> out, err;
     bool reaped = false;
     std::string timer_scope;  // the file timer that expired, when the agent killed it for one
+  };
+  // A stalled worker being dumped (--hang_timeout): reported once its stacks are written.
+  struct Hang {
+    Worker* worker = nullptr;
+    std::string what;        // Stall::describe
+    std::string stack_file;
+    bool reported = false;
   };
   enum class Phase { kJoining, kRunning, kStopping, kAwaitingDone, kExiting };
   // What to do once the stopping group has fully exited.
@@ -348,6 +366,7 @@ class Agent::Impl {
         opts_.prefix_template.empty() ? std::string(kDefaultPrefixTemplate) : opts_.prefix_template;
     open_filtered_logs(std::filesystem::path(opts_.error_dir) /
                        ("attempt_" + std::to_string(a.restart_count())));
+    std::vector<HangWatch::Watched> watched;
     for (int lr = 0; lr < opts_.nproc_per_node; ++lr) {
       auto w = std::make_unique<Worker>();
       w->local_rank = lr;
@@ -386,7 +405,20 @@ class Agent::Impl {
       SpawnRequest req;
       req.path = opts_.program_path;
       req.argv = std::move(argv);
-      req.envp = to_envp(build_worker_env(opts_.base_env, spec));
+      std::map<std::string, std::string> env = build_worker_env(opts_.base_env, spec);
+      if (opts_.hang_timeout.count() > 0) {
+        const std::string page = (dir / "progress").string();
+        if (absl::Status s = HangWatch::create_page(page); s.ok()) {
+          env[worker::kProgressFileVar] = page;
+          watched.push_back({w->rank, lr, -1, page});
+        } else {
+          spdlog::warn("--hang_timeout: {}; rank {} is not watched", std::string(s.message()),
+                       w->rank);
+        }
+        // A Python worker's tracebacks on SIGABRT, for its stack file (docs/hangs.md).
+        if (!opts_.python_interpreter.empty()) env.emplace("PYTHONFAULTHANDLER", "1");
+      }
+      req.envp = to_envp(env);
       if (opts_.workers_stdin_null) req.stdin_mode = SpawnRequest::Stdin::kNull;
       req.cgroup_procs_fd = opts_.supervisor != nullptr ? opts_.supervisor->cgroup_procs_fd() : -1;
       if (lr < static_cast<int>(opts_.numa_of.size())) {
@@ -406,6 +438,7 @@ class Agent::Impl {
         return;
       }
       w->pid = child->pid;
+      if (!watched.empty() && watched.back().rank == w->rank) watched.back().pid = w->pid;
       if (opts_.supervisor != nullptr) opts_.supervisor->track_group(child->pid);
       std::string prefix = expand_prefix_template(tmpl, opts_.role, w->rank, lr);
       w->out = make_pipe(child->out_fd, prefix, lr, 1, opts_.stdout_fd, dir / "stdout.log");
@@ -422,6 +455,7 @@ class Agent::Impl {
       read_pipe(raw, raw->err.get());
       watch_exit(raw);
     }
+    if (hang_watch_) hang_watch_->start_round(watched);
     spdlog::info("round {}: group rank {}/{}, ranks {}..{} of {}, restart {}", a.round(),
                  a.group_rank(), a.group_world_size(), a.rank_offset(),
                  a.rank_offset() + opts_.nproc_per_node - 1, a.world_size(), a.restart_count());
@@ -497,6 +531,7 @@ class Agent::Impl {
               }
             }
             if (p->file >= 0) write_all(p->file, std::string_view(p->buf.data(), n));
+            if (p->capture >= 0) write_all(p->capture, std::string_view(p->buf.data(), n));
             if (p->console >= 0) {
               p->splitter.feed(std::string_view(p->buf.data(), n), p->out);
               write_all(p->console, p->out);
@@ -512,6 +547,7 @@ class Agent::Impl {
           }
           boost::system::error_code ignored;
           p->sd.close(ignored);
+          if (hang_ && hang_->worker == w && p == w->err.get()) finish_hang();  // tracebacks in
           advance();
         });
   }
@@ -564,10 +600,61 @@ class Agent::Impl {
     spdlog::debug("file timer: pid {} is not one of this agent's workers; not signalled", e.pid);
   }
 
+  // --hang_timeout: a rank stalled (stall.h). Its stacks go to stacks.txt beside its logs:
+  // a Python worker's own tracebacks (faulthandler, on SIGABRT, from its stderr), else gdb's
+  // or the kernel's view; then the group fails with the hang as its cause.
+  void on_stall(const Stall& s) {
+    if (phase_ != Phase::kRunning || hang_) return;
+    Worker* w = nullptr;
+    for (const auto& x : workers_) {
+      if (x->rank == s.rank.rank && !x->reaped) w = x.get();
+    }
+    if (w == nullptr) return;
+    Hang h;
+    h.worker = w;
+    h.what = s.describe(opts_.host);
+    h.stack_file = (std::filesystem::path(w->error_file).parent_path() / "stacks.txt").string();
+    spdlog::warn("hang: {}; writing its stacks to {}", h.what, h.stack_file);
+    hang_ = std::move(h);
+    if (!opts_.python_interpreter.empty() && w->err && w->err->sd.is_open()) {
+      w->err->capture = ::open(hang_->stack_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                               0644);
+      ::kill(w->pid, SIGABRT);  // faulthandler prints every thread's traceback, then it dies
+      hang_timer_.expires_after(limits::kStackDumpBudget);
+      hang_timer_.async_wait([this](const boost::system::error_code& ec) {
+        if (!ec) finish_hang();
+      });
+      return;
+    }
+    stack_dump_ = StackDump::start(io_, w->pid, hang_->stack_file, limits::kStackDumpBudget,
+                                   [this](const std::string&) { finish_hang(); });
+  }
+
+  void finish_hang() {
+    if (!hang_ || hang_->reported) return;
+    hang_->reported = true;
+    hang_timer_.cancel();
+    Worker& w = *hang_->worker;
+    if (w.err && w.err->capture >= 0) {
+      ::close(w.err->capture);
+      w.err->capture = -1;
+    }
+    v1::WorkerFailure f = describe(w);
+    f.set_message("hang: " + hang_->what + " (stacks: " + hang_->stack_file + ")");
+    std::ifstream in(hang_->stack_file);
+    std::string stacks(limits::kMaxFailureTracebackBytes, '\0');
+    in.read(stacks.data(), static_cast<std::streamsize>(stacks.size()));
+    stacks.resize(static_cast<std::size_t>(in.gcount()));
+    f.set_traceback(stacks);
+    if (phase_ == Phase::kRunning) report_failure(f);
+    stop_group(SIGTERM);
+  }
+
   void on_worker_exit(Worker& w, int status) {
     if (file_timers_) file_timers_->clear(w.pid);
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!ok && phase_ == Phase::kRunning) {
+    const bool being_dumped = hang_ && hang_->worker == &w && !hang_->reported;
+    if (!ok && phase_ == Phase::kRunning && !being_dumped) {
       v1::WorkerFailure f = describe(w);
       if (WIFSIGNALED(status)) {
         f.set_signal(WTERMSIG(status));
@@ -627,6 +714,7 @@ class Agent::Impl {
 
   // Sends `sig` to every worker's process group; SIGKILL follows after the grace.
   void stop_group(int sig) {
+    if (hang_watch_) hang_watch_->stop();
     if (phase_ == Phase::kJoining || workers_.empty()) {
       phase_ = Phase::kStopping;
       advance();
@@ -654,6 +742,9 @@ class Agent::Impl {
   // Drops the (reaped, killed) workers; their group ids may now be reused, so the supervisor
   // must no longer kill them.
   void release_workers() {
+    hang_timer_.cancel();
+    stack_dump_.reset();
+    hang_.reset();
     if (opts_.supervisor != nullptr) {
       for (const auto& w : workers_) {
         if (w->pid > 0) opts_.supervisor->forget_group(w->pid);
@@ -791,6 +882,10 @@ class Agent::Impl {
   std::optional<std::chrono::steady_clock::time_point> rejoin_deadline_;
   std::unique_ptr<rendezvous::SessionClient> client_;
   std::unique_ptr<FileTimerServer> file_timers_;
+  std::unique_ptr<HangWatch> hang_watch_;  // --hang_timeout
+  std::optional<Hang> hang_;               // this round's stalled worker, while it is dumped
+  std::unique_ptr<StackDump> stack_dump_;
+  asio::steady_timer hang_timer_;
   // This attempt's filtered_stdout.log and filtered_stderr.log (-1: no filters, or no file).
   struct OwnedFd {
     int fd = -1;

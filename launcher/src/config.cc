@@ -130,12 +130,12 @@ absl::StatusOr<std::chrono::milliseconds> parse_seconds(absl::string_view key, a
 
 // argparse's ways with long flags, which CLI11 lacks, applied to launch's own arguments (up
 // to the program): a unique prefix names its flag (both spellings of one flag are one flag;
-// a prefix that matches one torchrun flag and some of launch's own, the group `own_group`,
+// a prefix that matches one torchrun flag and some of launch's own, in `own_groups`,
 // names the torchrun flag, as torchrun would), and `--flag=` is an empty value, passed to CLI11 as a separate "" so that it never takes
 // the next argument. Unknown flags are left for CLI11 to name.
 absl::StatusOr<std::vector<std::string>> expand_long_flags(const CLI::App& app,
                                                            const std::vector<std::string>& args,
-                                                           const std::string& own_group) {
+                                                           const std::set<std::string>& own_groups) {
   std::map<std::string, const CLI::Option*> long_names, short_names;
   for (const CLI::Option* o : app.get_options()) {
     for (const std::string& n : o->get_lnames()) long_names.emplace(n, o);
@@ -175,7 +175,7 @@ absl::StatusOr<std::vector<std::string>> expand_long_flags(const CLI::App& app,
       if (candidates.size() > 1) {
         std::set<const CLI::Option*> torchrun_flags;
         for (const CLI::Option* o : flags) {
-          if (o->get_group() != own_group) torchrun_flags.insert(o);
+          if (own_groups.count(o->get_group()) == 0) torchrun_flags.insert(o);
         }
         if (torchrun_flags.size() == 1) {
           flags = torchrun_flags;
@@ -693,6 +693,15 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
                      "Accepted (workers are always fork+exec'd)"),
       kCompat)
       ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
+  const char* kHangs = "Hangs (docs/hangs.md)";
+  double hang_s = 0;
+  CLI::Option* hang_opt =
+      pet(app.add_option("--hang_timeout,--hang-timeout", hang_s,
+                         "Seconds a rank's progress (its progress page) may stay still while "
+                         "another rank got further; then its stacks are dumped and the group "
+                         "fails (0: off, the default)"),
+          kHangs)
+          ->check(not_empty());
   const char* kCluster = "Many hosts from one command (docs/cluster.md)";
   pet(app.add_option("--hosts", c.cluster.hosts_text,
                      "Start one agent per host over ssh: HOST[:SLOTS],... (horovodrun's -H); "
@@ -721,7 +730,7 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
                      "Refused: a Python plug-in hook (use --log_dir, --redirects, --tee)"),
       kCompat);
 
-  auto expanded = expand_long_flags(app, args, kCluster);
+  auto expanded = expand_long_flags(app, args, {kCluster, kHangs});
   if (!expanded.ok()) {
     result.error = expanded.status();
     return result;
@@ -812,6 +821,18 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   } else {
     result.error = d.status();
     return result;
+  }
+  if (hang_opt->count() > 0) {
+    if (!(hang_s >= 0) || !std::isfinite(hang_s)) {
+      result.error = absl::InvalidArgumentError("--hang_timeout: must be 0 or more seconds");
+      return result;
+    }
+    auto d = to_duration("--hang_timeout", hang_s, limits::kMaxHangTimeout);
+    if (!d.ok()) {
+      result.error = d.status();
+      return result;
+    }
+    c.hang_timeout = *d;
   }
   if (static_cast<int>(c.module) + c.no_python + c.run_path > 1) {
     result.error = absl::InvalidArgumentError(

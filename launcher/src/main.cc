@@ -277,6 +277,7 @@ int main(int argc, char** argv) {
     opts.python_interpreter = absl::StrCat(entry->path, " (", entry->python_reason, ")");
   }
   opts.shutdown_timeout = cfg.shutdown_timeout;
+  opts.hang_timeout = cfg.hang_timeout;
   opts.signals_to_handle = cfg.signals_to_handle;
   opts.virtual_local_rank = cfg.virtual_local_rank;
   opts.numa_of = numa_plan;

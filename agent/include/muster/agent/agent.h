@@ -35,6 +35,10 @@ struct AgentOptions {
   // Workers read /dev/null instead of launch's stdin (an agent started by launch --hosts,
   // whose stdin is the ssh channel it watches).
   bool workers_stdin_null = false;
+  // --hang_timeout (docs/hangs.md): 0 is off. Each worker gets a progress page
+  // (MUSTER_PROGRESS_FILE); a rank whose progress stays still this long while another rank
+  // got further is dumped (stacks.txt beside its logs) and fails the group.
+  std::chrono::milliseconds hang_timeout{0};
   int min_nodes = 1;
   int max_nodes = 1;
   int requested_rank = -1;

@@ -122,6 +122,8 @@ struct LaunchConfig {
   std::vector<int> signals;      // numbers of signals_to_handle
   // --shutdown_timeout (or PET_SHUTDOWN_TIMEOUT), else $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s.
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  // --hang_timeout (docs/hangs.md): 0 is off.
+  std::chrono::milliseconds hang_timeout{0};
   ClusterOptions cluster;
   std::string program;
   std::vector<std::string> program_args;

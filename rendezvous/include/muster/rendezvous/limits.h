@@ -122,4 +122,9 @@ inline constexpr milliseconds kSshServerAliveInterval = std::chrono::seconds(5);
 inline constexpr int kSshServerAliveCount = 3;
 inline constexpr milliseconds kClusterStopMargin = std::chrono::seconds(10);
 
+// --hang_timeout (docs/hangs.md): its bound, and how long a stalled worker's stack dump may
+// take (gdb, or a Python worker's faulthandler) before the group is failed anyway.
+inline constexpr milliseconds kMaxHangTimeout = std::chrono::hours(24);
+inline constexpr milliseconds kStackDumpBudget = std::chrono::seconds(10);
+
 }  // namespace muster::rendezvous::limits

@@ -1,0 +1,73 @@
+#include "muster/agent/stall.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace muster::agent {
+
+std::string Stall::describe(const std::string& host) const {
+  const std::string at = rank.reports == 0 ? std::string("before its first step")
+                                           : absl::StrCat("at step ", rank.step);
+  const std::string phase = rank.phase.empty() ? "" : absl::StrCat(" in phase '", rank.phase, "'");
+  return absl::StrFormat(
+      "rank %d (host %s, local rank %d, pid %d) stuck %s%s for %.1f s; %d rank%s got further "
+      "(up to step %d)",
+      rank.rank, host, rank.local_rank, rank.pid, at, phase, still_for.count() / 1000.0,
+      ranks_ahead, ranks_ahead == 1 ? "" : "s", furthest_step);
+}
+
+void ProgressTracker::reset(const std::vector<RankProgress>& ranks, StallClock::time_point start) {
+  ranks_ = ranks;
+  for (RankProgress& r : ranks_) r.changed = start;
+}
+
+void ProgressTracker::update(int rank, std::uint64_t reports, std::uint64_t step,
+                             const std::string& phase, StallClock::time_point now) {
+  for (RankProgress& r : ranks_) {
+    if (r.rank != rank) continue;
+    if (r.reports != reports || r.step != step) r.changed = now;
+    r.reports = reports;
+    r.step = step;
+    r.phase = phase;
+    return;
+  }
+}
+
+namespace {
+
+// Whether `other` got further than `r`.
+bool ahead(const RankProgress& other, const RankProgress& r) {
+  if (other.reports == 0) return false;
+  return r.reports == 0 || other.step > r.step;
+}
+
+}  // namespace
+
+std::optional<Stall> find_stall(const std::vector<RankProgress>& ranks, StallClock::time_point now,
+                                std::chrono::milliseconds timeout) {
+  std::optional<Stall> best;
+  for (const RankProgress& r : ranks) {
+    const auto still = std::chrono::duration_cast<std::chrono::milliseconds>(now - r.changed);
+    if (still < timeout) continue;
+    Stall s;
+    s.rank = r;
+    s.still_for = still;
+    for (const RankProgress& o : ranks) {
+      if (&o == &r || !ahead(o, r)) continue;
+      ++s.ranks_ahead;
+      s.furthest_step = std::max(s.furthest_step, o.step);
+    }
+    if (s.ranks_ahead == 0) continue;
+    // Furthest behind first: never reported, then the lowest step; then the longest still.
+    auto key = [](const Stall& x) {
+      return std::make_tuple(x.rank.reports != 0, x.rank.step, -x.still_for.count(), x.rank.rank);
+    };
+    if (!best || key(s) < key(*best)) best = s;
+  }
+  return best;
+}
+
+}  // namespace muster::agent
