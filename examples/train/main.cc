@@ -39,6 +39,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", o.log_every, "Steps between loss lines")->check(CLI::PositiveNumber);
   app.add_option("--fail-at-step", o.fail_at_step, "Test switch: exit at this step (first attempt only)");
   app.add_option("--fail-rank", o.fail_rank, "Test switch: the rank that exits");
+  app.add_option("--hang-at-step", o.hang_at_step, "Test switch: block forever in the data loader at this step (first attempt only)");
+  app.add_option("--hang-rank", o.hang_rank, "Test switch: the rank that hangs");
   app.add_option("--inject-inf-at-step", o.inject_inf_at_step, "Test switch: an inf gradient at this step (first attempt only)");
   app.add_option("--inject-inf-rank", o.inject_inf_rank, "Test switch: the rank with the inf gradient");
   app.add_option("--dump-params", o.dump_params, "Rank 0 writes the final fp32 parameters to this file");
@@ -76,7 +78,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train: rank %d: %s\n", info.rank, std::string(comm.status().message()).c_str());
     return 1;
   }
-  train::TrainContext ctx{**comm, *engine, (*rt)->store(), info.restart_count, std::cout};
+  train::TrainContext ctx{**comm, *engine, (*rt)->store(), info.restart_count, std::cout,
+                          &(*rt)->progress_reporter()};
   if (absl::Status s = train::train(o, ctx); !s.ok()) {
     std::fprintf(stderr, "train: rank %d: %s\n", info.rank, std::string(s.message()).c_str());
     return 1;

@@ -1,5 +1,7 @@
 #include "trainer.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -23,7 +25,15 @@ std::string fingerprint(const TrainOptions& o) {
                       " teacher=", s.teacher_hidden, " seed=", o.seed);
 }
 
+__attribute__((noinline)) void hang_forever_in_data_loader(worker::ProgressReporter& progress,
+                                                           std::int64_t step) {
+  progress.report(step, "data_loader");
+  for (;;) ::pause();
+}
+
 absl::Status train(const TrainOptions& o, TrainContext& ctx) {
+  worker::ProgressReporter no_page;
+  worker::ProgressReporter& progress = ctx.progress != nullptr ? *ctx.progress : no_page;
   worker::Communicator& comm = ctx.comm;
   Engine& engine = ctx.engine;
   const int rank = comm.rank();
@@ -91,17 +101,25 @@ absl::Status train(const TrainOptions& o, TrainContext& ctx) {
       ctx.out << absl::StrFormat("rank %d: injected failure at step %d\n", rank, step) << std::flush;
       std::_Exit(3);
     }
+    if (first_attempt && step == o.hang_at_step && rank == o.hang_rank) {
+      ctx.out << absl::StrFormat("rank %d: injected hang at step %d\n", rank, step) << std::flush;
+      hang_forever_in_data_loader(progress, step);
+    }
     const float scale = scaler.scale();
+    // One engine call runs both passes, so one phase names both.
+    progress.report(step, "forward_backward");
     engine.forward_backward((step - 1) * global_batch + static_cast<std::int64_t>(rank) * o.batch,
                             o.batch, scale);
     if (first_attempt && step == o.inject_inf_at_step && rank == o.inject_inf_rank) {
       engine.poison_gradient();
     }
+    progress.report(step, "all_reduce");
     if (absl::Status s = comm.all_reduce(engine.grad_buffer(), n + 1, DType::kF32, ReduceOp::kAvg,
                                          engine.stream());
         !s.ok()) {
       return s;
     }
+    progress.report(step, "optimizer");
     const bool finite = engine.unscale_and_check(1.0f / scale);
     loss = engine.loss_slot();
     const float lr = learning_rate(step, o.warmup, o.steps, o.lr, o.min_lr);
@@ -122,6 +140,7 @@ absl::Status train(const TrainOptions& o, TrainContext& ctx) {
     if (rank == 0 && !o.checkpoint_dir.empty() && o.checkpoint_every > 0 &&
         step % o.checkpoint_every == 0) {
       Checkpoint c{fingerprint(o), step, adam_steps, scaler.scale(), scaler.growth_tracker(), {}, {}, {}};
+      progress.report(step, "checkpoint");
       engine.get_state(c.params, c.m, c.v);
       if (absl::Status s = save_checkpoint(o.checkpoint_dir, c); !s.ok()) return s;
     }

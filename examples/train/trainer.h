@@ -15,6 +15,7 @@
 #include "engine.h"
 #include "muster/rendezvous/store.h"
 #include "muster/worker/comm/communicator.h"
+#include "muster/worker/progress.h"
 
 namespace muster::train {
 
@@ -37,6 +38,8 @@ struct TrainOptions {
   int fail_rank = 0;
   std::int64_t inject_inf_at_step = -1;
   int inject_inf_rank = 0;
+  std::int64_t hang_at_step = -1;  // hang_forever_in_data_loader() at this step
+  int hang_rank = 0;
   std::string dump_params;  // rank 0 writes the final fp32 parameters here (raw floats)
 };
 
@@ -46,10 +49,19 @@ struct TrainContext {
   rendezvous::Store& store;  // this round's (ranks agree on the step they resume from)
   int restart_count = 0;
   std::ostream& out;  // progress lines
+  // Where each step reports its phases for the agent's hang detection (Runtime::progress);
+  // nullptr: nowhere.
+  worker::ProgressReporter* progress = nullptr;
 };
 
 // The model and task a checkpoint belongs to.
 std::string fingerprint(const TrainOptions& o);
+
+// The --hang-at-step fault: reports phase "data_loader" at `step`, then blocks forever (until a
+// signal ends the process), as a rank stuck reading its data would; the other ranks then wait
+// in the step's all_reduce. Never inlined, so that a stack dump of the hung rank names it.
+[[noreturn]] void hang_forever_in_data_loader(worker::ProgressReporter& progress,
+                                              std::int64_t step);
 
 // Runs the loop to o.steps. An error (a lost peer, a bad checkpoint) is returned as a Status.
 absl::Status train(const TrainOptions& o, TrainContext& ctx);

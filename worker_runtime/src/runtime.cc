@@ -90,7 +90,8 @@ absl::StatusOr<WorkerInfo> parse_worker_env(const std::map<std::string, std::str
   return w;
 }
 
-Runtime::Runtime(WorkerInfo info) : info_(std::move(info)) {
+Runtime::Runtime(WorkerInfo info, ProgressReporter progress)
+    : info_(std::move(info)), progress_(std::move(progress)) {
   run_store_ = std::make_unique<rendezvous::GrpcStore>(
       rendezvous::GrpcStoreOptions{info_.store_addr, info_.store_run_id, info_.token});
   round_store_ = std::make_unique<rendezvous::PrefixStore>(absl::StrCat("r", info_.round, "/"),
@@ -103,7 +104,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::from_env(
     const std::map<std::string, std::string>& env) {
   auto info = parse_worker_env(env);
   if (!info.ok()) return info.status();
-  return std::unique_ptr<Runtime>(new Runtime(std::move(*info)));
+  return std::unique_ptr<Runtime>(new Runtime(std::move(*info), ProgressReporter::from_env(env)));
 }
 
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::from_env() {

@@ -4,17 +4,21 @@
 //   if (!rt.ok()) { fprintf(stderr, "%s\n", rt.status().ToString().c_str()); return 1; }
 //   auto comm = (*rt)->communicator(Backend::kAuto);    // NCCL if a GPU is visible, else TCP
 //   (*comm)->all_reduce(grads, n, DType::kF32, ReduceOp::kAvg);
+//   (*rt)->progress(step, "optimizer");                 // for the agent's hang detection
 //
 // Thread safety: a Runtime may be shared; its store may be called from several threads.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "muster/rendezvous/store.h"
 #include "muster/worker/comm/communicator.h"
+#include "muster/worker/progress.h"
 
 namespace muster::worker {
 
@@ -63,9 +67,17 @@ class Runtime {
   // build has NCCL and a GPU is visible, else TCP. Collective: every rank calls it.
   absl::StatusOr<std::unique_ptr<Communicator>> communicator(Backend backend = Backend::kAuto);
 
+  // Tells the agent this rank is alive at `step`, doing `phase` (progress.h; docs/hangs.md):
+  // a few stores into the page named by MUSTER_PROGRESS_FILE, a no-op without one (torchrun).
+  // One thread at a time.
+  void progress(std::int64_t step, std::string_view phase = "") { progress_.report(step, phase); }
+  // The same page, for code that is handed a reporter rather than the Runtime.
+  ProgressReporter& progress_reporter() { return progress_; }
+
  private:
-  explicit Runtime(WorkerInfo info);
+  Runtime(WorkerInfo info, ProgressReporter progress);
   WorkerInfo info_;
+  ProgressReporter progress_;
   std::unique_ptr<rendezvous::Store> run_store_;
   std::unique_ptr<rendezvous::Store> round_store_;
   int communicators_made_ = 0;

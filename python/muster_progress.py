@@ -1,0 +1,105 @@
+"""Progress reports from a Python worker to its muster agent, for hang detection.
+
+Usage, in the training loop::
+
+    import muster_progress
+
+    for step in range(steps):
+        muster_progress.step(step, "forward")
+        ...
+        muster_progress.phase("all_reduce")
+        ...
+
+The agent that started this process names a progress page in MUSTER_PROGRESS_FILE (a 4096-byte
+file it made); each call stores the step, the phase and the CLOCK_MONOTONIC time there, and the
+agent reads it on a timer to tell a hung rank from a busy one (docs/hangs.md). The bytes are
+those of write_progress in worker_runtime/include/muster/worker/progress_page.h, which defines
+the layout. Without the variable (under torchrun, say) or when the page is not usable every
+call is a no-op: a worker never fails for want of a page.
+
+This module is a single file with no dependencies beyond the standard library: copy it next to
+the training script, or add the folder that holds it to PYTHONPATH. The page is opened on the
+first call and stays mapped; a call then costs a few stores into it and no system call. Call it
+from one thread at a time (the page has one writer).
+"""
+
+import mmap
+import os
+import struct
+import sys
+import time
+
+__all__ = ["step", "phase"]
+
+_VAR = "MUSTER_PROGRESS_FILE"
+_MAGIC = 0x3150504D  # "MPP1"
+_VERSION = 1
+_PAGE_BYTES = 4096
+_PHASE_BYTES = 64
+
+# Offsets (progress_page.h): magic u32 @0, version u32 @4, seq u64 @8, step u64 @16,
+# time_ns u64 @24, reports u64 @32, phase char[64] @40; little-endian.
+_HEADER = struct.Struct("<II")
+_U64 = struct.Struct("<Q")
+_REPORT = struct.Struct("<QQQ")  # step, time_ns, reports
+_SEQ, _STEP, _REPORTS, _PHASE = 8, 16, 32, 40
+
+_page = None  # the mmap, once opened
+_opened = False  # True once an open was tried (a failed one is not retried)
+
+
+def _open():
+    global _page, _opened
+    _opened = True
+    path = os.environ.get(_VAR)
+    if not path:
+        return None
+    try:
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if os.fstat(fd).st_size < _PAGE_BYTES:
+                raise ValueError("shorter than a progress page")
+            page = mmap.mmap(fd, _PAGE_BYTES, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)  # the mapping keeps the file
+        if _HEADER.unpack_from(page, 0) != (_MAGIC, _VERSION):
+            page.close()
+            raise ValueError("not a progress page of version %d" % _VERSION)
+    except (OSError, ValueError) as e:
+        sys.stderr.write("muster_progress: progress reports off: %s %s: %s\n" % (_VAR, path, e))
+        return None
+    _page = page
+    return page
+
+
+def _phase_bytes(name):
+    b = name.encode("utf-8", "replace")[: _PHASE_BYTES - 1]
+    return b + b"\0" * (_PHASE_BYTES - len(b))
+
+
+def _write(page, fields, name):
+    # The sequence lock of write_progress: seq odd while the fields change, even after.
+    seq = _U64.unpack_from(page, _SEQ)[0] | 1
+    _U64.pack_into(page, _SEQ, seq)
+    if fields is not None:
+        _REPORT.pack_into(page, _STEP, *fields)
+    page[_PHASE:_PHASE + _PHASE_BYTES] = _phase_bytes(name)
+    _U64.pack_into(page, _SEQ, seq + 1)
+
+
+def step(n, phase=""):
+    """Reports step `n` (a negative step is recorded as 0) and what the worker is doing
+    (`phase`, cut to 63 bytes), with the time now."""
+    page = _page if _opened else _open()
+    if page is None:
+        return
+    reports = _U64.unpack_from(page, _REPORTS)[0] + 1
+    _write(page, (min(max(0, int(n)), 2**64 - 1), time.monotonic_ns(), reports), phase)
+
+
+def phase(name):
+    """Changes only the phase of the last report (step, time and count stay)."""
+    page = _page if _opened else _open()
+    if page is None:
+        return
+    _write(page, None, name)
