@@ -41,7 +41,8 @@ namespace {
 // Whether `other` got further than `r`.
 bool ahead(const RankProgress& other, const RankProgress& r) {
   if (other.reports == 0) return false;
-  return r.reports == 0 || other.step > r.step;
+  return r.reports == 0 ||
+         std::make_pair(other.step, other.reports) > std::make_pair(r.step, r.reports);
 }
 
 }  // namespace
@@ -63,7 +64,8 @@ std::optional<Stall> find_stall(const std::vector<RankProgress>& ranks, StallClo
     if (s.ranks_ahead == 0) continue;
     // Furthest behind first: never reported, then the lowest step; then the longest still.
     auto key = [](const Stall& x) {
-      return std::make_tuple(x.rank.reports != 0, x.rank.step, -x.still_for.count(), x.rank.rank);
+      return std::make_tuple(x.rank.reports != 0, x.rank.step, x.rank.reports, -x.still_for.count(),
+                             x.rank.rank);
     };
     if (!best || key(s) < key(*best)) best = s;
   }

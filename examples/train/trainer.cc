@@ -140,7 +140,7 @@ absl::Status train(const TrainOptions& o, TrainContext& ctx) {
     if (rank == 0 && !o.checkpoint_dir.empty() && o.checkpoint_every > 0 &&
         step % o.checkpoint_every == 0) {
       Checkpoint c{fingerprint(o), step, adam_steps, scaler.scale(), scaler.growth_tracker(), {}, {}, {}};
-      progress.report(step, "checkpoint");
+      progress.phase("checkpoint");  // rank 0 only: not a report the others also make
       engine.get_state(c.params, c.m, c.v);
       if (absl::Status s = save_checkpoint(o.checkpoint_dir, c); !s.ok()) return s;
     }

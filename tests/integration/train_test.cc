@@ -133,3 +133,35 @@ TEST_CASE("train: bad flags and a missing worker environment give one line and e
   CHECK(std::count(alone.err().begin(), alone.err().end(), '\n') == 1);
   CHECK_THAT(alone.err(), Catch::Contains("under launch"));
 }
+
+// --hang_timeout (docs/hangs.md): rank 2 of 4 blocks forever in its data loader at step 15 (the
+// others wait in that step's all_reduce). It is named with its step and phase, its stacks are
+// dumped beside its logs, the group restarts and the job finishes.
+TEST_CASE("train: a hung rank is named, its stacks dumped, and the restarted job finishes",
+          "[train][hang]") {
+  TempDir ckpt, logs;
+  Proc p(train_args(4,
+                    {"--steps", "30", "--checkpoint-every", "10", "--log-every", "10",
+                     "--checkpoint-dir", ckpt.path(), "--hang-at-step", "15", "--hang-rank", "2"},
+                    {"--max_restarts=1", "--hang_timeout=2", "--log_dir", logs.path()}));
+  const auto rc = p.wait(180s);
+  INFO(p.out() << p.err());
+  REQUIRE(rc == 0);
+  CHECK_THAT(p.out(), Catch::Contains("rank 2: injected hang at step 15"));
+  std::smatch m;
+  const std::string err = p.err();
+  REQUIRE(std::regex_search(
+      err, m,
+      std::regex(R"(hang: rank 2 \(host \S+, local rank 2, pid \d+\) stuck at step 15 in phase )"
+                 R"('data_loader' for \d+\.\d s; 3 ranks got further \(up to step 15\); writing )"
+                 R"(its stacks to (\S+stacks\.txt))")));
+  const std::string stacks = read_file(m[1].str());
+  if (::access("/usr/bin/gdb", X_OK) == 0) {
+    CHECK_THAT(stacks, Catch::Contains("hang_forever_in_data_loader"));
+  } else {
+    CHECK_THAT(stacks, Catch::Contains("no gdb on PATH"));
+  }
+  CHECK_THAT(err, Catch::Contains("restart 1 of 1"));
+  CHECK_THAT(p.out(), Catch::Contains("resuming after step 10 of 30"));
+  CHECK_FALSE(final_loss(p.out()).empty());
+}

@@ -98,3 +98,22 @@ TEST_CASE("stall: progress resets the clock; the furthest behind is named first"
   REQUIRE(s);
   CHECK(s->rank.rank == 1);
 }
+
+TEST_CASE("stall: at one step, the rank that made fewer reports is behind", "[stall]") {
+  // Synchronous collectives: the others are at the same step, but inside its all_reduce
+  // (one report more), waiting for the rank still loading its data.
+  ProgressTracker t = tracker(4);
+  for (int r = 0; r < 4; ++r) t.update(r, 30, 9, "optimizer", t0 + 1s);
+  t.update(1, 31, 10, "data_loader", t0 + 2s);
+  for (int r : {0, 2, 3}) {
+    t.update(r, 31, 10, "forward_backward", t0 + 2s);
+    t.update(r, 32, 10, "all_reduce", t0 + 2100ms);
+  }
+  CHECK_FALSE(find_stall(t.ranks(), t0 + 3900ms, 2s));
+  auto s = find_stall(t.ranks(), t0 + 4s, 2s);
+  REQUIRE(s);
+  CHECK(s->rank.rank == 1);
+  CHECK(s->rank.phase == "data_loader");
+  CHECK(s->ranks_ahead == 3);
+  CHECK(s->furthest_step == 10);
+}

@@ -1,12 +1,15 @@
 // The stall rule (docs/hangs.md): which rank, if any, is hung. Pure: the caller gives the
 // time (a fake clock in tests) and what each rank's progress page said.
 //
-// A rank is stalled when its progress (the step counter, or the number of reports) has not
-// moved for `timeout` while another rank has got further: a higher step, or any report when
-// this rank never made one. Ranks that all stop at the same step (a barrier, a checkpoint, a
-// long evaluation) are not stalled: nobody moved on. A rank that never reported counts from
-// the start of the round. When several ranks are stalled, the one furthest behind (lowest
-// step, then longest still, then lowest rank) is named.
+// A rank's position is (step, reports): its last step and how many reports it has made. Ranks
+// of one SPMD program make the same reports in the same order (what only some ranks do is
+// reported as a phase alone, which moves nothing), so a rank whose position is lower is behind:
+// the others got past the point it is at, e.g. into the collective of the step it is still
+// loading data for. A rank is stalled when its position has not moved for `timeout` while
+// another rank's is higher. Ranks that all stop at one position (a barrier, a checkpoint, a long
+// evaluation) are not stalled: nobody got further. A rank that never reported counts from the
+// start of the round. When several ranks are stalled, the one furthest behind (lowest
+// position, then longest still, then lowest rank) is named.
 #pragma once
 
 #include <sys/types.h>

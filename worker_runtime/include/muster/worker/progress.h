@@ -44,6 +44,11 @@ class ProgressReporter {
     }
   }
 
+  // Only the phase (progress_page.h, write_phase): for what some ranks do and others do not.
+  void phase(std::string_view phase) {
+    if (page_ != nullptr) write_phase(page_, phase);
+  }
+
  private:
   ProgressPage* page_ = nullptr;
 };

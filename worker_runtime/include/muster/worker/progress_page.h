@@ -71,6 +71,20 @@ inline void write_progress(ProgressPage* p, std::uint64_t step, std::string_view
   __atomic_store_n(&p->seq, (seq | 1u) + 1, __ATOMIC_RELEASE);
 }
 
+// Only the phase, for what not every rank does (rank 0's checkpoint): the step and the
+// report count stay, so the stall rule does not take the other ranks for being behind.
+inline void write_phase(ProgressPage* p, std::string_view phase) {
+  const std::uint64_t seq = __atomic_load_n(&p->seq, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->seq, seq | 1u, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  char buf[kProgressPhaseBytes] = {};
+  std::memcpy(buf, phase.data(), std::min(phase.size(), kProgressPhaseBytes - 1));
+  for (std::size_t i = 0; i < kProgressPhaseBytes; ++i) {
+    __atomic_store_n(&p->phase[i], buf[i], __ATOMIC_RELAXED);
+  }
+  __atomic_store_n(&p->seq, (seq | 1u) + 1, __ATOMIC_RELEASE);
+}
+
 struct ProgressSnapshot {
   std::uint64_t step = 0;
   std::uint64_t time_ns = 0;

@@ -1,0 +1,32 @@
+// --hang_timeout with a Python worker (docs/hangs.md): its tracebacks, from faulthandler, are in
+// its stack file, and the job fails with the hang as its cause.
+#include <catch2/catch.hpp>
+#include <regex>
+
+#include "helpers.h"
+
+using namespace muster::testing;
+
+TEST_CASE("hang: a Python worker stuck in time.sleep is named; its traceback is in the dump",
+          "[hang]") {
+  TempDir logs;
+  Proc p({kLaunch, "--standalone", "--nproc_per_node=3", "--hang_timeout=1", "--log_dir",
+          logs.path(), std::string(INTEROP_SCRIPTS_DIR) + "/hang_in_sleep.py"},
+         {{"PYTHON_EXEC", "/usr/bin/python3"}, {"PYTHONPATH", MUSTER_PYTHON_DIR}});
+  const auto rc = p.wait(60s);
+  INFO(p.out() << p.err());
+  CHECK(rc == 1);  // no restarts: the job fails, the hang its cause
+  CHECK_THAT(p.out(), Catch::Contains("rank 1: hanging at step 3"));
+  const std::string err = p.err();
+  std::smatch m;
+  REQUIRE(std::regex_search(
+      err, m,
+      std::regex(R"(hang: rank 1 \(host \S+, local rank 1, pid \d+\) stuck at step 3 in phase )"
+                 R"('data_loader' for \d+\.\d s; 2 ranks got further \(up to step 3\); writing )"
+                 R"(its stacks to (\S+stacks\.txt))")));
+  const std::string stacks = read_file(m[1].str());
+  CHECK_THAT(stacks, Catch::Contains("in wait_for_batch_forever"));
+  CHECK_THAT(stacks, Catch::Contains("hang_in_sleep.py"));
+  // torchrun's failure summary names the cause and carries the traceback.
+  CHECK_THAT(err, Catch::Contains("message   : hang: rank 1"));
+}
