@@ -112,10 +112,6 @@ class Agent::Impl {
       }
       file_timers_ = std::move(*timers);
     }
-    if (opts_.hang_timeout.count() > 0) {
-      hang_watch_ = std::make_unique<HangWatch>(io_, opts_.hang_timeout,
-                                                [this](const Stall& s) { on_stall(s); });
-    }
     open_session(opts_.wait_for_server, opts_.connect_timeout);
     send_join();
     keep_alive();
@@ -195,6 +191,7 @@ class Agent::Impl {
     // How long this node may take to stop its workers after a Restart: the server waits
     // that long for it before a round closes without it.
     j->set_shutdown_timeout_ms(opts_.shutdown_timeout.count());
+    j->set_hang_timeout_ms(opts_.hang_timeout.count());
     client_->send(msg);  // a dead stream reports itself through on_session_closed
   }
 
@@ -286,6 +283,10 @@ class Agent::Impl {
       stop_group(SIGTERM);
     } else if (m.has_done()) {
       if (phase_ == Phase::kAwaitingDone) finish(0);
+    } else if (m.has_stalled()) {
+      if (m.stalled().round() == assignment_.round()) {
+        on_stalled(m.stalled().rank(), m.stalled().description());
+      }
     }
   }
 
@@ -406,7 +407,7 @@ class Agent::Impl {
       req.path = opts_.program_path;
       req.argv = std::move(argv);
       std::map<std::string, std::string> env = build_worker_env(opts_.base_env, spec);
-      if (opts_.hang_timeout.count() > 0) {
+      if (a.hang_timeout_ms() > 0) {
         const std::string page = (dir / "progress").string();
         if (absl::Status s = HangWatch::create_page(page); s.ok()) {
           env[worker::kProgressFileVar] = page;
@@ -455,7 +456,19 @@ class Agent::Impl {
       read_pipe(raw, raw->err.get());
       watch_exit(raw);
     }
-    if (hang_watch_) hang_watch_->start_round(watched);
+    if (a.hang_timeout_ms() > 0) {
+      // The run's rule (the first node's --hang_timeout, or rdzvd's): sampled here, applied by
+      // the server over every node's ranks.
+      const auto timeout = std::chrono::milliseconds(a.hang_timeout_ms());
+      if (!hang_watch_ || hang_timeout_ != timeout) {
+        hang_timeout_ = timeout;
+        hang_watch_ = std::make_unique<HangWatch>(
+            io_, timeout,
+            [this](const std::vector<rendezvous::RankProgress>& ranks,
+                   rendezvous::StallClock::time_point now) { send_progress(ranks, now); });
+      }
+      hang_watch_->start_round(watched);
+    }
     spdlog::info("round {}: group rank {}/{}, ranks {}..{} of {}, restart {}", a.round(),
                  a.group_rank(), a.group_world_size(), a.rank_offset(),
                  a.rank_offset() + opts_.nproc_per_node - 1, a.world_size(), a.restart_count());
@@ -600,19 +613,40 @@ class Agent::Impl {
     spdlog::debug("file timer: pid {} is not one of this agent's workers; not signalled", e.pid);
   }
 
-  // --hang_timeout: a rank stalled (stall.h). Its stacks go to stacks.txt beside its logs:
-  // a Python worker's own tracebacks (faulthandler, on SIGABRT, from its stderr), else gdb's
-  // or the kernel's view; then the group fails with the hang as its cause.
-  void on_stall(const Stall& s) {
+  void send_progress(const std::vector<rendezvous::RankProgress>& ranks,
+                     rendezvous::StallClock::time_point now) {
+    if (phase_ != Phase::kRunning || !client_) return;
+    v1::AgentMsg msg;
+    v1::Progress* p = msg.mutable_progress();
+    p->set_round(assignment_.round());
+    for (const rendezvous::RankProgress& r : ranks) {
+      v1::RankProgress* x = p->add_ranks();
+      x->set_rank(r.rank);
+      x->set_local_rank(r.local_rank);
+      x->set_pid(r.pid);
+      x->set_step(r.step);
+      x->set_reports(r.reports);
+      x->set_phase(r.phase);
+      x->set_still_ms(std::chrono::duration_cast<std::chrono::milliseconds>(now - r.changed).count());
+    }
+    client_->send(msg);
+  }
+
+  // --hang_timeout: the server found rank `rank` of this node stalled (rendezvous/stall.h).
+  // Its stacks go to stacks.txt beside its logs: a Python worker's own tracebacks
+  // (faulthandler, on SIGABRT, from its stderr), else gdb's or the kernel's view; then the
+  // group fails with the hang as its cause.
+  void on_stalled(int rank, const std::string& description) {
     if (phase_ != Phase::kRunning || hang_) return;
     Worker* w = nullptr;
     for (const auto& x : workers_) {
-      if (x->rank == s.rank.rank && !x->reaped) w = x.get();
+      if (x->rank == rank && !x->reaped) w = x.get();
     }
     if (w == nullptr) return;
+    if (hang_watch_) hang_watch_->stop();
     Hang h;
     h.worker = w;
-    h.what = s.describe(opts_.host);
+    h.what = description;
     h.stack_file = (std::filesystem::path(w->error_file).parent_path() / "stacks.txt").string();
     spdlog::warn("hang: {}; writing its stacks to {}", h.what, h.stack_file);
     hang_ = std::move(h);
@@ -882,7 +916,8 @@ class Agent::Impl {
   std::optional<std::chrono::steady_clock::time_point> rejoin_deadline_;
   std::unique_ptr<rendezvous::SessionClient> client_;
   std::unique_ptr<FileTimerServer> file_timers_;
-  std::unique_ptr<HangWatch> hang_watch_;  // --hang_timeout
+  std::unique_ptr<HangWatch> hang_watch_;  // the run's --hang_timeout
+  std::chrono::milliseconds hang_timeout_{0};
   std::optional<Hang> hang_;               // this round's stalled worker, while it is dumped
   std::unique_ptr<StackDump> stack_dump_;
   asio::steady_timer hang_timer_;

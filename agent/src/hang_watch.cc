@@ -38,9 +38,8 @@ std::string read_small(const std::string& path) {
 
 }  // namespace
 
-HangWatch::HangWatch(asio::io_context& io, std::chrono::milliseconds timeout,
-                     std::function<void(const Stall&)> on_stall)
-    : io_(io), timeout_(timeout), on_stall_(std::move(on_stall)), timer_(io) {}
+HangWatch::HangWatch(asio::io_context& io, std::chrono::milliseconds timeout, Sample on_sample)
+    : io_(io), timeout_(timeout), on_sample_(std::move(on_sample)), timer_(io) {}
 
 HangWatch::~HangWatch() { stop(); }
 
@@ -61,7 +60,7 @@ absl::Status HangWatch::create_page(const std::string& path) {
 
 void HangWatch::start_round(const std::vector<Watched>& workers) {
   stop();
-  std::vector<RankProgress> ranks;
+  std::vector<rendezvous::RankProgress> ranks;
   for (const Watched& w : workers) {
     void* map = MAP_FAILED;
     if (const int fd = ::open(w.page.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
@@ -74,13 +73,13 @@ void HangWatch::start_round(const std::vector<Watched>& workers) {
       continue;
     }
     maps_.push_back(map);
-    RankProgress r;
+    rendezvous::RankProgress r;
     r.rank = w.rank;
     r.local_rank = w.local_rank;
     r.pid = w.pid;
     ranks.push_back(r);
   }
-  tracker_.reset(ranks, StallClock::now());
+  tracker_.reset(ranks, rendezvous::StallClock::now());
   active_ = true;
   arm();
 }
@@ -104,7 +103,7 @@ void HangWatch::arm() {
 }
 
 void HangWatch::check() {
-  const auto now = StallClock::now();
+  const auto now = rendezvous::StallClock::now();
   const auto& ranks = tracker_.ranks();
   for (std::size_t i = 0; i < maps_.size() && i < ranks.size(); ++i) {
     worker::ProgressSnapshot s;
@@ -112,12 +111,8 @@ void HangWatch::check() {
       tracker_.update(ranks[i].rank, s.reports, s.step, s.phase, now);
     }
   }
-  if (auto stall = find_stall(tracker_.ranks(), now, timeout_)) {
-    active_ = false;  // once per round
-    on_stall_(*stall);
-    return;
-  }
-  arm();
+  on_sample_(tracker_.ranks(), now);
+  if (active_) arm();
 }
 
 std::string kernel_stacks(pid_t pid) {

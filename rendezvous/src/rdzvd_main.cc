@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   std::string listen = "0.0.0.0:29400";
   std::string token;
-  double join_timeout = 600, last_call = 30, grace = 60;
+  double join_timeout = 600, last_call = 30, grace = 60, hang = 0;
   CLI::App app{"rdzvd: muster's rendezvous server for many runs", "rdzvd"};
   app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)");
   app.add_option("--token", token, "Shared secret every join must carry (or $MUSTER_RDZV_TOKEN)")
@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
   app.add_option("--finished_run_grace,--finished-run-grace", grace,
                  "Seconds a finished run's id is kept (a late join then gets a clear error)")
       ->check(seconds_up_to(limits::kMaxFinishedRunGrace));
+  app.add_option("--hang_timeout,--hang-timeout", hang,
+                 "Seconds: the default --hang_timeout of runs whose agents set none (0: off; "
+                 "docs/hangs.md)")
+      ->check(seconds_up_to(limits::kMaxHangTimeout));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -59,6 +63,7 @@ int main(int argc, char** argv) {
       std::chrono::milliseconds(static_cast<long long>(last_call * 1000));
   opts.timeouts.finished_run_grace =
       std::chrono::milliseconds(static_cast<long long>(grace * 1000));
+  opts.timeouts.hang_timeout = std::chrono::milliseconds(static_cast<long long>(hang * 1000));
   auto server = muster::rendezvous::RendezvousServer::start(io, opts);
   if (!server.ok()) {
     std::fprintf(stderr, "rdzvd: error: %s\n", std::string(server.status().message()).c_str());

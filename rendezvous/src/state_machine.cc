@@ -1,5 +1,7 @@
 #include "muster/rendezvous/state_machine.h"
 
+#include "muster/rendezvous/stall.h"
+
 #include <algorithm>
 #include <limits>
 #include <utility>
@@ -206,6 +208,8 @@ std::vector<Outgoing> StateMachine::on_message(SessionId session, const v1::Agen
     on_failure(*run, session, msg.failure(), now, out);
   } else if (msg.has_success()) {
     on_success(*run, session, msg.success(), now, out);
+  } else if (msg.has_progress()) {
+    on_progress(*run, session, msg.progress(), now, out);
   } else if (msg.has_keep_alive()) {
     // Being heard from (above), and an answer: the agent's proof that the server hears it.
     v1::ServerMsg ack;
@@ -260,6 +264,8 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
                                           limits::kMaxLastCallTimeout);
     t.keep_alive_interval = client_duration(join.keep_alive_interval_ms(),
                                             t.keep_alive_interval, limits::kMaxKeepAliveInterval);
+    t.hang_timeout =
+        client_duration(join.hang_timeout_ms(), t.hang_timeout, limits::kMaxHangTimeout);
     if (join.keep_alive_max_attempt() > 0) {
       t.keep_alive_max_attempt = std::min(join.keep_alive_max_attempt(),
                                           limits::kMaxKeepAliveAttempts);
@@ -368,8 +374,72 @@ void StateMachine::maybe_close_round(Run& run, TimePoint now, std::vector<Outgoi
   if (now >= *run.last_call_deadline) close_round(run, now, out);
 }
 
+void StateMachine::on_progress(Run& run, SessionId session, const v1::Progress& p,
+                               TimePoint now, std::vector<Outgoing>& out) {
+  if (run.phase != Phase::kRunning || p.round() != run.round) return;  // a late report
+  const Node* node = nullptr;
+  for (const Node& n : run.members) {
+    if (n.session == session) node = &n;
+  }
+  if (node == nullptr) return;
+  if (p.ranks_size() > node->join.local_world_size()) {
+    refuse(session,
+           absl::InvalidArgumentError(absl::StrCat("progress: ", p.ranks_size(),
+                                                   " ranks from a node of ",
+                                                   node->join.local_world_size())),
+           now, out);
+    return;
+  }
+  for (const v1::RankProgress& r : p.ranks()) {
+    if (r.phase().size() > limits::kMaxProgressPhaseBytes) {
+      refuse(session,
+             absl::InvalidArgumentError(absl::StrCat("progress: a phase of ", r.phase().size(),
+                                                     " bytes (the limit is ",
+                                                     limits::kMaxProgressPhaseBytes, ")")),
+             now, out);
+      return;
+    }
+  }
+  if (run.timeouts.hang_timeout.count() == 0 || run.stall_sent) return;  // nobody asked, or told
+  run.progress[session] = {now, p};
+  // The rule over every node's ranks, each as its node last saw it.
+  std::vector<RankProgress> ranks;
+  std::map<int, const Node*> holder;
+  for (const Node& n : run.members) {
+    auto it = run.progress.find(n.session);
+    if (it == run.progress.end()) continue;
+    const auto& [at, prog] = it->second;
+    for (const v1::RankProgress& r : prog.ranks()) {
+      RankProgress x;
+      x.rank = r.rank();
+      x.local_rank = r.local_rank();
+      x.pid = static_cast<pid_t>(r.pid());
+      x.step = r.step();
+      x.reports = r.reports();
+      x.phase = r.phase();
+      const auto still = std::chrono::milliseconds(
+          std::clamp<std::int64_t>(r.still_ms(), 0, limits::kMaxHangTimeout.count()));
+      x.changed = at - still;
+      ranks.push_back(std::move(x));
+      holder[r.rank()] = &n;
+    }
+  }
+  auto stall = find_stall(ranks, now, run.timeouts.hang_timeout);
+  if (!stall) return;
+  run.stall_sent = true;
+  const Node& n = *holder[stall->rank.rank];
+  v1::ServerMsg msg;
+  v1::Stalled* s = msg.mutable_stalled();
+  s->set_round(run.round);
+  s->set_rank(stall->rank.rank);
+  s->set_description(stall->describe(n.join.host()));
+  out.push_back(send(n.session, std::move(msg)));
+}
+
 void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& out) {
   (void)now;
+  run.progress.clear();
+  run.stall_sent = false;
   const int count = std::min<int>(run.max_nodes, run.waiting.size());
   // Who gets in: requested ranks and previous members first, then join order.
   std::stable_partition(run.waiting.begin(), run.waiting.end(), [&](const Node& n) {
@@ -429,6 +499,7 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
     a->set_master_port(master.master_port_candidate());
     a->set_store_prefix(absl::StrCat("/", run.id, "/", run.round, "/"));
     a->set_restart_count(run.restart_count);
+    a->set_hang_timeout_ms(run.timeouts.hang_timeout.count());
     out.push_back(send(n.session, std::move(msg)));
     offset += n.join.local_world_size();
   }
@@ -572,6 +643,7 @@ std::optional<std::string> StateMachine::remove_session(Run& run, SessionId sess
   run.restarted_at.erase(session);
   run.rejoin_took.erase(session);
   run.succeeded.erase(session);
+  run.progress.erase(session);
   if (auto w = find_session(run.waiting, session); w != run.waiting.end()) run.waiting.erase(w);
   auto member = find_session(run.members, session);
   if (run.phase != Phase::kRunning || member == run.members.end()) return std::nullopt;

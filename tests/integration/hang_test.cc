@@ -30,3 +30,38 @@ TEST_CASE("hang: a Python worker stuck in time.sleep is named; its traceback is 
   // torchrun's failure summary names the cause and carries the traceback.
   CHECK_THAT(err, Catch::Contains("message   : hang: rank 1"));
 }
+
+TEST_CASE("hang: across nodes, the server names the rank no node alone could tell is behind",
+          "[hang]") {
+  // Two agents of one worker each: rank 1 sleeps forever, rank 0 (on the other node) waits in
+  // the step's all_reduce. Each agent sees one rank, still; only the server sees both.
+  TempDir logs;
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  auto agent = [&](const std::string& host_flag) {
+    return std::make_unique<Proc>(
+        std::vector<std::string>{kLaunch, "--nnodes=2", "--nproc_per_node=1",
+                                 "--rdzv_backend=c10d", "--rdzv_endpoint=" + ep, "--rdzv_id=hang",
+                                 "--hang_timeout=1", "--log_dir", logs.path(), host_flag,
+                                 std::string(INTEROP_SCRIPTS_DIR) + "/hang_in_sleep.py"},
+        std::map<std::string, std::optional<std::string>>{{"PYTHON_EXEC", "/usr/bin/python3"},
+                                                          {"PYTHONPATH", MUSTER_PYTHON_DIR}});
+  };
+  auto a = agent("--local_addr=node-a");
+  auto b = agent("--local_addr=node-b");
+  for (Proc* p : {a.get(), b.get()}) {
+    const auto rc = p->wait(60s);
+    INFO(p->out() << p->err());
+    CHECK(rc == 1);
+  }
+  const std::string err = a->err() + b->err();
+  INFO(err);
+  std::smatch m;
+  REQUIRE(std::regex_search(
+      err, m,
+      std::regex(R"(hang: rank 1 \(host (node-[ab]), local rank 0, pid \d+\) stuck at step 3 in )"
+                 R"(phase 'data_loader' for \d+\.\d s; 1 rank got further \(up to step 3\))")));
+  // Told to the node that holds rank 1, which dumped it.
+  Proc& holder = m[1].str() == "node-a" ? *a : *b;
+  CHECK_THAT(holder.err(), Catch::Contains("writing its stacks to"));
+  CHECK_THAT(holder.out(), Catch::Contains("rank 1: hanging at step 3"));
+}

@@ -1,12 +1,12 @@
-// The stall rule (agent/stall.h) with a fake clock.
-#include "muster/agent/stall.h"
+// The stall rule (rendezvous/stall.h) with a fake clock.
+#include "muster/rendezvous/stall.h"
 
 #include <catch2/catch.hpp>
 
-using muster::agent::find_stall;
-using muster::agent::ProgressTracker;
-using muster::agent::RankProgress;
-using muster::agent::StallClock;
+using muster::rendezvous::find_stall;
+using muster::rendezvous::ProgressTracker;
+using muster::rendezvous::RankProgress;
+using muster::rendezvous::StallClock;
 using namespace std::chrono_literals;
 
 namespace {

@@ -1185,3 +1185,108 @@ TEST_CASE("failure: cutting keeps characters whole and the restart reason parsea
   v1::ServerMsg back;
   CHECK(back.ParseFromString(wire));
 }
+
+// --hang_timeout (docs/hangs.md): the server applies the stall rule over every node's ranks.
+namespace {
+
+v1::AgentMsg progress_msg(int round, std::vector<std::tuple<int, std::uint64_t, std::uint64_t,
+                                                            std::string, std::int64_t>> ranks) {
+  v1::AgentMsg m;
+  m.mutable_progress()->set_round(round);
+  for (const auto& [rank, step, reports, phase, still_ms] : ranks) {
+    v1::RankProgress* r = m.mutable_progress()->add_ranks();
+    r->set_rank(rank);
+    r->set_local_rank(0);
+    r->set_pid(500 + rank);
+    r->set_step(step);
+    r->set_reports(reports);
+    r->set_phase(phase);
+    r->set_still_ms(still_ms);
+  }
+  return m;
+}
+
+const v1::Stalled* stalled_to(const std::vector<Outgoing>& out, SessionId s) {
+  for (const Outgoing& o : out) {
+    if (o.session == s && o.msg && o.msg->has_stalled()) return &o.msg->stalled();
+  }
+  return nullptr;
+}
+
+int stalled_count(const std::vector<Outgoing>& out) {
+  int n = 0;
+  for (const Outgoing& o : out) n += o.msg && o.msg->has_stalled();
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("hang: a rank behind on one node while another node got further is named to its node",
+          "[state_machine][hang]") {
+  Harness h;
+  auto with_hang = [](v1::Join& j) {
+    j.set_hang_timeout_ms(2000);
+    j.set_local_world_size(1);
+  };
+  h.join_with(1, "a", 2, 2, with_hang);
+  h.join_with(2, "b", 2, 2, with_hang);
+  REQUIRE(h.last.size() == 2);  // the round closed: two Assignments
+  for (const Outgoing& o : h.last) CHECK(o.msg->assignment().hang_timeout_ms() == 2000);
+  const int round = h.last[0].msg->assignment().round();
+  const int rank_a = h.last[0].session == 1 ? h.last[0].msg->assignment().rank_offset()
+                                            : h.last[1].msg->assignment().rank_offset();
+  const int rank_b = 1 - rank_a;
+  // Each node has one rank: no node alone could tell. b's rank is in the step's all_reduce,
+  // a's still loading data, for 1.5 s: not yet.
+  h.send(2, progress_msg(round, {{rank_b, 10, 32, "all_reduce", 0}}));
+  h.send(1, progress_msg(round, {{rank_a, 10, 31, "data_loader", 1500}}));
+  CHECK(stalled_count(h.last) == 0);
+  // Half a second later a's rank has been still for 2 s: a is told, b is not.
+  h.now += 500ms;
+  h.send(1, progress_msg(round, {{rank_a, 10, 31, "data_loader", 2000}}));
+  const v1::Stalled* s = stalled_to(h.last, 1);
+  REQUIRE(s != nullptr);
+  CHECK(stalled_to(h.last, 2) == nullptr);
+  CHECK(s->round() == round);
+  CHECK(s->rank() == rank_a);
+  CHECK(s->description() == "rank " + std::to_string(rank_a) +
+                                " (host host-a, local rank 0, pid " +
+                                std::to_string(500 + rank_a) +
+                                ") stuck at step 10 in phase 'data_loader' for 2.0 s; 1 rank got "
+                                "further (up to step 10)");
+  // Once per round.
+  h.now += 1s;
+  h.send(1, progress_msg(round, {{rank_a, 10, 31, "data_loader", 3000}}));
+  CHECK(stalled_count(h.last) == 0);
+  // A report of another round, or with more ranks than the node has, is not taken.
+  h.send(2, progress_msg(round + 5, {{rank_b, 1, 1, "x", 99999}}));
+  CHECK(stalled_count(h.last) == 0);
+  h.send(2, progress_msg(round, {{rank_b, 1, 1, "x", 0}, {7, 1, 1, "y", 0}}));
+  REQUIRE(h.last.size() >= 1);
+  CHECK(h.last[0].close);
+  CHECK(h.last[0].status.code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("hang: ranks all still at one position, or a run without --hang_timeout, are left alone",
+          "[state_machine][hang]") {
+  Harness h;
+  auto one = [](v1::Join& j) { j.set_local_world_size(1); };
+  h.join_with(1, "a", 2, 2, one);
+  h.join_with(2, "b", 2, 2, one);
+  const int round = h.last[0].msg->assignment().round();
+  CHECK(h.last[0].msg->assignment().hang_timeout_ms() == 0);
+  h.send(1, progress_msg(round, {{0, 3, 9, "data_loader", 60000}}));
+  h.send(2, progress_msg(round, {{1, 9, 30, "all_reduce", 0}}));
+  CHECK(stalled_count(h.last) == 0);  // no timeout for this run
+
+  muster::rendezvous::RendezvousTimeouts t = Harness::quiet();
+  t.hang_timeout = 2s;  // rdzvd --hang_timeout=2: the run's default
+  Harness d(t);
+  d.join_with(1, "a", 2, 2, one);
+  d.join_with(2, "b", 2, 2, one);
+  const int r2 = d.last[0].msg->assignment().round();
+  CHECK(d.last[0].msg->assignment().hang_timeout_ms() == 2000);
+  d.send(1, progress_msg(r2, {{0, 5, 20, "barrier", 60000}}));
+  d.send(2, progress_msg(r2, {{1, 5, 20, "barrier", 60000}}));
+  CHECK(stalled_count(d.last) == 0);  // a minute at one barrier: nobody got further
+}

@@ -1,7 +1,9 @@
 // --hang_timeout (docs/hangs.md): the agent's side of the progress pages (worker/progress_page.h).
 //
-// HangWatch creates one page per worker, maps them, reads them on a timer and applies the stall
-// rule (stall.h) with the real clock; it calls `on_stall` once per round. StackDump writes a
+// HangWatch creates one page per worker, maps them, reads them on a timer and hands what they
+// say (each rank's position and how long it has been still) to `on_sample`: the agent sends it
+// to the rendezvous server, which applies the stall rule (rendezvous/stall.h) over every
+// node's ranks and tells the node of a stalled rank (Stalled). StackDump writes a
 // stalled worker's stacks to a file without blocking the agent's loop: gdb's batch backtrace of
 // every thread when gdb is on PATH (run as a child, bounded), else the kernel's view
 // (/proc/PID/task/*/stack, wchan, state). A Python worker's own tracebacks come from
@@ -21,7 +23,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "muster/agent/stall.h"
+#include "muster/rendezvous/stall.h"
 
 namespace muster::agent {
 
@@ -33,8 +35,10 @@ class HangWatch {
     pid_t pid = -1;
     std::string page;  // the page's path (create_page made it)
   };
-  HangWatch(boost::asio::io_context& io, std::chrono::milliseconds timeout,
-            std::function<void(const Stall&)> on_stall);
+  using Sample = std::function<void(const std::vector<rendezvous::RankProgress>&,
+                                    rendezvous::StallClock::time_point now)>;
+  // Samples every quarter of `timeout` (at least 50 ms, at most 1 s).
+  HangWatch(boost::asio::io_context& io, std::chrono::milliseconds timeout, Sample on_sample);
   ~HangWatch();
 
   // A fresh page at `path` (kProgressPageBytes, magic and version set), for a worker's
@@ -52,10 +56,10 @@ class HangWatch {
 
   boost::asio::io_context& io_;
   std::chrono::milliseconds timeout_;
-  std::function<void(const Stall&)> on_stall_;
+  Sample on_sample_;
   boost::asio::steady_timer timer_;
   std::vector<void*> maps_;  // one per watched worker, in ranks' order
-  ProgressTracker tracker_;
+  rendezvous::ProgressTracker tracker_;
   bool active_ = false;
 };
 

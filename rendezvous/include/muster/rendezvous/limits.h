@@ -126,5 +126,7 @@ inline constexpr milliseconds kClusterStopMargin = std::chrono::seconds(10);
 // take (gdb, or a Python worker's faulthandler) before the group is failed anyway.
 inline constexpr milliseconds kMaxHangTimeout = std::chrono::hours(24);
 inline constexpr milliseconds kStackDumpBudget = std::chrono::seconds(10);
+// A progress report's phase name (the page holds 63 bytes and a NUL).
+inline constexpr std::size_t kMaxProgressPhaseBytes = 63;
 
 }  // namespace muster::rendezvous::limits

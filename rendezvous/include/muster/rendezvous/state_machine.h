@@ -103,6 +103,9 @@ struct RendezvousTimeouts {
   // noticed in 2 s (docs/rendezvous.md, "Liveness").
   std::chrono::milliseconds keep_alive_interval = limits::kDefaultKeepAliveInterval;
   int keep_alive_max_attempt = limits::kDefaultKeepAliveAttempts;
+  // --hang_timeout (docs/hangs.md): a rank whose progress has not moved this long while
+  // another rank's got further is stalled; its node is told (Stalled). 0: off.
+  std::chrono::milliseconds hang_timeout{0};
 };
 
 // Bounds on what one Join may carry (the server also caps the message size).
@@ -187,6 +190,10 @@ class StateMachine {
     std::optional<TimePoint> join_deadline;
     std::optional<TimePoint> last_call_deadline;
     std::optional<TimePoint> expires_at;  // when a finished run's state is dropped
+    // The running round's progress reports (--hang_timeout), by member, with when each came;
+    // emptied when a round closes. One Stalled per round.
+    std::map<SessionId, std::pair<TimePoint, v1::Progress>> progress;
+    bool stall_sent = false;
   };
 
   std::vector<Outgoing> on_join(SessionId session, const v1::Join& join, TimePoint now);
@@ -194,6 +201,8 @@ class StateMachine {
                   std::vector<Outgoing>& out);
   void on_success(Run& run, SessionId session, const v1::ReportSuccess& s, TimePoint now,
                   std::vector<Outgoing>& out);
+  void on_progress(Run& run, SessionId session, const v1::Progress& p, TimePoint now,
+                   std::vector<Outgoing>& out);
   void maybe_close_round(Run& run, TimePoint now, std::vector<Outgoing>& out);
   void close_round(Run& run, TimePoint now, std::vector<Outgoing>& out);
   void restart(Run& run, const std::string& reason, bool counts, TimePoint now,

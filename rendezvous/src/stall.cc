@@ -1,4 +1,4 @@
-#include "muster/agent/stall.h"
+#include "muster/rendezvous/stall.h"
 
 #include <algorithm>
 #include <tuple>
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace muster::agent {
+namespace muster::rendezvous {
 
 std::string Stall::describe(const std::string& host) const {
   const std::string at = rank.reports == 0 ? std::string("before its first step")
@@ -72,4 +72,4 @@ std::optional<Stall> find_stall(const std::vector<RankProgress>& ranks, StallClo
   return best;
 }
 
-}  // namespace muster::agent
+}  // namespace muster::rendezvous

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-namespace muster::agent {
+namespace muster::rendezvous {
 
 using StallClock = std::chrono::steady_clock;
 
@@ -61,4 +61,4 @@ class ProgressTracker {
 std::optional<Stall> find_stall(const std::vector<RankProgress>& ranks, StallClock::time_point now,
                                 std::chrono::milliseconds timeout);
 
-}  // namespace muster::agent
+}  // namespace muster::rendezvous
