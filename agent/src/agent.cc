@@ -192,6 +192,8 @@ class Agent::Impl {
     // that long for it before a round closes without it.
     j->set_shutdown_timeout_ms(opts_.shutdown_timeout.count());
     j->set_hang_timeout_ms(opts_.hang_timeout.count());
+    j->set_max_restarts_without_progress(opts_.max_restarts_without_progress);
+    j->set_restart_budget_reset_after_steps(opts_.restart_budget_reset_after_steps);
     client_->send(msg);  // a dead stream reports itself through on_session_closed
   }
 
@@ -407,7 +409,7 @@ class Agent::Impl {
       req.path = opts_.program_path;
       req.argv = std::move(argv);
       std::map<std::string, std::string> env = build_worker_env(opts_.base_env, spec);
-      if (a.hang_timeout_ms() > 0) {
+      if (a.hang_timeout_ms() > 0 || a.wants_progress()) {
         const std::string page = (dir / "progress").string();
         if (absl::Status s = HangWatch::create_page(page); s.ok()) {
           env[worker::kProgressFileVar] = page;
@@ -417,7 +419,9 @@ class Agent::Impl {
                        w->rank);
         }
         // A Python worker's tracebacks on SIGABRT, for its stack file (docs/hangs.md).
-        if (!opts_.python_interpreter.empty()) env.emplace("PYTHONFAULTHANDLER", "1");
+        if (!opts_.python_interpreter.empty() && a.hang_timeout_ms() > 0) {
+          env.emplace("PYTHONFAULTHANDLER", "1");
+        }
       }
       req.envp = to_envp(env);
       if (opts_.workers_stdin_null) req.stdin_mode = SpawnRequest::Stdin::kNull;
@@ -456,10 +460,12 @@ class Agent::Impl {
       read_pipe(raw, raw->err.get());
       watch_exit(raw);
     }
-    if (a.hang_timeout_ms() > 0) {
+    if (a.hang_timeout_ms() > 0 || a.wants_progress()) {
       // The run's rule (the first node's --hang_timeout, or rdzvd's): sampled here, applied by
-      // the server over every node's ranks.
-      const auto timeout = std::chrono::milliseconds(a.hang_timeout_ms());
+      // the server over every node's ranks. Without a hang timeout (only the budget that
+      // knows progress), a sample a second.
+      const auto timeout = a.hang_timeout_ms() > 0 ? std::chrono::milliseconds(a.hang_timeout_ms())
+                                                   : std::chrono::milliseconds(4000);
       if (!hang_watch_ || hang_timeout_ != timeout) {
         hang_timeout_ = timeout;
         hang_watch_ = std::make_unique<HangWatch>(
@@ -841,7 +847,10 @@ class Agent::Impl {
           // As torchrun: launch's own error file names the root cause, for whoever runs it.
           std::ofstream(opts_.own_error_file) << error_file_json(fail_.root_cause());
         }
-        finish(1);
+        if (fail_.do_not_requeue()) {
+          spdlog::error("{}; exit code {} (do not requeue)", fail_.reason(), kExitDoNotRequeue);
+        }
+        finish(fail_.do_not_requeue() ? kExitDoNotRequeue : 1);
         return;
       }
       case After::kExit:

@@ -702,6 +702,18 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
                          "fails (0: off, the default)"),
           kHangs)
           ->check(not_empty());
+  pet(app.add_option("--max_restarts_without_progress,--max-restarts-without-progress",
+                     c.max_restarts_without_progress,
+                     "At most N restarts in a row after rounds in which no rank made a step; "
+                     "then the job stops with exit code 3, do not requeue (0: off)"),
+      kHangs)
+      ->check(not_empty() & CLI::Range(0, limits::kMaxRestartsWithoutProgress));
+  pet(app.add_option("--restart_budget_reset_after_steps,--restart-budget-reset-after-steps",
+                     c.restart_budget_reset_after_steps,
+                     "A failure after a round in which a rank made this many steps gets the "
+                     "whole --max_restarts budget back (0: off)"),
+      kHangs)
+      ->check(not_empty() & CLI::NonNegativeNumber);
   const char* kCluster = "Many hosts from one command (docs/cluster.md)";
   pet(app.add_option("--hosts", c.cluster.hosts_text,
                      "Start one agent per host over ssh: HOST[:SLOTS],... (horovodrun's -H); "

@@ -278,6 +278,8 @@ int main(int argc, char** argv) {
   }
   opts.shutdown_timeout = cfg.shutdown_timeout;
   opts.hang_timeout = cfg.hang_timeout;
+  opts.max_restarts_without_progress = cfg.max_restarts_without_progress;
+  opts.restart_budget_reset_after_steps = cfg.restart_budget_reset_after_steps;
   opts.signals_to_handle = cfg.signals_to_handle;
   opts.virtual_local_rank = cfg.virtual_local_rank;
   opts.numa_of = numa_plan;

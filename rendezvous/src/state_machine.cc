@@ -254,6 +254,9 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
     run.min_nodes = join.min_nodes();
     run.max_nodes = join.max_nodes();
     run.max_restarts = join.max_restarts();
+    run.max_restarts_without_progress =
+        std::clamp(join.max_restarts_without_progress(), 0, limits::kMaxRestartsWithoutProgress);
+    run.budget_reset_steps = std::max<std::int64_t>(0, join.restart_budget_reset_after_steps());
     run.timeouts = timeouts_;
     // The first node sets the run's timing, within bounds: one client must not be able to
     // make a run (or its nodes) wait for ever, nor make a deadline wrap.
@@ -400,6 +403,11 @@ void StateMachine::on_progress(Run& run, SessionId session, const v1::Progress& 
       return;
     }
   }
+  for (const v1::RankProgress& r : p.ranks()) {
+    if (r.reports() == 0) continue;
+    auto [it, fresh] = run.round_steps.try_emplace(r.rank(), r.step(), r.step());
+    if (!fresh) it->second.second = std::max(it->second.second, r.step());
+  }
   if (run.timeouts.hang_timeout.count() == 0 || run.stall_sent) return;  // nobody asked, or told
   run.progress[session] = {now, p};
   // The rule over every node's ranks, each as its node last saw it.
@@ -440,6 +448,7 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
   (void)now;
   run.progress.clear();
   run.stall_sent = false;
+  run.round_steps.clear();
   const int count = std::min<int>(run.max_nodes, run.waiting.size());
   // Who gets in: requested ranks and previous members first, then join order.
   std::stable_partition(run.waiting.begin(), run.waiting.end(), [&](const Node& n) {
@@ -500,6 +509,8 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
     a->set_store_prefix(absl::StrCat("/", run.id, "/", run.round, "/"));
     a->set_restart_count(run.restart_count);
     a->set_hang_timeout_ms(run.timeouts.hang_timeout.count());
+    a->set_wants_progress(run.timeouts.hang_timeout.count() > 0 ||
+                          run.max_restarts_without_progress > 0 || run.budget_reset_steps > 0);
     out.push_back(send(n.session, std::move(msg)));
     offset += n.join.local_world_size();
   }
@@ -568,18 +579,41 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
   }
   // Cut before anything is kept or forwarded: a Fail goes to every node of the run.
   const v1::WorkerFailure rc = cap_failure(f.root_cause());
-  if (run.restart_count < run.max_restarts) {
+  // The budget that knows progress: the most steps a rank made in this round.
+  std::uint64_t steps = 0;
+  for (const auto& [rank, span] : run.round_steps) steps = std::max(steps, span.second - span.first);
+  std::string note;
+  if (run.budget_reset_steps > 0 && steps >= static_cast<std::uint64_t>(run.budget_reset_steps) &&
+      run.restart_count > run.budget_from) {
+    run.budget_from = run.restart_count;  // long progress: the whole budget is back
+    note = absl::StrCat(" (", steps, " steps made: the restart budget is back)");
+  }
+  bool no_progress_stop = false;
+  if (run.max_restarts_without_progress > 0) {
+    run.restarts_without_progress = steps > 0 ? 0 : run.restarts_without_progress + 1;
+    no_progress_stop = run.restarts_without_progress > run.max_restarts_without_progress;
+  }
+  const int spent = run.restart_count - run.budget_from;
+  if (spent < run.max_restarts && !no_progress_stop) {
     restart(run,
             absl::StrCat("worker rank ", rc.rank(), " on ", printable_utf8(rc.host(), limits::kMaxIdBytes),
-                         " failed; restart ", run.restart_count + 1, " of ", run.max_restarts),
+                         " failed; restart ", spent + 1, " of ", run.max_restarts, note),
             true, now, out);
     return;
   }
   v1::ServerMsg msg;
   v1::Fail* fail = msg.mutable_fail();
-  fail->set_reason(run.max_restarts == 0 ? std::string("a worker failed and max_restarts is 0")
-                                         : absl::StrCat("a worker failed and all ",
-                                                        run.max_restarts, " restarts are spent"));
+  if (no_progress_stop) {
+    fail->set_do_not_requeue(true);
+    fail->set_reason(absl::StrCat("a worker failed in ", run.restarts_without_progress,
+                                  " rounds in a row before any rank made a step "
+                                  "(max_restarts_without_progress ",
+                                  run.max_restarts_without_progress, "); do not requeue"));
+  } else {
+    fail->set_reason(run.max_restarts == 0 ? std::string("a worker failed and max_restarts is 0")
+                                           : absl::StrCat("a worker failed and all ",
+                                                          run.max_restarts, " restarts are spent"));
+  }
   *fail->mutable_root_cause() = rc;
   const int others = std::min<int>(f.others_size(), limits::kMaxFailureOthers);
   for (int i = 0; i < others; ++i) *fail->add_others() = cap_failure(f.others(i));
@@ -857,7 +891,10 @@ absl::Status StateMachine::check_invariants() const {
         return broken("session ", s, " succeeded in run '", id, "' but is no member");
       }
     }
-    if (run.restart_count > run.max_restarts) return broken("run '", id, "' over its budget");
+    if (run.restart_count - run.budget_from > run.max_restarts ||
+        run.budget_from > run.restart_count) {
+      return broken("run '", id, "' over its budget");
+    }
     const int members = static_cast<int>(run.members.size());
     const int waiting = static_cast<int>(run.waiting.size());
     switch (run.phase) {

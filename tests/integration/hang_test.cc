@@ -65,3 +65,17 @@ TEST_CASE("hang: across nodes, the server names the rank no node alone could tel
   CHECK_THAT(holder.err(), Catch::Contains("writing its stacks to"));
   CHECK_THAT(holder.out(), Catch::Contains("rank 1: hanging at step 3"));
 }
+
+TEST_CASE("budget: a job that keeps failing before any step stops with exit code 3",
+          "[hang]") {
+  // Rank 0 exits at once, every attempt, before reporting anything (no report: no step).
+  Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--max_restarts=10",
+                      "--max_restarts_without_progress=2"},
+                     {"exit", "5", "0"}));
+  const auto rc = p.wait(60s);
+  INFO(p.err());
+  CHECK(rc == 3);
+  CHECK(count_lines_with(p.err(), "restarting workers") == 2);
+  CHECK_THAT(p.err(), Catch::Contains("3 rounds in a row before any rank made a step") &&
+                          Catch::Contains("(do not requeue)"));
+}

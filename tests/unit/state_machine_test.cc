@@ -1290,3 +1290,72 @@ TEST_CASE("hang: ranks all still at one position, or a run without --hang_timeou
   d.send(2, progress_msg(r2, {{1, 5, 20, "barrier", 60000}}));
   CHECK(stalled_count(d.last) == 0);  // a minute at one barrier: nobody got further
 }
+
+TEST_CASE("budget: rounds in which no rank made a step stop the job, do not requeue",
+          "[state_machine][hang]") {
+  Harness h;
+  auto conf = [](v1::Join& j) {
+    j.set_local_world_size(1);
+    j.set_max_restarts_without_progress(2);
+  };
+  h.join_with(1, "a", 1, 1, conf, /*max_restarts=*/10);
+  REQUIRE(h.last.size() == 1);
+  CHECK(h.last[0].msg->assignment().wants_progress());
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int round = h.last[0].msg->assignment().round();
+    h.send(1, progress_msg(round, {{0, 0, 1, "data_loader", 0}}));  // step 0, then it fails
+    h.fail(1, round);
+    REQUIRE_FALSE(h.last.empty());
+    if (attempt < 2) {  // two restarts in a row without a step are allowed
+      REQUIRE(h.last[0].msg->has_restart());
+      h.join_with(1, "a", 1, 1, conf, 10);
+      continue;
+    }
+    REQUIRE(h.last[0].msg->has_fail());
+    CHECK(h.last[0].msg->fail().do_not_requeue());
+    CHECK_THAT(h.last[0].msg->fail().reason(),
+               Catch::Contains("3 rounds in a row before any rank made a step"));
+  }
+  CHECK(h.sm.check_invariants().ok());
+}
+
+TEST_CASE("budget: a round with a step resets the count in a row; long progress gets the "
+          "budget back", "[state_machine][hang]") {
+  Harness h;
+  auto conf = [](v1::Join& j) {
+    j.set_local_world_size(1);
+    j.set_max_restarts_without_progress(1);
+    j.set_restart_budget_reset_after_steps(100);
+  };
+  h.join_with(1, "a", 1, 1, conf, /*max_restarts=*/2);
+  auto round_with = [&](std::uint64_t from, std::uint64_t to) {
+    const int round = h.last[0].msg->assignment().round();
+    h.send(1, progress_msg(round, {{0, from, 1, "train", 0}}));
+    h.send(1, progress_msg(round, {{0, to, 2, "train", 0}}));
+    h.fail(1, round);
+    REQUIRE_FALSE(h.last.empty());
+  };
+  round_with(0, 0);  // no step: 1 in a row, allowed
+  REQUIRE(h.last[0].msg->has_restart());
+  CHECK(h.last[0].msg->restart().restart_count() == 1);
+  h.join_with(1, "a", 1, 1, conf, 2);
+  round_with(0, 5);  // steps: the count in a row starts again; the second restart of 2
+  REQUIRE(h.last[0].msg->has_restart());
+  CHECK(h.last[0].msg->restart().restart_count() == 2);
+  h.join_with(1, "a", 1, 1, conf, 2);
+  // Both restarts are spent, but this round made 150 steps: the budget is back.
+  round_with(5, 155);
+  REQUIRE(h.last[0].msg->has_restart());
+  CHECK_THAT(h.last[0].msg->restart().reason(),
+             Catch::Contains("restart 1 of 2 (150 steps made: the restart budget is back)"));
+  CHECK(h.last[0].msg->restart().restart_count() == 3);  // the workers' count still grows
+  h.join_with(1, "a", 1, 1, conf, 2);
+  CHECK(h.last[0].msg->assignment().restart_count() == 3);
+  round_with(155, 160);
+  REQUIRE(h.last[0].msg->has_restart());  // 2 of 2
+  h.join_with(1, "a", 1, 1, conf, 2);
+  round_with(160, 161);
+  REQUIRE(h.last[0].msg->has_fail());  // spent, and 1 step is not long progress
+  CHECK_FALSE(h.last[0].msg->fail().do_not_requeue());
+  CHECK(h.sm.check_invariants().ok());
+}

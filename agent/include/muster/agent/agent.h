@@ -9,6 +9,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -19,6 +20,10 @@
 #include "muster/rendezvous/state_machine.h"
 
 namespace muster::agent {
+
+// launch's exit code when the job failed for good and should not be run again as it is: it
+// kept failing before any rank made a step (--max_restarts_without_progress; docs/hangs.md).
+inline constexpr int kExitDoNotRequeue = 3;
 
 struct AgentOptions {
   // Rendezvous
@@ -39,6 +44,10 @@ struct AgentOptions {
   // (MUSTER_PROGRESS_FILE); a rank whose progress stays still this long while another rank
   // got further is dumped (stacks.txt beside its logs) and fails the group.
   std::chrono::milliseconds hang_timeout{0};
+  // A budget that knows progress (docs/hangs.md; 0: off): sent in the Join, applied by the
+  // server from the progress reports.
+  int max_restarts_without_progress = 0;
+  std::int64_t restart_budget_reset_after_steps = 0;
   int min_nodes = 1;
   int max_nodes = 1;
   int requested_rank = -1;

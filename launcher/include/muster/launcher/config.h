@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -124,6 +125,8 @@ struct LaunchConfig {
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
   // --hang_timeout (docs/hangs.md): 0 is off.
   std::chrono::milliseconds hang_timeout{0};
+  int max_restarts_without_progress = 0;          // 0: off
+  std::int64_t restart_budget_reset_after_steps = 0;  // 0: off
   ClusterOptions cluster;
   std::string program;
   std::vector<std::string> program_args;

@@ -128,5 +128,7 @@ inline constexpr milliseconds kMaxHangTimeout = std::chrono::hours(24);
 inline constexpr milliseconds kStackDumpBudget = std::chrono::seconds(10);
 // A progress report's phase name (the page holds 63 bytes and a NUL).
 inline constexpr std::size_t kMaxProgressPhaseBytes = 63;
+// --max_restarts_without_progress: a Join's larger value is clamped to this.
+inline constexpr int kMaxRestartsWithoutProgress = 1000000;
 
 }  // namespace muster::rendezvous::limits

@@ -194,6 +194,14 @@ class StateMachine {
     // emptied when a round closes. One Stalled per round.
     std::map<SessionId, std::pair<TimePoint, v1::Progress>> progress;
     bool stall_sent = false;
+    // The budget that knows progress (docs/hangs.md): each rank's first and last reported step
+    // in the running round; restarts in a row after rounds without a step; where the budget
+    // counts from (restart_count only grows: it is the workers' TORCHELASTIC_RESTART_COUNT).
+    int max_restarts_without_progress = 0;
+    std::int64_t budget_reset_steps = 0;
+    std::map<int, std::pair<std::uint64_t, std::uint64_t>> round_steps;
+    int restarts_without_progress = 0;
+    int budget_from = 0;
   };
 
   std::vector<Outgoing> on_join(SessionId session, const v1::Join& join, TimePoint now);
