@@ -126,5 +126,9 @@ inline constexpr milliseconds kClusterStopMargin = std::chrono::seconds(10);
 // take (gdb, or a Python worker's faulthandler) before the group is failed anyway.
 inline constexpr milliseconds kMaxHangTimeout = std::chrono::hours(24);
 inline constexpr milliseconds kStackDumpBudget = std::chrono::seconds(10);
+// After a stop has sent SIGKILL, how long the agent waits for its workers to be reaped before
+// it reads their states: one in uninterruptible sleep (state D) is left behind
+// (agent/proc_state.h), so that a worker stuck in the kernel cannot hold the job forever.
+inline constexpr milliseconds kUnkillableWait = std::chrono::seconds(5);
 
 }  // namespace muster::rendezvous::limits
