@@ -25,6 +25,7 @@
 #include "muster/agent/file_timer.h"
 #include "muster/agent/hang_watch.h"
 #include "muster/agent/line_splitter.h"
+#include "muster/agent/proc_state.h"
 #include "muster/agent/process.h"
 #include "muster/agent/worker_env.h"
 #include "muster/rendezvous/limits.h"
@@ -42,6 +43,8 @@ using Descriptor = asio::posix::stream_descriptor;
 // Once every worker is reaped and its group killed, a pipe still open belongs to a process
 // that left the group; stop waiting for it after this long.
 constexpr auto kPipeDrainLimit = std::chrono::seconds(2);
+// Lines of a stuck worker's kernel stack in its warning (the whole view is kernel_stacks').
+constexpr int kStuckStackLines = 8;
 
 void write_all(int fd, std::string_view data) {
   const char* p = data.data();
@@ -89,11 +92,12 @@ class Agent::Impl {
         opts_(std::move(opts)),
         grace_timer_(io),
         drain_timer_(io),
-        hang_timer_(io),
+        unkillable_timer_(io),
         keep_alive_timer_(io),
         silence_timer_(io),
         window_(std::chrono::duration_cast<std::chrono::milliseconds>(
-            opts_.rdzv_timeouts.keep_alive_interval * opts_.rdzv_timeouts.keep_alive_max_attempt)) {
+            opts_.rdzv_timeouts.keep_alive_interval * opts_.rdzv_timeouts.keep_alive_max_attempt)),
+        hang_timer_(io) {
     if (opts_.rdzv_name.empty()) opts_.rdzv_name = opts_.rdzv_target;
   }
 
@@ -155,6 +159,11 @@ class Agent::Impl {
     std::unique_ptr<Pipe> out, err;
     bool reaped = false;
     std::string timer_scope;  // the file timer that expired, when the agent killed it for one
+    // Stuck in the kernel (state D) after SIGKILL: the group goes on without it (all_reaped
+    // counts it), its pidfd is still watched, and its process group stays with the supervisor.
+    bool abandoned = false;
+    ProcState stuck;
+    bool released = false;  // abandoned, and its round is over (it lives in abandoned_)
   };
   // A stalled worker being dumped (--hang_timeout): reported once its stacks are written.
   struct Hang {
@@ -582,6 +591,15 @@ class Agent::Impl {
       }
       w->reaped = true;
       w->pidfd->close();
+      if (w->released) {
+        // Left behind in an earlier round; what is left of its group goes with it, and its
+        // group id may now be reused.
+        spdlog::info("worker rank {} (pid {}), left behind stuck in the kernel, has exited", w->rank,
+                     w->pid);
+        ::kill(-w->pid, SIGKILL);
+        if (opts_.supervisor != nullptr) opts_.supervisor->forget_group(w->pid);
+        return;
+      }
       on_worker_exit(*w, status);
     });
   }
@@ -733,7 +751,7 @@ class Agent::Impl {
 
   bool all_reaped() const {
     for (const auto& w : workers_) {
-      if (w->pid > 0 && !w->reaped) return false;
+      if (w->pid > 0 && !w->reaped && !w->abandoned) return false;
     }
     return true;
   }
@@ -774,23 +792,81 @@ class Agent::Impl {
         signal_groups(SIGKILL);
         if (all_reaped() && opts_.supervisor != nullptr) opts_.supervisor->kill_cgroup();
         arm_drain_timer();
+        if (!all_reaped()) arm_unkillable_timer();
       });
     }
     advance();
   }
 
   // Drops the (reaped, killed) workers; their group ids may now be reused, so the supervisor
-  // must no longer kill them.
+  // must no longer kill them. A worker left behind in the kernel is kept (abandoned_), its
+  // pidfd watched and its group still the supervisor's, until it is reaped.
   void release_workers() {
     hang_timer_.cancel();
+    unkillable_timer_.cancel();
     stack_dump_.reset();
     hang_.reset();
-    if (opts_.supervisor != nullptr) {
-      for (const auto& w : workers_) {
-        if (w->pid > 0) opts_.supervisor->forget_group(w->pid);
+    for (auto& w : workers_) {
+      if (w->abandoned && !w->reaped) {
+        w->released = true;
+        abandoned_.push_back(std::move(w));
+        continue;
       }
+      if (w->pid > 0 && opts_.supervisor != nullptr) opts_.supervisor->forget_group(w->pid);
     }
     workers_.clear();
+  }
+
+  // SIGKILL has been sent: a worker still not reaped after limits::kUnkillableWait whose state
+  // is D is left behind (proc_state.h); the others are looked at again after as long.
+  void arm_unkillable_timer() {
+    unkillable_timer_.expires_after(limits::kUnkillableWait);
+    unkillable_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || phase_ != Phase::kStopping || all_reaped()) return;
+      leave_stuck_workers();
+    });
+  }
+
+  void leave_stuck_workers() {
+    std::vector<Worker*> unreaped;
+    std::vector<std::optional<ProcState>> states;
+    for (const auto& w : workers_) {
+      if (w->pid > 0 && !w->reaped && !w->abandoned) {
+        unreaped.push_back(w.get());
+        states.push_back(read_proc_state(w->pid));
+      }
+    }
+    for (std::size_t i : workers_to_abandon(states)) {
+      Worker& w = *unreaped[i];
+      w.abandoned = true;
+      w.stuck = *states[i];
+      spdlog::warn("{}", stuck_worker_message(w.rank, w.pid, w.stuck, kernel_stacks(w.pid),
+                                              kStuckStackLines));
+      for (Pipe* p : {w.out.get(), w.err.get()}) {
+        if (p != nullptr && p->sd.is_open()) p->sd.cancel();  // read handler closes it
+      }
+    }
+    if (!all_reaped()) {
+      arm_unkillable_timer();
+      return;
+    }
+    if (opts_.supervisor != nullptr) opts_.supervisor->kill_cgroup();
+    arm_drain_timer();
+    advance();
+  }
+
+  // At the job's end: the workers left behind that are still there, by pid (after the failure
+  // summary, when there is one).
+  void report_left_behind() const {
+    for (const auto* list : {&workers_, &abandoned_}) {
+      for (const auto& w : *list) {
+        if (!w->abandoned || w->reaped) continue;
+        spdlog::error("worker rank {} (pid {}) is stuck in the kernel (state {}{}{}) and was left "
+                      "behind; it may still be there",
+                      w->rank, w->pid, w->stuck.state, w->stuck.wchan.empty() ? "" : ", wchan ",
+                      w->stuck.wchan);
+      }
+    }
   }
 
   void arm_drain_timer() {
@@ -810,6 +886,7 @@ class Agent::Impl {
     if (!group_gone()) return;
     grace_timer_.cancel();
     drain_timer_.cancel();
+    unkillable_timer_.cancel();
     if (phase_ == Phase::kRunning) {
       phase_ = Phase::kAwaitingDone;
       v1::AgentMsg msg;
@@ -883,8 +960,10 @@ class Agent::Impl {
   void finish(int code) {
     exit_code_ = code;
     phase_ = Phase::kExiting;
+    report_left_behind();
     grace_timer_.cancel();
     drain_timer_.cancel();
+    unkillable_timer_.cancel();
     keep_alive_timer_.cancel();
     stop_silence_timer();
     io_.stop();
@@ -897,6 +976,7 @@ class Agent::Impl {
     if (phase_ == Phase::kExiting) return;
     if (signal_ != 0) {  // a second signal: no more grace
       signal_groups(SIGKILL);
+      if (!all_reaped()) arm_unkillable_timer();
       return;
     }
     signal_ = sig;
@@ -914,6 +994,7 @@ class Agent::Impl {
   AgentOptions opts_;
   asio::steady_timer grace_timer_;
   asio::steady_timer drain_timer_;
+  asio::steady_timer unkillable_timer_;  // after SIGKILL: for workers stuck in the kernel
   asio::steady_timer keep_alive_timer_;
   asio::steady_timer silence_timer_;
   const std::chrono::milliseconds window_;  // the liveness window
@@ -946,6 +1027,8 @@ class Agent::Impl {
   const std::string host_identity_ = rendezvous::host_identity();
   v1::Fail fail_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  // Workers of earlier rounds left behind in the kernel (state D), until they are reaped.
+  std::vector<std::unique_ptr<Worker>> abandoned_;
   bool failure_reported_ = false;
   int signal_ = 0;
   int exit_code_ = 1;

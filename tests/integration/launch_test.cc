@@ -1117,3 +1117,73 @@ TEST_CASE("launch: a failed job keeps the error file its summary names", "[launc
   REQUIRE(q.wait() == 1);
   CHECK(std::filesystem::is_empty(tmp2.path()));
 }
+
+namespace {
+
+// A cgroup v1 freezer group of the test's own: a frozen process is in state D and does not die
+// on SIGKILL until it is thawed (then the pending SIGKILL ends it). Thawed and removed at the
+// end, whatever happened.
+struct Freezer {
+  std::string dir;
+  bool ok = false;
+  Freezer() {
+    dir = "/sys/fs/cgroup/freezer/muster-test-" + std::to_string(::getpid());
+    std::error_code ec;
+    ok = std::filesystem::is_directory("/sys/fs/cgroup/freezer") &&
+         std::filesystem::create_directory(dir, ec);
+  }
+  bool freeze(pid_t pid) {
+    std::ofstream(dir + "/cgroup.procs") << pid << "\n";
+    std::ofstream(dir + "/freezer.state") << "FROZEN\n";
+    for (int i = 0; i < 200; ++i) {  // FREEZING until every task is frozen
+      if (read_file(dir + "/freezer.state") == "FROZEN\n") return true;
+      ::usleep(10000);
+    }
+    return false;
+  }
+  void thaw() { std::ofstream(dir + "/freezer.state") << "THAWED\n"; }
+  ~Freezer() {
+    if (!ok) return;
+    thaw();
+    for (int i = 0; i < 200 && ::rmdir(dir.c_str()) != 0; ++i) ::usleep(10000);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("launch: a worker stuck in the kernel (state D) is left behind and named",
+          "[launch][dstate]") {
+  Freezer freezer;
+  if (!freezer.ok) {
+    WARN("SKIPPED: no writable cgroup v1 freezer here (needs root), so no process in state D");
+    return;
+  }
+  TempDir dir;
+  Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--shutdown_timeout=1"},
+                     {"term", dir.path(), "ignore"}));
+  REQUIRE(p.wait_output(has_ready(2), 30s));
+  std::smatch m;
+  const std::string out = p.out();
+  REQUIRE(std::regex_search(out, m, std::regex(R"(\[default(\d)\]:ready (\d+))")));
+  const std::string rank = m[1];
+  const pid_t stuck = static_cast<pid_t>(std::stoi(m[2]));
+  const int fd = open_pidfd(stuck);
+  REQUIRE(freezer.freeze(stuck));
+  auto t0 = std::chrono::steady_clock::now();
+  ::kill(p.pid(), SIGTERM);
+  // The grace (1 s), SIGKILL, then kUnkillableWait (5 s): launch ends without the stuck worker.
+  REQUIRE(p.wait(40s) == 143);
+  CHECK(std::chrono::steady_clock::now() - t0 >= 5s);
+  const std::string pid = std::to_string(stuck);
+  CHECK_THAT(p.err(), Catch::Contains("worker rank " + rank + " (pid " + pid +
+                                      ") is stuck in the kernel (state D, wchan __refrigerator): "
+                                      "it does not die on SIGKILL; going on without it"));
+  CHECK_THAT(p.err(), Catch::Contains("[<0>] __refrigerator"));  // its kernel stack
+  CHECK_THAT(p.err(), Catch::Contains("worker rank " + rank + " (pid " + pid +
+                                      ") is stuck in the kernel (state D, wchan __refrigerator) "
+                                      "and was left behind"));
+  CHECK_FALSE(wait_pidfd(fd, 0ms));  // still there, frozen
+  freezer.thaw();                    // the pending SIGKILL ends it now
+  CHECK(wait_pidfd(fd, 10s));
+  ::close(fd);
+}

@@ -130,5 +130,9 @@ inline constexpr milliseconds kStackDumpBudget = std::chrono::seconds(10);
 inline constexpr std::size_t kMaxProgressPhaseBytes = 63;
 // --max_restarts_without_progress: a Join's larger value is clamped to this.
 inline constexpr int kMaxRestartsWithoutProgress = 1000000;
+// After a stop has sent SIGKILL, how long the agent waits for its workers to be reaped before
+// it reads their states: one in uninterruptible sleep (state D) is left behind
+// (agent/proc_state.h), so that a worker stuck in the kernel cannot hold the job forever.
+inline constexpr milliseconds kUnkillableWait = std::chrono::seconds(5);
 
 }  // namespace muster::rendezvous::limits
