@@ -46,19 +46,6 @@ constexpr auto kPipeDrainLimit = std::chrono::seconds(2);
 // Lines of a stuck worker's kernel stack in its warning (the whole view is kernel_stacks').
 constexpr int kStuckStackLines = 8;
 
-void write_all(int fd, std::string_view data) {
-  const char* p = data.data();
-  std::size_t left = data.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return;  // console gone (EPIPE): nothing left to show it to
-    }
-    p += n;
-    left -= static_cast<std::size_t>(n);
-  }
-}
 
 // A free TCP port on this host, for MASTER_PORT (as torchrun: bind port 0, then release).
 int pick_free_port() {

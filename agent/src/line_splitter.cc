@@ -1,6 +1,9 @@
 #include "muster/agent/line_splitter.h"
 
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
 
 namespace muster::agent {
 
@@ -80,6 +83,20 @@ std::string expand_prefix_template(std::string_view t, const std::string& role_n
     out += t[i++];
   }
   return out;
+}
+
+void write_all(int fd, std::string_view data) {
+  const char* p = data.data();
+  std::size_t left = data.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // console gone (EPIPE): nothing left to show it to
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
 }
 
 }  // namespace muster::agent

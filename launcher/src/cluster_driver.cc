@@ -35,15 +35,7 @@ namespace {
 namespace asio = boost::asio;
 namespace limits = muster::rendezvous::limits;
 using Descriptor = asio::posix::stream_descriptor;
-
-void write_all(int fd, std::string_view s) {
-  while (!s.empty()) {
-    ssize_t n = ::write(fd, s.data(), s.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    s.remove_prefix(static_cast<std::size_t>(n));
-  }
-}
+using muster::agent::write_all;
 
 std::string random_hex(int bytes) {
   std::random_device rd;

@@ -36,6 +36,10 @@ class LineSplitter {
 std::string expand_prefix_template(std::string_view tmpl, const std::string& role_name, int rank,
                                    int local_rank);
 
+// Writes all of `data` to `fd` (a console or a log file), retrying short writes and EINTR;
+// gives up quietly when the reader is gone (EPIPE).
+void write_all(int fd, std::string_view data);
+
 // The prefix used when the template is unset: "[<role><rank>]:" as torchrun's tee shows it.
 inline constexpr std::string_view kDefaultPrefixTemplate = "[${role_name}${rank}]:";
 

@@ -54,7 +54,16 @@ inline std::uint64_t monotonic_ns() {
   return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
-// The worker's side: one writer per page. `phase` longer than 63 bytes is cut.
+// The phase bytes, NUL-padded (`phase` longer than 63 bytes is cut); inside a write's sequence.
+inline void store_phase(ProgressPage* p, std::string_view phase) {
+  char buf[kProgressPhaseBytes] = {};
+  std::memcpy(buf, phase.data(), std::min(phase.size(), kProgressPhaseBytes - 1));
+  for (std::size_t i = 0; i < kProgressPhaseBytes; ++i) {
+    __atomic_store_n(&p->phase[i], buf[i], __ATOMIC_RELAXED);
+  }
+}
+
+// The worker's side: one writer per page.
 inline void write_progress(ProgressPage* p, std::uint64_t step, std::string_view phase) {
   const std::uint64_t seq = __atomic_load_n(&p->seq, __ATOMIC_RELAXED);
   __atomic_store_n(&p->seq, seq | 1u, __ATOMIC_RELAXED);
@@ -63,11 +72,7 @@ inline void write_progress(ProgressPage* p, std::uint64_t step, std::string_view
   __atomic_store_n(&p->time_ns, monotonic_ns(), __ATOMIC_RELAXED);
   __atomic_store_n(&p->reports, __atomic_load_n(&p->reports, __ATOMIC_RELAXED) + 1,
                    __ATOMIC_RELAXED);
-  char buf[kProgressPhaseBytes] = {};
-  std::memcpy(buf, phase.data(), std::min(phase.size(), kProgressPhaseBytes - 1));
-  for (std::size_t i = 0; i < kProgressPhaseBytes; ++i) {
-    __atomic_store_n(&p->phase[i], buf[i], __ATOMIC_RELAXED);
-  }
+  store_phase(p, phase);
   __atomic_store_n(&p->seq, (seq | 1u) + 1, __ATOMIC_RELEASE);
 }
 
@@ -77,11 +82,7 @@ inline void write_phase(ProgressPage* p, std::string_view phase) {
   const std::uint64_t seq = __atomic_load_n(&p->seq, __ATOMIC_RELAXED);
   __atomic_store_n(&p->seq, seq | 1u, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_RELEASE);
-  char buf[kProgressPhaseBytes] = {};
-  std::memcpy(buf, phase.data(), std::min(phase.size(), kProgressPhaseBytes - 1));
-  for (std::size_t i = 0; i < kProgressPhaseBytes; ++i) {
-    __atomic_store_n(&p->phase[i], buf[i], __ATOMIC_RELAXED);
-  }
+  store_phase(p, phase);
   __atomic_store_n(&p->seq, (seq | 1u) + 1, __ATOMIC_RELEASE);
 }
 
