@@ -54,7 +54,6 @@ std::map<std::string, std::string> build_worker_env(const std::map<std::string, 
   set("TORCHELASTIC_ERROR_FILE", s.error_file);
   set("TORCHELASTIC_SIGNALS_TO_HANDLE", s.signals_to_handle);
   set_if_unset("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
-  set_if_unset("NCCL_ASYNC_ERROR_HANDLING", "1");
   if (s.local_world_size > 1) set_if_unset("OMP_NUM_THREADS", "1");
   set("MUSTER_STORE_ADDR", s.store_addr);
   set("MUSTER_RUN_ID", s.run_id);

@@ -433,8 +433,20 @@ absl::Status resolve_rendezvous(LaunchConfig& c) {
       return absl::InvalidArgumentError(
           absl::StrCat("--node_rank: ", c.node_rank, " is not below --nnodes=", c.max_nodes));
     }
+    const bool master_addr_given = !c.master_addr.empty();
+    const bool master_port_given = c.master_port != 0;
     if (c.master_addr.empty()) c.master_addr = "127.0.0.1";
     if (c.master_port == 0) c.master_port = kDefaultMasterPort;
+    if (!c.rdzv_endpoint.empty()) {
+      // torchrun's static rendezvous: the workers' MASTER_ADDR is the endpoint's host (node 0,
+      // which hosts the server there), not 127.0.0.1; MASTER_PORT stays theirs, apart from the
+      // server's port.
+      auto ep = parse_endpoint(c.rdzv_endpoint, kDefaultRdzvPort);
+      if (!ep.ok()) return ep.status();
+      if (!master_addr_given) c.master_addr = ep->host;
+      if (!master_port_given && ep->port == c.master_port) c.master_port = ep->port + 1;
+      if (c.master_port > 65535) return absl::InvalidArgumentError("--rdzv_endpoint: port too high");
+    }
     if (c.max_nodes == 1 && c.rdzv_endpoint.empty()) {
       c.mode = RdzvMode::kEmbedded;  // nobody else to meet: the server stays private
       return absl::OkStatus();

@@ -250,6 +250,19 @@ TEST_CASE("rendezvous flags: modes", "[config]") {
   CHECK(single.mode == RdzvMode::kEmbedded);
   CHECK(single.master_addr == "127.0.0.1");
   CHECK(single.master_port == 29500);
+  // Static with an endpoint: the workers' MASTER_ADDR is the endpoint's host (node 0), as
+  // torchrun derives it, not 127.0.0.1; MASTER_PORT stays apart from the server's port.
+  LaunchConfig ep = parse_ok({"--nnodes=2", "--node_rank=1", "--rdzv_endpoint=n0:29600", "p"});
+  CHECK(ep.mode == RdzvMode::kStatic);
+  CHECK(ep.master_addr == "n0");
+  CHECK(ep.master_port == 29500);
+  CHECK(ep.endpoint.to_string() == "n0:29600");
+  LaunchConfig clash = parse_ok({"--nnodes=2", "--rdzv_endpoint=n0:29500", "p"});
+  CHECK(clash.master_port == 29501);
+  LaunchConfig given = parse_ok({"--nnodes=2", "--rdzv_endpoint=n0:29500",
+                                 "--master_addr=10.1.1.1", "--master_port=29500", "p"});
+  CHECK(given.master_addr == "10.1.1.1");  // what the user says, stays
+  CHECK(given.master_port == 29500);
   LaunchConfig c10d = parse_ok({"--nnodes=1:4", "--rdzv_backend=c10d", "--rdzv_endpoint=n0", "p"});
   CHECK(c10d.mode == RdzvMode::kC10d);
   CHECK(c10d.endpoint.to_string() == "n0:29400");

@@ -46,7 +46,6 @@ TEST_CASE("worker env: every contract variable, as torchrun computes it", "[env]
       {"TORCHELASTIC_ERROR_FILE", "/tmp/x/attempt_1/2/error.json"},
       {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGUSR1"},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
-      {"NCCL_ASYNC_ERROR_HANDLING", "1"},
       {"OMP_NUM_THREADS", "1"},
       {"MUSTER_STORE_ADDR", "127.0.0.1:4000"},
       {"MUSTER_RUN_ID", "job42"},

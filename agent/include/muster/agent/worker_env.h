@@ -54,8 +54,8 @@ std::map<std::string, std::string> current_environment();
 
 // Returns the worker's environment: `base` with the contract's variables set (they replace
 // any inherited value), plus the variables torchrun only sets when they are unset
-// (OMP_NUM_THREADS=1 when local_world_size > 1, TORCH_NCCL_ASYNC_ERROR_HANDLING=1,
-// NCCL_ASYNC_ERROR_HANDLING=1 for torch < 2). With spec.virtual_local_rank, LOCAL_RANK is 0
+// (OMP_NUM_THREADS=1 when local_world_size > 1, TORCH_NCCL_ASYNC_ERROR_HANDLING=1; not
+// torch 1.x's NCCL_ASYNC_ERROR_HANDLING, which torchrun 2.x no longer sets). With spec.virtual_local_rank, LOCAL_RANK is 0
 // and CUDA_VISIBLE_DEVICES is virtual_visible_device(base's, local_rank); the caller has
 // checked that it exists (an impossible entry leaves the worker no device: "").
 std::map<std::string, std::string> build_worker_env(const std::map<std::string, std::string>& base,
