@@ -39,7 +39,7 @@ std::string read_small(const std::string& path) {
 }  // namespace
 
 HangWatch::HangWatch(asio::io_context& io, std::chrono::milliseconds timeout, Sample on_sample)
-    : io_(io), timeout_(timeout), on_sample_(std::move(on_sample)), timer_(io) {}
+    : timeout_(timeout), on_sample_(std::move(on_sample)), timer_(io) {}
 
 HangWatch::~HangWatch() { stop(); }
 

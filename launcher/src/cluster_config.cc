@@ -1,7 +1,6 @@
 #include "cluster_config.h"
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -12,8 +11,6 @@
 
 namespace muster::launcher {
 namespace {
-
-constexpr int kDefaultRdzvPort = 29400;
 
 bool is_env_name(std::string_view n) {
   if (n.empty() || absl::ascii_isdigit(static_cast<unsigned char>(n[0]))) return false;
@@ -138,12 +135,6 @@ absl::Status resolve_cluster(LaunchConfig& c, const std::function<bool(std::stri
     const std::string_view name(item_name.data(), item_name.size());
     if (!is_env_name(name)) return bad("--env: '", item, "' is not NAME or NAME=VALUE");
     k.env.emplace_back(item);
-  }
-  auto conf = parse_rdzv_conf(c.rdzv_conf_text);
-  if (!conf.ok()) return conf.status();
-  c.rdzv_conf = *conf;
-  if (c.rdzv_conf.token.empty()) {
-    if (const char* t = std::getenv("MUSTER_RDZV_TOKEN"); t != nullptr) c.rdzv_conf.token = t;
   }
   c.mode = RdzvMode::kC10d;
   return absl::OkStatus();

@@ -14,8 +14,8 @@ namespace muster::launcher {
 bool driver_sets_flag(std::string_view name);
 
 // Reads --hostfile, applies --include/--exclude, checks the flags that cannot go with
-// --hosts, sets the node counts (default: every host) and parses --rdzv_conf (its token, else
-// $MUSTER_RDZV_TOKEN). `given(name)` says whether a flag (canonical long name) was given on
+// --hosts and sets the node counts (default: every host); config.cc has parsed --rdzv_conf.
+// `given(name)` says whether a flag (canonical long name) was given on
 // the command line or through its PET_ variable.
 absl::Status resolve_cluster(LaunchConfig& c, const std::function<bool(std::string_view)>& given);
 

@@ -14,6 +14,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <random>
 #include <thread>
@@ -49,16 +50,16 @@ std::string strip_user(const std::string& host) {
   return at == std::string::npos ? host : host.substr(at + 1);
 }
 
-// The address of this machine that `peer` reaches it by: the source address the kernel picks
-// for a route to it (a UDP connect sends nothing). Empty when `peer` has no address.
-std::string source_address_towards(const std::string& peer) {
-  auto addresses = muster::rendezvous::resolve_host(peer);
-  if (!addresses.ok() || addresses->empty()) return "";
+// The address of this machine that a peer at `addresses` (resolve_host's) reaches it by: the
+// source address the kernel picks for a route to the first (a UDP connect sends nothing).
+// Empty when there is none.
+std::string source_address_towards(const std::vector<std::string>& addresses) {
+  if (addresses.empty()) return "";
   addrinfo hints{};
   hints.ai_flags = AI_NUMERICHOST;
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* res = nullptr;
-  if (::getaddrinfo(addresses->front().c_str(), "9", &hints, &res) != 0) return "";
+  if (::getaddrinfo(addresses.front().c_str(), "9", &hints, &res) != 0) return "";
   std::string out;
   const int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   sockaddr_storage local{};
@@ -76,12 +77,12 @@ std::string source_address_towards(const std::string& peer) {
   return out;
 }
 
-bool names_this_machine(const std::string& host) {
+// Whether `host` (looked up as `addresses`) is this machine.
+bool names_this_machine(const std::string& host, const std::vector<std::string>& addresses) {
   if (host == "localhost" || host == "127.0.0.1" || host == "::1") return true;
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) == 0 && host == name) return true;
-  auto addresses = muster::rendezvous::resolve_host(host);
-  return addresses.ok() && muster::rendezvous::is_local_address(*addresses);
+  return muster::rendezvous::is_local_address(addresses);
 }
 
 class Driver {
@@ -90,9 +91,24 @@ class Driver {
       : cfg_(cfg), io_(io), supervisor_(supervisor), stop_timer_(io) {}
 
   int run(std::function<void(int)>& on_signal) {
+    // Each host is looked up once (bounded: resolve.h); a name the resolver does not know may
+    // still be an ssh-config alias, left to ssh.
+    std::map<std::string, std::vector<std::string>> addresses;
+    for (const HostSlots& h : cfg_.cluster.hosts) {
+      const std::string name = strip_user(h.host);
+      if (addresses.count(name) > 0) continue;
+      auto found = muster::rendezvous::resolve_host(name);
+      addresses[name] = found.ok() ? *found : std::vector<std::string>{};
+    }
+    auto is_local = [&addresses](const std::string& name) {
+      return names_this_machine(name, addresses[name]);
+    };
     ClusterPlanInput in;
-    in.env = muster::agent::current_environment();
-    in.is_local = names_this_machine;
+    env_ = muster::agent::current_environment();
+    in.env = env_;
+    in.is_local = is_local;
+    const char* path = std::getenv("PATH");
+    ssh_ = find_executable("ssh", path != nullptr ? path : "/usr/bin:/bin");
     in.run_id = cfg_.rdzv_id.empty() ? absl::StrCat("hosts-", random_hex(8)) : cfg_.rdzv_id;
     in.token = cfg_.rdzv_conf.token;
     std::error_code ec;
@@ -110,9 +126,10 @@ class Driver {
       std::string advertised;
       bool any_remote = false;
       for (const HostSlots& h : cfg_.cluster.hosts) {
-        if (names_this_machine(strip_user(h.host))) continue;
+        const std::string name = strip_user(h.host);
+        if (is_local(name)) continue;
         any_remote = true;
-        advertised = source_address_towards(strip_user(h.host));
+        advertised = source_address_towards(addresses[name]);
         if (!advertised.empty()) break;
       }
       if (!any_remote) {
@@ -187,32 +204,20 @@ class Driver {
     req.argv = h->cmd.argv;
     if (h->cmd.local) {
       req.path = h->cmd.argv.front();
+    } else if (ssh_.ok()) {
+      req.path = *ssh_;
     } else {
-      const char* path = std::getenv("PATH");
-      auto ssh = find_executable("ssh", path != nullptr ? path : "/usr/bin:/bin");
-      if (!ssh.ok()) {
-        spdlog::error("host {}: cannot start ssh: {}", h->cmd.host, std::string(ssh.status().message()));
-        h->exited = h->lost = true;
-        h->code = 255;
-        hosts_.push_back(std::move(h));
-        on_lost(*hosts_.back());
-        return;
-      }
-      req.path = *ssh;
+      not_started(std::move(h), "cannot start ssh", ssh_.status());
+      return;
     }
-    auto env = muster::agent::current_environment();
+    std::map<std::string, std::string> env = env_;
     for (const auto& [k, v] : h->cmd.env) env[k] = v;
-    for (const auto& [k, v] : env) req.envp.push_back(k + "=" + v);
+    req.envp = muster::agent::to_envp(env);
     req.stdin_mode = muster::agent::SpawnRequest::Stdin::kPipe;
     req.cgroup_procs_fd = supervisor_ != nullptr ? supervisor_->cgroup_procs_fd() : -1;
     auto child = muster::agent::spawn_worker(req);
     if (!child.ok()) {
-      spdlog::error("host {}: cannot start its agent: {}", h->cmd.host,
-                    std::string(child.status().message()));
-      h->exited = h->lost = true;
-      h->code = 255;
-      hosts_.push_back(std::move(h));
-      on_lost(*hosts_.back());
+      not_started(std::move(h), "cannot start its agent", child.status());
       return;
     }
     if (supervisor_ != nullptr) supervisor_->track_group(child->pid);
@@ -231,6 +236,15 @@ class Driver {
     read(raw, raw->out.get());
     read(raw, raw->err.get());
     watch_exit(raw);
+  }
+
+  // A host whose agent could not even be started: lost at once.
+  void not_started(std::unique_ptr<Host> h, const char* what, const absl::Status& why) {
+    spdlog::error("host {}: {}: {}", h->cmd.host, what, std::string(why.message()));
+    h->exited = h->lost = true;
+    h->code = 255;
+    hosts_.push_back(std::move(h));
+    on_lost(*hosts_.back());
   }
 
   void read(Host* h, Stream* s) {
@@ -380,6 +394,8 @@ class Driver {
   muster::agent::JobSupervisor* supervisor_;
   asio::steady_timer stop_timer_;
   std::vector<std::unique_ptr<Host>> hosts_;
+  std::map<std::string, std::string> env_;  // this process's, looked up once
+  absl::StatusOr<std::string> ssh_;         // ssh on PATH, looked up once
   int live_ = 0;
   int lost_ = 0;
   bool too_few_ = false;

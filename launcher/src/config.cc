@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -216,7 +217,6 @@ CLI::Validator not_empty() {
       "", "not empty");
 }
 
-constexpr int kDefaultRdzvPort = 29400;
 constexpr int kDefaultMasterPort = 29500;
 
 // The flags a scheduler's job may fill; one given (on the command line or by PET_*: CLI11
@@ -409,19 +409,30 @@ bool is_local_host(const std::string& host, const std::vector<std::string>& addr
 
 namespace {
 
-absl::Status resolve_rendezvous(LaunchConfig& c) {
+// --rdzv_conf, and its token's fallback, $MUSTER_RDZV_TOKEN: for every kind of launch.
+absl::Status resolve_rdzv_conf(LaunchConfig& c) {
   auto conf = parse_rdzv_conf(c.rdzv_conf_text);
   if (!conf.ok()) return conf.status();
   c.rdzv_conf = *conf;
   if (c.rdzv_conf.token.empty()) {
     if (const char* t = std::getenv("MUSTER_RDZV_TOKEN"); t != nullptr) c.rdzv_conf.token = t;
   }
+  return absl::OkStatus();
+}
+
+absl::Status resolve_rendezvous(LaunchConfig& c) {
   if (c.master_port < 0 || c.master_port > 65535) {
     return absl::InvalidArgumentError("--master_port: must be a port number");
   }
   if (c.standalone) {
     c.mode = RdzvMode::kEmbedded;
     return absl::OkStatus();
+  }
+  std::optional<Endpoint> ep;  // --rdzv_endpoint, parsed once
+  if (!c.rdzv_endpoint.empty()) {
+    auto parsed = parse_endpoint(c.rdzv_endpoint, kDefaultRdzvPort);
+    if (!parsed.ok()) return parsed.status();
+    ep = *parsed;
   }
   if (c.rdzv_backend == "static") {
     if (c.min_nodes != c.max_nodes) {
@@ -437,12 +448,10 @@ absl::Status resolve_rendezvous(LaunchConfig& c) {
     const bool master_port_given = c.master_port != 0;
     if (c.master_addr.empty()) c.master_addr = "127.0.0.1";
     if (c.master_port == 0) c.master_port = kDefaultMasterPort;
-    if (!c.rdzv_endpoint.empty()) {
+    if (ep) {
       // torchrun's static rendezvous: the workers' MASTER_ADDR is the endpoint's host (node 0,
       // which hosts the server there), not 127.0.0.1; MASTER_PORT stays theirs, apart from the
       // server's port.
-      auto ep = parse_endpoint(c.rdzv_endpoint, kDefaultRdzvPort);
-      if (!ep.ok()) return ep.status();
       if (!master_addr_given) c.master_addr = ep->host;
       if (!master_port_given && ep->port == c.master_port) c.master_port = ep->port + 1;
       if (c.master_port > 65535) return absl::InvalidArgumentError("--rdzv_endpoint: port too high");
@@ -471,9 +480,7 @@ absl::Status resolve_rendezvous(LaunchConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("--rdzv_backend: '", c.rdzv_backend,
                                                    "' is not supported (use c10d or static)"));
   }
-  auto ep = parse_endpoint(c.rdzv_endpoint, kDefaultRdzvPort);
-  if (!ep.ok()) return ep.status();
-  c.endpoint = *ep;
+  c.endpoint = *ep;  // every branch without an endpoint has returned
   if (c.endpoint.port == 0) {
     // torchrun's recipe for several single-node jobs on one host: the agent hosts the server
     // on a port the kernel picks. Nobody else has to find it, so nobody else may be expected.
@@ -892,6 +899,10 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   }
   if (c.standalone && c.max_nodes > 1) {
     result.error = absl::InvalidArgumentError("--standalone runs one node: use --nnodes=1");
+    return result;
+  }
+  if (absl::Status s = resolve_rdzv_conf(c); !s.ok()) {
+    result.error = s;
     return result;
   }
   if (cluster) {

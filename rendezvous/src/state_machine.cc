@@ -410,6 +410,10 @@ void StateMachine::on_progress(Run& run, SessionId session, const v1::Progress& 
   }
   if (run.timeouts.hang_timeout.count() == 0 || run.stall_sent) return;  // nobody asked, or told
   run.progress[session] = {now, p};
+  if (run.next_stall_check && now < *run.next_stall_check) return;
+  run.next_stall_check = after(now, std::clamp(run.timeouts.hang_timeout / 4,
+                                               std::chrono::milliseconds(50),
+                                               std::chrono::milliseconds(1000)));
   // The rule over every node's ranks, each as its node last saw it.
   std::vector<RankProgress> ranks;
   std::map<int, const Node*> holder;
@@ -448,6 +452,7 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
   (void)now;
   run.progress.clear();
   run.stall_sent = false;
+  run.next_stall_check.reset();
   run.round_steps.clear();
   const int count = std::min<int>(run.max_nodes, run.waiting.size());
   // Who gets in: requested ranks and previous members first, then join order.

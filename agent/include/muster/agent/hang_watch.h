@@ -54,7 +54,6 @@ class HangWatch {
   void arm();
   void check();
 
-  boost::asio::io_context& io_;
   std::chrono::milliseconds timeout_;
   Sample on_sample_;
   boost::asio::steady_timer timer_;

@@ -18,6 +18,9 @@
 
 namespace muster::launcher {
 
+// torchrun's default rendezvous port (c10d), when --rdzv_endpoint gives none.
+inline constexpr int kDefaultRdzvPort = 29400;
+
 // HOST:PORT, [V6]:PORT, HOST or [V6] (the port then defaults). Port 0 is accepted here (a
 // free port, for a single node: resolve_rendezvous decides).
 struct Endpoint {

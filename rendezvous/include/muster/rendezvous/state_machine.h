@@ -194,6 +194,9 @@ class StateMachine {
     // emptied when a round closes. One Stalled per round.
     std::map<SessionId, std::pair<TimePoint, v1::Progress>> progress;
     bool stall_sent = false;
+    // The rule runs over every rank, so at most once per quarter of the timeout, not on every
+    // node's report (1,000 nodes would make that quadratic).
+    std::optional<TimePoint> next_stall_check;
     // The budget that knows progress (docs/hangs.md): each rank's first and last reported step
     // in the running round; restarts in a row after rounds without a step; where the budget
     // counts from (restart_count only grows: it is the workers' TORCHELASTIC_RESTART_COUNT).
