@@ -829,9 +829,7 @@ class Agent::Impl {
       w.stuck = *states[i];
       spdlog::warn("{}", stuck_worker_message(w.rank, w.pid, w.stuck, kernel_stacks(w.pid),
                                               kStuckStackLines));
-      for (Pipe* p : {w.out.get(), w.err.get()}) {
-        if (p != nullptr && p->sd.is_open()) p->sd.cancel();  // read handler closes it
-      }
+      cancel_pipes(w);
     }
     if (!all_reaped()) {
       arm_unkillable_timer();
@@ -856,15 +854,18 @@ class Agent::Impl {
     }
   }
 
+  // Stops reading a worker's output (its read handlers close the pipes).
+  static void cancel_pipes(Worker& w) {
+    for (Pipe* p : {w.out.get(), w.err.get()}) {
+      if (p != nullptr && p->sd.is_open()) p->sd.cancel();
+    }
+  }
+
   void arm_drain_timer() {
     drain_timer_.expires_after(kPipeDrainLimit);
     drain_timer_.async_wait([this](const boost::system::error_code& ec) {
       if (ec || !all_reaped()) return;
-      for (const auto& w : workers_) {
-        for (Pipe* p : {w->out.get(), w->err.get()}) {
-          if (p != nullptr && p->sd.is_open()) p->sd.cancel();  // read handler closes it
-        }
-      }
+      for (const auto& w : workers_) cancel_pipes(*w);
     });
   }
 

@@ -224,7 +224,6 @@ constexpr int kDefaultMasterPort = 29500;
 struct SchedulerFlags {
   CLI::Option* nnodes = nullptr;
   CLI::Option* nproc = nullptr;
-  CLI::Option* rdzv_backend = nullptr;
   CLI::Option* rdzv_endpoint = nullptr;
   CLI::Option* rdzv_id = nullptr;
   CLI::Option* node_rank = nullptr;
@@ -252,19 +251,16 @@ absl::Status apply_scheduler_job(const SchedulerJob& job, const SchedulerFlags& 
   std::string note;
   if (c.rdzv_backend == "static") {
     if (from_job(given.node_rank)) c.node_rank = job.node_rank;
-    if (given.rdzv_endpoint->count() > 0) {
-      note = "; the rendezvous is --rdzv_endpoint's";
-      // Still the workers' MASTER_ADDR / MASTER_PORT where the scheduler knows them.
+    const bool endpoint_given = given.rdzv_endpoint->count() > 0;
+    if (endpoint_given) {
+      // Still the workers' MASTER_ADDR where the scheduler knows it.
       if (!job.master_addr.empty() && from_job(given.master_addr)) c.master_addr = job.master_addr;
-      if (from_job(given.master_port)) c.master_port = job.master_port;
-    } else {
-      if (from_job(given.master_addr)) {
-        if (job.master_addr.empty()) return absl::InvalidArgumentError(job.missing_master);
-        c.master_addr = job.master_addr;
-      }
-      if (from_job(given.master_port)) c.master_port = job.master_port;
-      note = "; static rendezvous";
+    } else if (from_job(given.master_addr)) {
+      if (job.master_addr.empty()) return absl::InvalidArgumentError(job.missing_master);
+      c.master_addr = job.master_addr;
     }
+    if (from_job(given.master_port)) c.master_port = job.master_port;
+    note = endpoint_given ? "; the rendezvous is --rdzv_endpoint's" : "; static rendezvous";
   } else {
     note = absl::StrCat("; the rendezvous is --rdzv_backend=", c.rdzv_backend, "'s");
   }
@@ -633,7 +629,7 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
                    "Every worker gets LOCAL_RANK=0 and only its own device in "
                    "CUDA_VISIBLE_DEVICES (its local rank's, or that entry of launch's list)"),
       kWorkers);
-  given.rdzv_backend = pet(app.add_option("--rdzv_backend,--rdzv-backend", c.rdzv_backend,
+  pet(app.add_option("--rdzv_backend,--rdzv-backend", c.rdzv_backend,
                      "static (the default: fixed nodes, --node_rank) or c10d (elastic)"),
       kRdzv);
   given.rdzv_endpoint = pet(app.add_option("--rdzv_endpoint,--rdzv-endpoint", c.rdzv_endpoint,

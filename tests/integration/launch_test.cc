@@ -1132,7 +1132,11 @@ struct Freezer {
     ok = std::filesystem::is_directory("/sys/fs/cgroup/freezer") &&
          std::filesystem::create_directory(dir, ec);
   }
+  pid_t frozen = -1;
+  int frozen_fd = -1;  // its pidfd, for the end
   bool freeze(pid_t pid) {
+    frozen = pid;
+    frozen_fd = open_pidfd(pid);
     std::ofstream(dir + "/cgroup.procs") << pid << "\n";
     std::ofstream(dir + "/freezer.state") << "FROZEN\n";
     for (int i = 0; i < 200; ++i) {  // FREEZING until every task is frozen
@@ -1144,7 +1148,14 @@ struct Freezer {
   void thaw() { std::ofstream(dir + "/freezer.state") << "THAWED\n"; }
   ~Freezer() {
     if (!ok) return;
+    // Whatever happened, the frozen worker (it ignores SIGTERM) is ended by its pid.
+    if (frozen > 0) ::kill(frozen, SIGKILL);
     thaw();
+    if (frozen_fd >= 0) {
+      wait_pidfd(frozen_fd, 10s);
+      ::close(frozen_fd);
+    }
+    // The group empties once its last task is reaped; cgroup v1 has no event for that.
     for (int i = 0; i < 200 && ::rmdir(dir.c_str()) != 0; ++i) ::usleep(10000);
   }
 };

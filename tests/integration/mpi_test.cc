@@ -4,6 +4,7 @@
 // Exits 77 (ctest: Skipped) where there is no mpirun on PATH.
 #include <sys/socket.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -36,27 +37,6 @@ std::string find_on_path(const std::string& name) {
     start = colon + 1;
   }
   return "";
-}
-
-bool can_bind(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  ::close(fd);
-  return ok;
-}
-
-// A port for MASTER_PORT whose successor (the static rendezvous server's) is free too.
-int free_port_pair() {
-  for (int i = 0; i < 100; ++i) {
-    int p = free_port();
-    if (p < 65535 && can_bind(p + 1)) return p;
-  }
-  FAIL("no two adjacent free ports");
-  return 0;
 }
 
 // What each worker prints: its place in the job.
@@ -111,10 +91,15 @@ std::map<std::string, std::optional<std::string>> clean_env() {
 
 TEST_CASE("mpirun -np 2: two agents form one 2-node job from Open MPI's ranks", "[mpi]") {
   const int port = free_port_pair();
+  REQUIRE(port > 0);
   Proc p(mpirun(2, {"MASTER_PORT=" + std::to_string(port), "MUSTER_LOG_LEVEL"},
                 {"--nproc_per_node=1"}),
          clean_env());
   auto rc = p.wait(60s);
+  if (!rc) {  // mpirun ends its launches on SIGTERM (a SIGKILL would orphan them)
+    ::kill(p.pid(), SIGTERM);
+    p.wait(10s);
+  }
   INFO("stdout:\n" << p.out() << "\nstderr:\n" << p.err());
   REQUIRE(rc.has_value());
   CHECK(*rc == 0);
@@ -142,10 +127,15 @@ TEST_CASE("mpirun -np 2: two agents form one 2-node job from Open MPI's ranks", 
 TEST_CASE("mpirun -np 2 --nproc_per_node=2: ranks contiguous per node, in MPI rank order",
           "[mpi]") {
   const int port = free_port_pair();
+  REQUIRE(port > 0);
   Proc p(mpirun(2, {"MASTER_PORT=" + std::to_string(port), "MUSTER_LOG_LEVEL"},
                 {"--nproc_per_node=2"}),
          clean_env());
   auto rc = p.wait(60s);
+  if (!rc) {  // mpirun ends its launches on SIGTERM (a SIGKILL would orphan them)
+    ::kill(p.pid(), SIGTERM);
+    p.wait(10s);
+  }
   INFO("stdout:\n" << p.out() << "\nstderr:\n" << p.err());
   REQUIRE(rc.has_value());
   CHECK(*rc == 0);
@@ -164,6 +154,10 @@ TEST_CASE("mpirun -np 2 with MUSTER_SCHEDULER_ENV=0: two separate one-node jobs"
   Proc p(mpirun(2, {"MUSTER_SCHEDULER_ENV=0", "MUSTER_LOG_LEVEL"}, {"--nproc_per_node=1"}),
          clean_env());
   auto rc = p.wait(60s);
+  if (!rc) {  // mpirun ends its launches on SIGTERM (a SIGKILL would orphan them)
+    ::kill(p.pid(), SIGTERM);
+    p.wait(10s);
+  }
   INFO("stdout:\n" << p.out() << "\nstderr:\n" << p.err());
   REQUIRE(rc.has_value());
   CHECK(*rc == 0);

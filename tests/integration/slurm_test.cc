@@ -368,9 +368,15 @@ class Cluster {
 TEST_CASE("srun -N1 --ntasks-per-node=1 launch: the job from Slurm's environment", "[slurm]") {
   Cluster c;
   {
+    // MASTER_PORT (a free pair, never a fixed port): launch takes it over the job-id rule,
+    // which the unit tests cover (tests/unit/scheduler_env_test.cc).
+    const int master_port = free_port_pair();
+    REQUIRE(master_port > 0);
+    auto env = c.env();
+    env["MASTER_PORT"] = std::to_string(master_port);
     Proc p({find_on_path("srun"), "-N1", "--ntasks-per-node=1", kLaunch, "--nproc_per_node=2",
             kWorker, "env", c.out_dir()},
-           c.env());
+           env);
     auto rc = p.wait(120s);
     INFO("stdout:\n" << p.out() << "\nstderr:\n" << p.err() << c.logs());
     REQUIRE(rc.has_value());
@@ -379,7 +385,7 @@ TEST_CASE("srun -N1 --ntasks-per-node=1 launch: the job from Slurm's environment
     std::smatch m;
     REQUIRE(std::regex_search(p.err(), m, job_re));
     const int job = std::stoi(m[1]);
-    const std::string port = std::to_string(29400 + 2 * (job % 1000));
+    const std::string port = std::to_string(master_port);
     for (int rank : {0, 1}) {
       const std::string file = c.out_dir() + "/env." + std::to_string(rank);
       INFO(file);

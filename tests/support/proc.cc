@@ -182,4 +182,22 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+int free_port_pair() {
+  auto can_bind = [](int port) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    return ok;
+  };
+  for (int i = 0; i < 100; ++i) {
+    const int p = free_port();
+    if (p < 65535 && can_bind(p + 1)) return p;
+  }
+  return 0;
+}
+
 }  // namespace muster::testing

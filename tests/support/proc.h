@@ -57,6 +57,9 @@ bool wait_pidfd(int pidfd, std::chrono::milliseconds timeout);
 // A TCP port free on 127.0.0.1 right now, for tests whose agents must all be told one
 // endpoint in advance (port 0 cannot be shared). The kernel hands out another next time.
 int free_port();
+// A free port whose successor is free too (the static rendezvous: MASTER_PORT for torch's
+// TCPStore, the next one for launch's server); 0 when none was found in 100 tries.
+int free_port_pair();
 
 // A fresh empty folder under TMPDIR, removed by the destructor.
 class TempDir {
