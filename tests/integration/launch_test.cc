@@ -617,11 +617,17 @@ TEST_CASE("launch: SIGTERM while a hosting launch closes ends the close at once 
     f.insert(f.end(), extra.begin(), extra.end());
     return f;
   };
-  // a hosts and its worker fails at once; b's worker ignores SIGTERM with a long grace, so
-  // b's stream stays open and a's close (close_timeout, 30 s) waits for it.
-  Proc a(launch_args(flags("is_host=true", {}), {"die", "1"}), Env{{"TMPDIR", tmp_a.path()}});
+  // a hosts; b's worker ignores SIGTERM with a long grace, so b's stream stays open and a's
+  // close (close_timeout, 30 s) waits for it. a's worker is failed only once b's worker has
+  // ignored SIGTERM (it printed ready), or b's stop could end it first and b would exit.
+  Proc a(launch_args(flags("is_host=true", {}), {"wait"}), Env{{"TMPDIR", tmp_a.path()}});
   Proc b(launch_args(flags("is_host=false", {"--shutdown_timeout=60"}),
                      {"term", dir.path(), "ignore"}));
+  REQUIRE(b.wait_output(has_ready(1), 30s));
+  REQUIRE(a.wait_output(has_ready(1), 30s));
+  const std::vector<pid_t> a_workers = ready_pids(a.out());
+  REQUIRE(a_workers.size() == 1);
+  ::kill(a_workers[0], SIGKILL);
   REQUIRE(a.wait_output(
       [](const std::string&, const std::string& err) {
         return err.find("Root Cause (first observed failure)") != std::string::npos;
