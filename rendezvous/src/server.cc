@@ -360,6 +360,10 @@ void Core::on_closed(SessionId id) {
 }
 
 void Core::apply(std::vector<Outgoing> out) {
+  // Every call into the machine ends here (message, closed stream, tick).
+  for (const RunEvent& e : machine_.take_events()) {
+    for (const auto& sink : opts_.event_sinks) sink(e);
+  }
   for (Outgoing& o : out) {
     auto it = links_.find(o.session);
     if (it == links_.end()) continue;

@@ -171,6 +171,36 @@ v1::WorkerFailure cap_failure(const v1::WorkerFailure& f) {
   return r;
 }
 
+std::string_view event_name(RunEvent::Kind kind) {
+  switch (kind) {
+    case RunEvent::Kind::kNodeJoined: return "node_joined";
+    case RunEvent::Kind::kRoundFormed: return "round_formed";
+    case RunEvent::Kind::kWorkerFailed: return "worker_failed";
+    case RunEvent::Kind::kRestart: return "restart";
+    case RunEvent::Kind::kNodeLost: return "node_lost";
+    case RunEvent::Kind::kSucceeded: return "succeeded";
+    case RunEvent::Kind::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
+RunEvent& StateMachine::emit(RunEvent::Kind kind, const Run& run, TimePoint now) {
+  if (events_.size() >= limits::kMaxPendingEvents) events_.erase(events_.begin());
+  RunEvent& e = events_.emplace_back();
+  e.kind = kind;
+  e.run_id = run.id;
+  e.round = run.round;
+  e.at = now;
+  e.restart_count = run.restart_count;
+  return e;
+}
+
+std::vector<RunEvent> StateMachine::take_events() {
+  std::vector<RunEvent> out;
+  out.swap(events_);
+  return out;
+}
+
 std::size_t StateMachine::num_active_runs() const {
   return std::count_if(runs_.begin(), runs_.end(),
                        [](const auto& kv) { return kv.second.phase != Phase::kFinished; });
@@ -314,6 +344,13 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
       was_member = true;
     }
   }
+  const bool newcomer = !was_member && run.restarted_at.count(session) == 0 &&
+                        find_session(run.waiting, session) == run.waiting.end();
+  if (newcomer) {
+    RunEvent& e = emit(RunEvent::Kind::kNodeJoined, run, now);
+    e.node_id = kept.node_id();
+    e.host = kept.host();
+  }
   // A survivor back after a restart: learn how long it takes, if longer than it says.
   if (auto r = run.restarted_at.find(session); r != run.restarted_at.end()) {
     const auto took = std::chrono::duration_cast<milliseconds>(now - r->second);
@@ -335,11 +372,12 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
 
   if (run.phase == Phase::kRunning) {
     if (was_member) {
-      restart(run, absl::StrCat("node ", join.node_id(), " joined again; restarting"), false,
-              now, out);
+      restart(run, absl::StrCat("node ", join.node_id(), " joined again; restarting"), "rejoin",
+              false, now, out);
     } else if (static_cast<int>(run.members.size()) < run.max_nodes) {
       // A newcomer while a round runs: scale up if there is room, else it waits as a spare.
-      restart(run, absl::StrCat("node ", join.node_id(), " joined; scaling up"), false, now, out);
+      restart(run, absl::StrCat("node ", join.node_id(), " joined; scaling up"), "node_joined",
+              false, now, out);
     }
     return out;
   }
@@ -449,7 +487,6 @@ void StateMachine::on_progress(Run& run, SessionId session, const v1::Progress& 
 }
 
 void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& out) {
-  (void)now;
   run.progress.clear();
   run.stall_sent = false;
   run.next_stall_check.reset();
@@ -519,12 +556,27 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
     out.push_back(send(n.session, std::move(msg)));
     offset += n.join.local_world_size();
   }
+  RunEvent& e = emit(RunEvent::Kind::kRoundFormed, run, now);
+  e.nodes = count;
+  e.world_size = world_size;
+  e.spares = static_cast<int>(run.waiting.size());
+  if (run.restarted_since) {
+    e.took = std::chrono::duration_cast<milliseconds>(now - *run.restarted_since);
+    run.restarted_since.reset();
+  }
   // Spares left over keep waiting for the next round (max_nodes is met: no join deadline).
 }
 
-void StateMachine::restart(Run& run, const std::string& reason, bool counts, TimePoint now,
-                           std::vector<Outgoing>& out) {
+void StateMachine::restart(Run& run, const std::string& reason, std::string_view cause,
+                           bool counts, TimePoint now, std::vector<Outgoing>& out) {
   if (counts) ++run.restart_count;
+  {
+    RunEvent& e = emit(RunEvent::Kind::kRestart, run, now);
+    e.cause = std::string(cause);
+    e.reason = reason;
+    e.counts = counts;
+  }
+  run.restarted_since = now;
   run.expected.clear();
   for (const Node& n : run.members) {
     // Each survivor holds the next round for as long as its agent may take to stop its
@@ -554,6 +606,13 @@ std::chrono::milliseconds StateMachine::hold_of(const Run& run, const Node& node
 
 void StateMachine::finish(Run& run, const v1::ServerMsg& last, TimePoint now,
                           std::vector<Outgoing>& out) {
+  if (last.has_fail()) {
+    RunEvent& e = emit(RunEvent::Kind::kFailed, run, now);
+    e.cause = last.fail().do_not_requeue() ? "no_progress" : "budget_spent";
+    e.reason = last.fail().reason();
+  } else {
+    emit(RunEvent::Kind::kSucceeded, run, now);
+  }
   // Every connected node hears the end: members, spares, and a survivor that was not back
   // in time for the round.
   for (const auto& [session, seen] : run.last_seen) {
@@ -584,6 +643,16 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
   }
   // Cut before anything is kept or forwarded: a Fail goes to every node of the run.
   const v1::WorkerFailure rc = cap_failure(f.root_cause());
+  {
+    RunEvent& e = emit(RunEvent::Kind::kWorkerFailed, run, now);
+    e.host = printable_utf8(rc.host(), limits::kMaxIdBytes);
+    e.rank = rc.rank();
+    e.exit_code = rc.exit_code();
+    e.signal = rc.signal();
+    if (auto m = find_session(run.members, session); m != run.members.end()) {
+      e.node_id = m->join.node_id();
+    }
+  }
   // The budget that knows progress: the most steps a rank made in this round.
   std::uint64_t steps = 0;
   for (const auto& [rank, span] : run.round_steps) steps = std::max(steps, span.second - span.first);
@@ -603,7 +672,7 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
     restart(run,
             absl::StrCat("worker rank ", rc.rank(), " on ", printable_utf8(rc.host(), limits::kMaxIdBytes),
                          " failed; restart ", spent + 1, " of ", run.max_restarts, note),
-            true, now, out);
+            "worker_failure", true, now, out);
     return;
   }
   v1::ServerMsg msg;
@@ -674,7 +743,21 @@ bool StateMachine::drop_if_unheld(const std::string& run_id) {
   return true;
 }
 
-std::optional<std::string> StateMachine::remove_session(Run& run, SessionId session) {
+std::optional<std::string> StateMachine::remove_session(Run& run, SessionId session,
+                                                       TimePoint now, std::string_view cause) {
+  if (run.phase != Phase::kFinished && run.last_seen.count(session) > 0) {
+    const Node* node = nullptr;
+    if (auto m = find_session(run.members, session); m != run.members.end()) node = &*m;
+    if (auto w = find_session(run.waiting, session); w != run.waiting.end()) node = &*w;
+    RunEvent& e = emit(RunEvent::Kind::kNodeLost, run, now);
+    e.cause = std::string(cause);
+    e.nodes = run.phase == Phase::kRunning &&
+              find_session(run.members, session) != run.members.end();  // 1: a member
+    if (node != nullptr) {
+      e.node_id = node->join.node_id();
+      e.host = node->join.host();
+    }
+  }
   session_run_.erase(session);
   run.last_seen.erase(session);
   // A survivor that dies before it rejoins is no longer waited for.
@@ -697,7 +780,7 @@ void StateMachine::after_loss(Run& run, const std::vector<std::string>& lost_mem
     restart(run,
             absl::StrCat(lost_members.size() == 1 ? "node " : "nodes ",
                          absl::StrJoin(lost_members, ", "), " left the run"),
-            false, now, out);
+            "node_lost", false, now, out);
   } else if (run.phase == Phase::kJoining) {
     maybe_close_round(run, now, out);
   }
@@ -706,7 +789,7 @@ void StateMachine::after_loss(Run& run, const std::vector<std::string>& lost_mem
 void StateMachine::drop_session(Run& run, SessionId session, TimePoint now,
                                 std::vector<Outgoing>& out) {
   std::vector<std::string> lost;
-  if (auto node = remove_session(run, session)) lost.push_back(std::move(*node));
+  if (auto node = remove_session(run, session, now, "stream_closed")) lost.push_back(std::move(*node));
   after_loss(run, lost, now, out);
 }
 
@@ -724,7 +807,7 @@ void StateMachine::check_keep_alive(Run& run, TimePoint now, std::vector<Outgoin
     out.push_back(close_with(
         s, absl::UnavailableError(absl::StrCat("no keep-alive from this node for ", limit.count(),
                                                " ms: it was dropped from run '", run.id, "'"))));
-    if (auto node = remove_session(run, s)) lost.push_back(std::move(*node));
+    if (auto node = remove_session(run, s, now, "silent")) lost.push_back(std::move(*node));
   }
   if (!silent.empty()) after_loss(run, lost, now, out);
   // The next check is when the node heard from longest ago would become silent, so a
@@ -802,6 +885,11 @@ void StateMachine::tick_run(const std::string& run_id, TimePoint now,
   absl::Status st = absl::DeadlineExceededError(
       absl::StrCat("rendezvous for run '", run.id, "' timed out: ", run.waiting.size(),
                    " of at least ", run.min_nodes, " nodes joined within the join timeout"));
+  {
+    RunEvent& e = emit(RunEvent::Kind::kFailed, run, now);
+    e.cause = "join_timeout";
+    e.reason = std::string(st.message());
+  }
   for (const auto& [session, seen] : run.last_seen) {
     out.push_back(close_with(session, st));
     session_run_.erase(session);

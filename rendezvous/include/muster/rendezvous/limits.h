@@ -82,6 +82,9 @@ inline constexpr std::size_t kMaxSlurmHosts = 100000;
 // Runs held at once (joining, running or within their finished grace); a Join that would
 // create one more is refused with RESOURCE_EXHAUSTED.
 inline constexpr std::size_t kMaxRuns = 4096;
+// Events (events.h) the state machine keeps for a caller that does not drain them; the
+// server drains after every call, so this only bounds a driver that never does (a test).
+inline constexpr std::size_t kMaxPendingEvents = 1 << 16;
 // Housekeeping: every kMemoryTrimInterval the server gives memory back to the system when
 // malloc holds kMemoryTrimThreshold bytes more free than after its last trim (after a burst
 // of large requests).

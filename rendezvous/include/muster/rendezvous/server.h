@@ -7,10 +7,13 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <functional>
 #include <memory>
+#include <vector>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "muster/rendezvous/events.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/state_machine.h"
 #include "muster/rendezvous/store.h"
@@ -27,6 +30,10 @@ struct ServerOptions {
   // have the tighter limits::kMaxAgentMessageBytes, checked by the Session reactor.
   std::size_t max_message_bytes = limits::kMaxServerReceiveBytes;
   StoreLimits store_limits;
+  // Called on the io thread with every event of every run (events.h), in order, after the
+  // state machine decided it and before its messages are sent: metrics, the event log, the
+  // live page. Must be quick and must not call into the server.
+  std::vector<std::function<void(const RunEvent&)>> event_sinks;
 };
 
 class RendezvousServer {

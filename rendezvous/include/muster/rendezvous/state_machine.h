@@ -77,6 +77,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "muster/rendezvous/events.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/text.h"
 #include "muster/v1/rendezvous.pb.h"
@@ -151,6 +152,11 @@ class StateMachine {
   // What is held for `run_id`, or for every run when it is empty.
   std::vector<v1::RunStatus> status(const std::string& run_id) const;
 
+  // What happened since the last call (events.h), oldest first; the list is then empty. The
+  // server drains it after every call; a caller that never does holds at most
+  // limits::kMaxPendingEvents (older ones are dropped first).
+  std::vector<RunEvent> take_events();
+
   // Checks the machine's internal invariants (for tests and the fuzz target); OK or the
   // first one broken.
   absl::Status check_invariants() const;
@@ -205,6 +211,8 @@ class StateMachine {
     std::map<int, std::pair<std::uint64_t, std::uint64_t>> round_steps;
     int restarts_without_progress = 0;
     int budget_from = 0;
+    // Since the last restart, until the next round closes (its kRoundFormed's `took`).
+    std::optional<TimePoint> restarted_since;
   };
 
   std::vector<Outgoing> on_join(SessionId session, const v1::Join& join, TimePoint now);
@@ -216,8 +224,10 @@ class StateMachine {
                    std::vector<Outgoing>& out);
   void maybe_close_round(Run& run, TimePoint now, std::vector<Outgoing>& out);
   void close_round(Run& run, TimePoint now, std::vector<Outgoing>& out);
-  void restart(Run& run, const std::string& reason, bool counts, TimePoint now,
-               std::vector<Outgoing>& out);
+  void restart(Run& run, const std::string& reason, std::string_view cause, bool counts,
+               TimePoint now, std::vector<Outgoing>& out);
+  // Records an event of `run` (kind, round, at = now); the caller fills in the rest.
+  RunEvent& emit(RunEvent::Kind kind, const Run& run, TimePoint now);
   void finish(Run& run, const v1::ServerMsg& last, TimePoint now, std::vector<Outgoing>& out);
   Run* run_of(SessionId session);
   // Takes `session` out of its run (as its stream ending would) and drops the run if nobody
@@ -227,7 +237,9 @@ class StateMachine {
   void refuse(SessionId session, absl::Status status, TimePoint now, std::vector<Outgoing>& out);
   void drop_session(Run& run, SessionId session, TimePoint now, std::vector<Outgoing>& out);
   // Takes `session` out of the run's tables; the node id when it was a running member.
-  std::optional<std::string> remove_session(Run& run, SessionId session);
+  // A node of the run that goes gets a kNodeLost event with `cause`.
+  std::optional<std::string> remove_session(Run& run, SessionId session, TimePoint now,
+                                            std::string_view cause);
   // After nodes left: restart when members were lost, else see whether the round can close.
   void after_loss(Run& run, const std::vector<std::string>& lost_members, TimePoint now,
                   std::vector<Outgoing>& out);
@@ -241,6 +253,7 @@ class StateMachine {
   RendezvousTimeouts timeouts_;
   std::map<std::string, Run> runs_;
   std::map<SessionId, std::string> session_run_;
+  std::vector<RunEvent> events_;
 };
 
 }  // namespace muster::rendezvous

@@ -1,0 +1,52 @@
+// What happened to a run, as the state machine decided it: the feed behind the server's
+// metrics, its event log and the live page (docs/operations.md). Pure data; the machine
+// appends one RunEvent per decision and the server drains them after each call
+// (StateMachine::take_events) and hands them to its event sinks on the io thread.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <string_view>
+
+namespace muster::rendezvous {
+
+struct RunEvent {
+  enum class Kind {
+    kNodeJoined,    // a node waits for the next round (a newcomer, not a rejoin after a restart)
+    kRoundFormed,   // a round closed: nodes, world_size, took (from the restart, if one)
+    kWorkerFailed,  // a member reported a failed worker: rank, host, exit_code / signal
+    kRestart,       // every member was told Restart: cause, counts, restart_count, reason
+    kNodeLost,      // a node left the run: its stream ended (cause "stream_closed") or it
+                    // was silent past the liveness window ("silent")
+    kSucceeded,     // every member succeeded: the run finished
+    kFailed,        // the run finished failed (budget spent, join timeout): reason
+  };
+  Kind kind = Kind::kNodeJoined;
+  std::string run_id;
+  int round = 0;  // the run's round when it happened (the new one for kRoundFormed)
+  std::chrono::steady_clock::time_point at;
+  // Node events (joined, lost) and a failed worker's node.
+  std::string node_id;
+  std::string host;
+  // kRestart: "worker_failure", "node_lost", "node_joined" (scale up) or "rejoin" (a member
+  // joined again). kNodeLost: "stream_closed" or "silent". kFailed: "budget_spent",
+  // "no_progress" or "join_timeout".
+  std::string cause;
+  std::string reason;  // the text the agents were given
+  bool counts = false;  // kRestart: spent from the restart budget
+  int restart_count = 0;
+  int nodes = 0;        // kRoundFormed: members; kNodeLost: whether it was a member (1) or not (0)
+  int world_size = 0;   // kRoundFormed
+  int spares = 0;       // kRoundFormed: nodes left waiting
+  // kRoundFormed after a restart: from the restart to this round; zero for a first round.
+  std::chrono::milliseconds took{0};
+  // kWorkerFailed
+  int rank = -1;
+  int exit_code = 0;
+  int signal = 0;
+};
+
+// "round_formed", "worker_failed", ...: the names the event log and metrics use.
+std::string_view event_name(RunEvent::Kind kind);
+
+}  // namespace muster::rendezvous
