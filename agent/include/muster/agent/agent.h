@@ -10,11 +10,13 @@
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "muster/agent/agent_events.h"
 #include "muster/agent/numa.h"
 #include "muster/agent/supervisor.h"
 #include "muster/rendezvous/state_machine.h"
@@ -100,6 +102,9 @@ struct AgentOptions {
   // Output sinks (the console).
   int stdout_fd = 1;
   int stderr_fd = 2;
+  // Called on the io thread with every event of this node (agent_events.h), in order: the
+  // event log, metrics.
+  std::vector<std::function<void(const AgentEvent&)>> event_sinks;
 };
 
 class Agent {
