@@ -49,7 +49,8 @@ std::string ranks_of(const v1::NodeStatus& n) {
 }
 
 std::string how_it_ended(const v1::FailureStatus& f) {
-  return f.signal() > 0 ? absl::StrCat("signal ", f.signal()) : absl::StrCat("exit code ", f.exit_code());
+  return f.signal() > 0 ? absl::StrCat("signal ", f.signal())
+                        : absl::StrCat("exit code ", f.exit_code());
 }
 
 // Rows of cells, each column as wide as its widest cell (the last one is not padded).
@@ -149,11 +150,10 @@ std::string status_json(const v1::StatusReply& reply) {
     j.add_raw("last_failure", r.has_last_failure() ? failure_json(r.last_failure()) : "null");
     runs.push_back(j.str());
   }
+  const auto parked = static_cast<long long>(reply.store().parked_waits());
   return JsonObject()
       .add_raw("runs", json_array(runs))
-      .add_raw("store", JsonObject()
-                            .add("parked_waits", static_cast<long long>(reply.store().parked_waits()))
-                            .str())
+      .add_raw("store", JsonObject().add("parked_waits", parked).str())
       .str();
 }
 

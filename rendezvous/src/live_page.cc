@@ -52,7 +52,8 @@ StatusSource status_source_of(rendezvous::RendezvousServer& server) {
     // Shared with the io thread's task, which may run after this call gave up.
     auto answer = std::make_shared<std::promise<v1::StatusReply>>();
     std::future<v1::StatusReply> got = answer->get_future();
-    server.post_status("", [answer](v1::StatusReply reply) { answer->set_value(std::move(reply)); });
+    server.post_status("",
+                       [answer](v1::StatusReply reply) { answer->set_value(std::move(reply)); });
     if (got.wait_for(kLivePageStatusTimeout) != std::future_status::ready) {
       return absl::UnavailableError(absl::StrCat("the rendezvous server did not answer within ",
                                                  kLivePageStatusTimeout.count(), " ms"));

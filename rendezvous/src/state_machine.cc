@@ -683,9 +683,9 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
   }
   const int spent = run.restart_count - run.budget_from;
   if (spent < run.max_restarts && !no_progress_stop) {
-    const std::string reason =
-        absl::StrCat("worker rank ", rc.rank(), " on ", printable_utf8(rc.host(), limits::kMaxIdBytes),
-                     " failed; restart ", spent + 1, " of ", run.max_restarts, note);
+    const std::string reason = absl::StrCat(
+        "worker rank ", rc.rank(), " on ", printable_utf8(rc.host(), limits::kMaxIdBytes),
+        " failed; restart ", spent + 1, " of ", run.max_restarts, note);
     run.last_failure->set_reason(reason);
     restart(run, reason, "worker_failure", true, now, out);
     return;
