@@ -202,7 +202,7 @@ std::string event_json(const rendezvous::RunEvent& e, std::chrono::system_clock:
   j.add("event", rendezvous::event_name(e.kind))
       .add("time", iso8601_ms(wall))
       .add("unix_ms", static_cast<long long>(unix_ms(wall)))
-      .add("source", "rdzvd")
+      .add("source", "server")
       .add("run", e.run_id)
       .add("round", e.round)
       .add("restart_count", e.restart_count);

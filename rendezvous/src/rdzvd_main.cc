@@ -10,7 +10,8 @@
 #include <functional>
 #include <thread>
 
-#include "event_log.h"
+#include "muster/ops/json_lines.h"
+#include "muster/ops/status_format.h"
 #include "live_page.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/server.h"
@@ -76,15 +77,17 @@ int main(int argc, char** argv) {
   opts.timeouts.finished_run_grace =
       std::chrono::milliseconds(static_cast<long long>(grace * 1000));
   opts.timeouts.hang_timeout = std::chrono::milliseconds(static_cast<long long>(hang * 1000));
-  std::unique_ptr<muster::rdzvd::EventLog> event_log;
+  std::unique_ptr<muster::ops::JsonLinesFile> event_log;
   if (!event_log_path.empty()) {
-    auto opened = muster::rdzvd::EventLog::open(event_log_path);
+    auto opened = muster::ops::JsonLinesFile::open(event_log_path, "--event_log");
     if (!opened.ok()) {
       std::fprintf(stderr, "rdzvd: error: %s\n", std::string(opened.status().message()).c_str());
       return 2;
     }
     event_log = std::move(*opened);
-    opts.event_sinks.push_back([log = event_log.get()](const auto& e) { log->write(e); });
+    opts.event_sinks.push_back([log = event_log.get()](const muster::rendezvous::RunEvent& e) {
+      log->write_line(muster::ops::event_json(e, muster::ops::wall_time_of(e)));
+    });
   }
   auto feed = std::make_shared<muster::rdzvd::EventFeed>();
   if (http_port >= 0) opts.event_sinks.push_back([feed](const auto& e) { feed->add(e); });

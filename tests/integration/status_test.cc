@@ -193,7 +193,7 @@ for line in open(sys.argv[1]):
     assert abs(t.timestamp() * 1000 - e["unix_ms"]) < 1, (e["time"], e["unix_ms"])
     keys = [k for k in e if k not in ("event", "time", "unix_ms", "source", "run", "round",
                                   "restart_count")]
-    assert e["source"] == "rdzvd", e
+    assert e["source"] == "server", e
     print(e["event"], e["run"], e["round"], e["restart_count"],
           " ".join("%s=%s" % (k, json.dumps(e[k])) for k in sorted(keys)))
 )PY";

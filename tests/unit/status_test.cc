@@ -208,7 +208,7 @@ TEST_CASE("status format: an event as JSON has only the fields of its kind", "[s
   e.node_id = "ignored";
   CHECK(ops::event_json(e, wall) ==
         "{\"event\":\"round_formed\",\"time\":\"2023-11-14T22:13:20.123Z\",\"unix_ms\":1700000000123,"
-        "\"source\":\"rdzvd\",\"run\":\"job\",\"round\":2,\"restart_count\":1,\"nodes\":2,\"world_size\":4,\"spares\":1,"
+        "\"source\":\"server\",\"run\":\"job\",\"round\":2,\"restart_count\":1,\"nodes\":2,\"world_size\":4,\"spares\":1,"
         "\"took_ms\":850}");
   e.round = 1;  // a first round: no restart to time it from
   CHECK(ops::event_json(e, wall).find("took_ms") == std::string::npos);
@@ -223,7 +223,7 @@ TEST_CASE("status format: an event as JSON has only the fields of its kind", "[s
   f.signal = 9;
   CHECK(ops::event_json(f, wall, 7) ==
         "{\"seq\":7,\"event\":\"worker_failed\",\"time\":\"2023-11-14T22:13:20.123Z\","
-        "\"unix_ms\":1700000000123,\"source\":\"rdzvd\",\"run\":\"job\",\"round\":1,\"restart_count\":0,\"node\":\"n\","
+        "\"unix_ms\":1700000000123,\"source\":\"server\",\"run\":\"job\",\"round\":1,\"restart_count\":0,\"node\":\"n\","
         "\"host\":\"h\",\"rank\":3,\"signal\":9}");
 
   RunEvent l;
