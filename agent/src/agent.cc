@@ -262,6 +262,30 @@ class Agent::Impl {
     });
   }
 
+  // --- events (agent_events.h) --------------------------------------------------------
+
+  AgentEvent event(AgentEvent::Kind kind) const {
+    AgentEvent e;
+    e.kind = kind;
+    e.at = std::chrono::steady_clock::now();
+    e.wall = std::chrono::system_clock::now();
+    e.round = assignment_.round();
+    e.restart_count = assignment_.restart_count();
+    e.group_rank = assignment_.round() > 0 ? assignment_.group_rank() : -1;
+    return e;
+  }
+  void emit(const AgentEvent& e) const {
+    for (const auto& sink : opts_.event_sinks) sink(e);
+  }
+  // The round is over for this node (the first sign of it): a recovery starts, timed until
+  // the next round's workers run.
+  void noticed(const char* cause) {
+    if (recovery_ || phase_ != Phase::kRunning) return;
+    recovery_.emplace();
+    recovery_->cause = cause;
+    recovery_->noticed = std::chrono::steady_clock::now();
+  }
+
   void on_server_message(const v1::ServerMsg& m) {
     if (phase_ == Phase::kExiting) return;
     reached_ = true;
@@ -273,6 +297,11 @@ class Agent::Impl {
       start_workers(m.assignment());
     } else if (m.has_restart()) {
       spdlog::warn("restarting workers: {}", m.restart().reason());
+      noticed("restart");
+      AgentEvent e = event(AgentEvent::Kind::kRestart);
+      e.reason = m.restart().reason();
+      e.restart_count = m.restart().restart_count();
+      emit(e);
       if (after_ != After::kExit) after_ = After::kRejoin;
       stop_group(SIGTERM);
     } else if (m.has_fail()) {
@@ -280,7 +309,10 @@ class Agent::Impl {
       if (after_ != After::kExit) after_ = After::kFail;
       stop_group(SIGTERM);
     } else if (m.has_done()) {
-      if (phase_ == Phase::kAwaitingDone) finish(0);
+      if (phase_ == Phase::kAwaitingDone) {
+        emit(event(AgentEvent::Kind::kSucceeded));
+        finish(0);
+      }
     } else if (m.has_stalled()) {
       if (m.stalled().round() == assignment_.round()) {
         on_stalled(m.stalled().rank(), m.stalled().description());
@@ -349,6 +381,10 @@ class Agent::Impl {
       exit_with(1);
       return;
     }
+    noticed("lost_server");
+    AgentEvent e = event(AgentEvent::Kind::kLostServer);
+    e.reason = why;
+    emit(e);
     after_ = After::kReconnect;
     stop_group(SIGTERM);
   }
@@ -357,9 +393,16 @@ class Agent::Impl {
 
   void start_workers(const v1::Assignment& a) {
     assignment_ = a;
+    {
+      AgentEvent e = event(AgentEvent::Kind::kRoundFormed);
+      e.world_size = a.world_size();
+      emit(e);
+      if (recovery_) recovery_->formed = e.at;
+    }
     phase_ = Phase::kRunning;
     after_ = After::kNone;
     failure_reported_ = false;
+    stopped_emitted_ = false;
     release_workers();
     const std::string tmpl =
         opts_.prefix_template.empty() ? std::string(kDefaultPrefixTemplate) : opts_.prefix_template;
@@ -470,6 +513,21 @@ class Agent::Impl {
                    rendezvous::StallClock::time_point now) { send_progress(ranks, now); });
       }
       hang_watch_->start_round(watched);
+    }
+    {
+      AgentEvent e = event(AgentEvent::Kind::kWorkersStarted);
+      e.world_size = a.world_size();
+      e.workers = static_cast<int>(workers_.size());
+      if (recovery_) {
+        recovery_->started = e.at;
+        // Stopped before the round formed, unless nothing was running to stop.
+        if (recovery_->stopped.time_since_epoch().count() == 0) {
+          recovery_->stopped = recovery_->formed;
+        }
+        e.recovery = std::move(recovery_);
+        recovery_.reset();
+      }
+      emit(e);
     }
     spdlog::info("round {}: group rank {}/{}, ranks {}..{} of {}, restart {}", a.round(),
                  a.group_rank(), a.group_world_size(), a.rank_offset(),
@@ -713,6 +771,15 @@ class Agent::Impl {
       spdlog::warn(
           "worker rank {} (local rank {}, pid {}) failed: {}", f.rank(), f.local_rank(), f.pid(),
           f.signal() > 0 ? signal_name(f.signal()) : "exit code " + std::to_string(f.exit_code()));
+      noticed("worker_failure");
+      AgentEvent e = event(AgentEvent::Kind::kWorkerFailed);
+      e.rank = f.rank();
+      e.local_rank = f.local_rank();
+      e.pid = f.pid();
+      e.exit_code = f.exit_code();
+      e.signal = f.signal();
+      e.reason = f.message();
+      emit(e);
       report_failure(f);
       stop_group(SIGTERM);
       return;
@@ -883,6 +950,13 @@ class Agent::Impl {
       return;
     }
     if (phase_ != Phase::kStopping) return;
+    if (!stopped_emitted_) {
+      stopped_emitted_ = true;
+      if (recovery_) recovery_->stopped = std::chrono::steady_clock::now();
+      AgentEvent e = event(AgentEvent::Kind::kWorkersStopped);
+      e.workers = static_cast<int>(workers_.size());
+      emit(e);
+    }
     switch (after_) {
       case After::kNone:
         return;  // the server decides: Restart or Fail
@@ -903,6 +977,14 @@ class Agent::Impl {
         });
         return;
       case After::kFail: {
+        {
+          AgentEvent e = event(AgentEvent::Kind::kFailed);
+          e.reason = fail_.reason();
+          e.rank = fail_.root_cause().rank();
+          e.exit_code = fail_.root_cause().exit_code();
+          e.signal = fail_.root_cause().signal();
+          emit(e);
+        }
         std::vector<v1::WorkerFailure> others(fail_.others().begin(), fail_.others().end());
         std::string summary =
             format_failure_summary(opts_.entrypoint_name, fail_.root_cause(), others);
@@ -1018,6 +1100,10 @@ class Agent::Impl {
   // Workers of earlier rounds left behind in the kernel (state D), until they are reaped.
   std::vector<std::unique_ptr<Worker>> abandoned_;
   bool failure_reported_ = false;
+  // The recovery under way (agent_events.h), from the first sign the round is over; and
+  // whether this round's kWorkersStopped went out.
+  std::optional<Recovery> recovery_;
+  bool stopped_emitted_ = false;
   int signal_ = 0;
   int exit_code_ = 1;
 

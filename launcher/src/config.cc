@@ -598,6 +598,9 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   const char* kWorkers = "Workers";
   const char* kProgram = "Program";
   const char* kLogs = "Logs and output";
+  // launch's own operator flags (docs/operations.md): like kCluster and kHangs, they take no
+  // prefix away from torchrun's flags.
+  const char* kOps = "Operations (docs/operations.md)";
   const char* kCompat = "Accepted for torchrun compatibility";
   SchedulerFlags given;
   given.nnodes = pet(app.add_option("--nnodes", nnodes, "Number of nodes, N or MIN:MAX (elastic)"), kRdzv);
@@ -695,6 +698,10 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
                      c.duplicate_stderr_text,
                      "The same for stderr, to attempt_<k>/filtered_stderr.log"),
       kLogs);
+  app.add_option("--event_log,--event-log", c.event_log,
+                 "Append one JSON line per event of this node (round formed, workers started "
+                 "with the recovery's phases, failures, restarts) to FILE (-: stderr)")
+      ->group(kOps);
   pet(app.add_option("--event_log_handler,--event-log-handler", c.event_log_handler,
                      "Where events are logged: console (launch's log), null or "
                      "dynamic_rendezvous (as null, torchrun's)"),
@@ -757,7 +764,7 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
                      "Refused: a Python plug-in hook (use --log_dir, --redirects, --tee)"),
       kCompat);
 
-  auto expanded = expand_long_flags(app, args, {kCluster, kHangs});
+  auto expanded = expand_long_flags(app, args, {kCluster, kHangs, kOps});
   if (!expanded.ok()) {
     result.error = expanded.status();
     return result;

@@ -31,6 +31,7 @@
 #include "muster/agent/worker_env.h"
 #include "muster/launcher/cluster.h"
 #include "muster/launcher/config.h"
+#include "muster/launcher/event_log.h"
 #include "cluster_driver.h"
 #include "muster/rendezvous/resolve.h"
 #include "muster/rendezvous/server.h"
@@ -230,6 +231,15 @@ int main(int argc, char** argv) {
   // for log files, in a
   // folder that is kept: <dir>/<run_id>_<random>, torchrun's layout.
   const std::string run_id = cfg.standalone ? random_uuid() : cfg.rdzv_id;
+  const std::string node_host =
+      cfg.local_addr.empty() ? muster::rendezvous::fully_qualified_hostname() : cfg.local_addr;
+  const std::string node_id = absl::StrCat(node_host, ":", ::getpid());
+  std::unique_ptr<muster::launcher::AgentEventLog> event_log;
+  if (!cfg.event_log.empty()) {
+    auto opened = muster::launcher::AgentEventLog::open(cfg.event_log, {run_id, node_id, node_host});
+    if (!opened.ok()) return fatal(opened.status());
+    event_log = std::move(*opened);
+  }
   const bool want_logs = std::any_of(cfg.redirect_of.begin(), cfg.redirect_of.end(),
                                      [](int v) { return v != 0; }) ||
                          std::any_of(cfg.tee_of.begin(), cfg.tee_of.end(), [](int v) { return v != 0; }) ||
@@ -258,13 +268,16 @@ int main(int argc, char** argv) {
   opts.rdzv_timeouts = cfg.rdzv_conf.timeouts;
   opts.store_addr = rdzv_target;
   opts.run_id = run_id;
-  opts.host = cfg.local_addr.empty() ? muster::rendezvous::fully_qualified_hostname() : cfg.local_addr;
+  opts.host = node_host;
   if (!cfg.standalone && cfg.rdzv_backend == "static") {
     opts.master_addr = cfg.master_addr;
     opts.master_port = cfg.master_port;
     opts.requested_rank = cfg.node_rank;
   }
-  opts.node_id = absl::StrCat(opts.host, ":", ::getpid());
+  opts.node_id = node_id;
+  if (event_log) {
+    opts.event_sinks.push_back([log = event_log.get()](const muster::agent::AgentEvent& e) { log->write(e); });
+  }
   opts.min_nodes = cfg.min_nodes;
   opts.max_nodes = cfg.max_nodes;
   opts.max_restarts = cfg.max_restarts;

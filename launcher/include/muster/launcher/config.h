@@ -107,6 +107,7 @@ struct LaunchConfig {
   // by parse_filter_list.
   std::string duplicate_stdout_text, duplicate_stderr_text;
   std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
+  std::string event_log;  // --event_log FILE ("-": stderr): JSON lines (event_log.h); empty: off
   std::string event_log_handler = "console";  // accepted: events go to launch's own log
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   // --virtual_local_rank (torchrun 2.x): every worker gets LOCAL_RANK=0 and only its own

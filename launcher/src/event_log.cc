@@ -1,0 +1,104 @@
+#include "muster/launcher/event_log.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "muster/agent/line_splitter.h"
+#include "muster/ops/json.h"
+
+namespace muster::launcher {
+namespace {
+
+using agent::AgentEvent;
+
+long long ms_between(std::chrono::steady_clock::time_point a,
+                     std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count();
+}
+
+}  // namespace
+
+std::string event_log_line(const AgentEvent& e, const EventLogSource& source) {
+  using Kind = AgentEvent::Kind;
+  ops::JsonObject j;
+  const auto unix_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(e.wall.time_since_epoch()).count();
+  j.add("event", agent::event_name(e.kind));
+  j.add("time", absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(unix_ms),
+                                 absl::UTCTimeZone()));
+  j.add("unix_ms", unix_ms);
+  j.add("source", "agent");
+  j.add("run", source.run_id);
+  j.add("node", source.node_id);
+  j.add("host", source.host);
+  j.add("round", e.round);
+  j.add("restart_count", e.restart_count);
+  if (e.group_rank >= 0) j.add("group_rank", e.group_rank);
+  switch (e.kind) {
+    case Kind::kRoundFormed:
+      j.add("world_size", e.world_size);
+      break;
+    case Kind::kWorkersStarted:
+    case Kind::kWorkersStopped:
+      j.add("workers", e.workers);
+      break;
+    case Kind::kWorkerFailed:
+      j.add("rank", e.rank);
+      j.add("local_rank", e.local_rank);
+      j.add("pid", e.pid);
+      if (e.signal > 0) {
+        j.add("signal", e.signal);
+      } else {
+        j.add("exit_code", e.exit_code);
+      }
+      break;
+    case Kind::kFailed:
+      if (e.rank >= 0) j.add("rank", e.rank);
+      break;
+    default:
+      break;
+  }
+  if (!e.reason.empty()) j.add("reason", e.reason);
+  if (e.recovery) {
+    const agent::Recovery& r = *e.recovery;
+    ops::JsonObject rec;
+    rec.add("cause", r.cause);
+    rec.add("noticed_to_stopped_ms", ms_between(r.noticed, r.stopped));
+    rec.add("stopped_to_formed_ms", ms_between(r.stopped, r.formed));
+    rec.add("formed_to_started_ms", ms_between(r.formed, r.started));
+    rec.add("total_ms", ms_between(r.noticed, r.started));
+    j.add_raw("recovery", rec.str());
+  }
+  return j.str();
+}
+
+absl::StatusOr<std::unique_ptr<AgentEventLog>> AgentEventLog::open(const std::string& path,
+                                                                   EventLogSource source) {
+  if (path == "-") return std::unique_ptr<AgentEventLog>(new AgentEventLog(2, false, std::move(source)));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--event_log: cannot open ", path, ": ", std::strerror(errno)));
+  }
+  return std::unique_ptr<AgentEventLog>(new AgentEventLog(fd, true, std::move(source)));
+}
+
+AgentEventLog::AgentEventLog(int fd, bool owned, EventLogSource source)
+    : fd_(fd), owned_(owned), source_(std::move(source)) {}
+
+AgentEventLog::~AgentEventLog() {
+  if (owned_) ::close(fd_);
+}
+
+void AgentEventLog::write(const AgentEvent& e) {
+  // One write(2) per line: with O_APPEND, lines of several writers do not interleave.
+  agent::write_all(fd_, event_log_line(e, source_) + "\n");
+}
+
+}  // namespace muster::launcher
