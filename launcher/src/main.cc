@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_format.h"
 #include "muster/agent/agent.h"
+#include "muster/agent/agent_metrics.h"
 #include "muster/agent/failure.h"
 #include "muster/agent/numa.h"
 #include "muster/agent/supervisor.h"
@@ -32,6 +33,8 @@
 #include "muster/launcher/cluster.h"
 #include "muster/launcher/config.h"
 #include "muster/launcher/event_log.h"
+#include "muster/ops/http_server.h"
+#include "muster/ops/metrics.h"
 #include "cluster_driver.h"
 #include "muster/rendezvous/resolve.h"
 #include "muster/rendezvous/server.h"
@@ -177,6 +180,21 @@ int main(int argc, char** argv) {
     spdlog::info("python: {} runs under {} ({})", entry->name, entry->path, entry->python_reason);
   }
 
+  // --metrics_port: one registry for this node's series and, when it hosts the rendezvous,
+  // the server's (docs/operations.md, "Metrics"). Made before the server, which adds to it.
+  muster::ops::Registry metrics;
+  std::unique_ptr<muster::ops::HttpServer> metrics_http;
+  if (cfg.metrics_port >= 0) {
+    muster::ops::add_process_metrics(metrics);
+    auto http = muster::ops::HttpServer::start("0.0.0.0", cfg.metrics_port,
+                                               muster::ops::metrics_routes(metrics));
+    if (!http.ok()) {
+      return fatal(absl::Status(http.status().code(),
+                                absl::StrCat("--metrics_port: ", http.status().message())));
+    }
+    metrics_http = std::move(*http);
+    spdlog::info("metrics on port {}", metrics_http->port());
+  }
   std::unique_ptr<muster::rendezvous::RendezvousServer> server;
   std::string rdzv_addr;    // the server as messages name it
   std::string rdzv_target;  // and as gRPC reaches it: an address, never a name
@@ -184,6 +202,7 @@ int main(int argc, char** argv) {
   muster::rendezvous::ServerOptions server_opts;
   server_opts.token = cfg.rdzv_conf.token;
   server_opts.timeouts = cfg.rdzv_conf.timeouts;
+  if (metrics_http) server_opts.metrics = &metrics;
   if (cfg.mode == RdzvMode::kEmbedded) {
     server_opts.listen_address = "127.0.0.1:0";
     auto started = muster::rendezvous::RendezvousServer::start(io, server_opts);
@@ -278,6 +297,7 @@ int main(int argc, char** argv) {
   if (event_log) {
     opts.event_sinks.push_back([log = event_log.get()](const muster::agent::AgentEvent& e) { log->write(e); });
   }
+  if (metrics_http) opts.event_sinks.push_back(muster::agent::agent_metrics_sink(metrics));
   opts.min_nodes = cfg.min_nodes;
   opts.max_nodes = cfg.max_nodes;
   opts.max_restarts = cfg.max_restarts;

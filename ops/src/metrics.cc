@@ -52,6 +52,15 @@ void append_labels(std::string& out, const std::vector<std::string>& names,
   out += '}';
 }
 
+template <class M>
+std::unique_ptr<M> make_series(const std::vector<double>& bounds) {
+  if constexpr (std::is_same_v<M, Histogram>) {
+    return std::make_unique<Histogram>(bounds);
+  } else {
+    return std::make_unique<M>();
+  }
+}
+
 void add_to(std::atomic<double>& a, double by) { a.fetch_add(by, std::memory_order_relaxed); }
 
 }  // namespace
@@ -137,13 +146,7 @@ M& Family<M>::with(const std::vector<std::string_view>& values) {
   for (std::size_t i = 0; i < key.size() && i < values.size(); ++i) {
     key[i] = std::string(cut_label_value(values[i]));
   }
-  auto make = [this] {
-    if constexpr (std::is_same_v<M, Histogram>) {
-      return std::make_unique<Histogram>(bounds_);
-    } else {
-      return std::make_unique<M>();
-    }
-  };
+  auto make = [&] { return make_series<M>(bounds_); };
   absl::MutexLock lock(&mu_);
   auto it = series_.find(key);
   if (it != series_.end()) return *it->second;

@@ -443,7 +443,7 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   std::shared_ptr<ServerMetrics> metrics;
   if (options.metrics != nullptr) {
     impl->metrics_registry = options.metrics;
-    metrics = std::make_shared<ServerMetrics>(*options.metrics);
+    metrics = std::make_shared<ServerMetrics>();
     options.event_sinks.push_back([metrics](const RunEvent& e) { metrics->on_event(e); });
   }
   impl->store = std::make_unique<StoreServer>(options.store_limits, options.token);
@@ -492,6 +492,7 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   }
   set_serving(*impl->server, true);
   if (metrics) {
+    metrics->attach(*impl->metrics_registry);
     // Removed by shutdown(), before the store goes: the collector reads it.
     impl->metrics_collector = impl->metrics_registry->add_collector(
         [&io, metrics, core = std::weak_ptr<Core>(impl->core), store = impl->store.get()] {

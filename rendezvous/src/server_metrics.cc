@@ -2,10 +2,8 @@
 
 #include <boost/asio/post.hpp>
 #include <cctype>
-#include <memory>
 #include <string>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "muster/v1/rendezvous.pb.h"
 
@@ -24,98 +22,126 @@ std::string op_label(int op) {
 
 }  // namespace
 
-ServerMetrics::ServerMetrics(ops::Registry& r)
-    : runs_(r.gauge("muster_runs", "Runs the server holds, by phase", {"phase"})),
-      nodes_connected_(
-          r.gauge("muster_nodes_connected", "Nodes that joined a run and are connected").get()),
-      nodes_members_(r.gauge("muster_nodes_members", "Nodes in a running round").get()),
-      nodes_waiting_(
-          r.gauge("muster_nodes_waiting", "Nodes waiting for the next round (spares included)")
-              .get()),
-      agent_streams_(
-          r.gauge("muster_agent_streams", "Agents' rendezvous streams open (joined or not)").get()),
-      rounds_(r.counter("muster_rounds_formed_total", "Rounds formed, over all runs").get()),
-      restarts_(r.counter("muster_restarts_total",
-                          "Restarts of a run, by cause (worker_failure, node_lost, node_joined, "
-                          "rejoin)",
-                          {"cause"})),
-      node_losses_(r.counter("muster_node_losses_total",
-                             "Nodes that left a run, by cause (stream_closed, silent)", {"cause"})),
-      worker_failures_(
-          r.counter("muster_worker_failures_total", "Worker failures reported by agents").get()),
-      runs_finished_(r.counter("muster_runs_finished_total",
-                               "Runs finished: succeeded, or the cause of the failure "
-                               "(budget_spent, no_progress, join_timeout)",
-                               {"result"})),
-      recovery_(r.histogram("muster_round_recovery_seconds",
-                            "From a restart to the run's next round formed, in seconds", {},
-                            kRecoverySecondsBuckets)
-                    .get()),
-      store_waits_(r.gauge("muster_store_waits_parked",
-                           "Store requests (get, wait, multi_get) waiting for keys")
-                       .get()) {
-  for (int op = 0; op < StoreServer::kNumOps; ++op) {
-    store_ops_[op] = &r.counter("muster_store_operations_total", "Store requests served, by op",
-                                {"op"})
-                          .with({op_label(op)});
+struct ServerMetrics::Series {
+  explicit Series(ops::Registry& r)
+      : runs(r.gauge("muster_runs", "Runs the server holds, by phase", {"phase"})),
+        nodes_connected(
+            r.gauge("muster_nodes_connected", "Nodes that joined a run and are connected").get()),
+        nodes_members(r.gauge("muster_nodes_members", "Nodes in a running round").get()),
+        nodes_waiting(
+            r.gauge("muster_nodes_waiting", "Nodes waiting for the next round (spares included)")
+                .get()),
+        agent_streams(
+            r.gauge("muster_agent_streams", "Agents' rendezvous streams open (joined or not)")
+                .get()),
+        rounds(r.counter("muster_rounds_formed_total", "Rounds formed, over all runs").get()),
+        restarts(r.counter("muster_restarts_total",
+                           "Restarts of a run, by cause (worker_failure, node_lost, node_joined, "
+                           "rejoin)",
+                           {"cause"})),
+        node_losses(r.counter("muster_node_losses_total",
+                              "Nodes that left a run, by cause (stream_closed, silent)",
+                              {"cause"})),
+        worker_failures(
+            r.counter("muster_worker_failures_total", "Worker failures reported by agents").get()),
+        runs_finished(r.counter("muster_runs_finished_total",
+                                "Runs finished: succeeded, or the cause of the failure "
+                                "(budget_spent, no_progress, join_timeout)",
+                                {"result"})),
+        recovery(r.histogram("muster_round_recovery_seconds",
+                             "From a restart to the run's next round formed, in seconds", {},
+                             ops::kRecoveryBucketsSeconds)
+                     .get()),
+        store_waits(r.gauge("muster_store_waits_parked",
+                            "Store requests (get, wait, multi_get) waiting for keys")
+                        .get()) {
+    auto& ops = r.counter("muster_store_operations_total", "Store requests served, by op", {"op"});
+    for (int op = 0; op < StoreServer::kNumOps; ++op) store_ops[op] = &ops.with({op_label(op)});
+    // The known label values are there from the start, at 0, so that a first increase shows
+    // in rate() and a query finds the series before anything happened (others still appear
+    // as they come).
+    for (const char* c : {"worker_failure", "node_lost", "node_joined", "rejoin"}) {
+      restarts.with({c});
+    }
+    for (const char* c : {"stream_closed", "silent"}) node_losses.with({c});
+    for (const char* c : {"succeeded", "budget_spent", "no_progress", "join_timeout"}) {
+      runs_finished.with({c});
+    }
+    set(ServerSample{});
   }
-  // The known label values are there from the start, at 0, so that a first increase shows
-  // in rate() and a query finds the series before anything happened (others still appear
-  // as they come).
-  for (const char* c : {"worker_failure", "node_lost", "node_joined", "rejoin"}) {
-    restarts_.with({c});
+
+  void set(const ServerSample& s) {
+    runs.with({"joining"}).set(static_cast<double>(s.runs_joining));
+    runs.with({"running"}).set(static_cast<double>(s.runs_running));
+    runs.with({"finished"}).set(static_cast<double>(s.runs_finished));
+    nodes_connected.set(static_cast<double>(s.nodes_connected));
+    nodes_members.set(static_cast<double>(s.nodes_members));
+    nodes_waiting.set(static_cast<double>(s.nodes_waiting));
+    agent_streams.set(static_cast<double>(s.agent_streams));
   }
-  for (const char* c : {"stream_closed", "silent"}) node_losses_.with({c});
-  for (const char* c : {"succeeded", "budget_spent", "no_progress", "join_timeout"}) {
-    runs_finished_.with({c});
-  }
-  set(ServerSample{});
+
+  ops::Family<ops::Gauge>& runs;
+  ops::Gauge &nodes_connected, &nodes_members, &nodes_waiting, &agent_streams;
+  ops::Counter& rounds;
+  ops::Family<ops::Counter>& restarts;
+  ops::Family<ops::Counter>& node_losses;
+  ops::Counter& worker_failures;
+  ops::Family<ops::Counter>& runs_finished;
+  ops::Histogram& recovery;
+  ops::Gauge& store_waits;
+  std::array<ops::Counter*, StoreServer::kNumOps> store_ops{};
+};
+
+ServerMetrics::ServerMetrics() = default;
+ServerMetrics::~ServerMetrics() = default;
+
+void ServerMetrics::attach(ops::Registry& registry) {
+  auto series = std::make_unique<Series>(registry);
+  absl::MutexLock lock(&mu_);
+  series_ = std::move(series);
 }
 
 void ServerMetrics::on_event(const RunEvent& e) {
+  absl::MutexLock lock(&mu_);
+  if (!series_) return;
+  Series& m = *series_;
   switch (e.kind) {
     case RunEvent::Kind::kRoundFormed:
-      rounds_.inc();
+      m.rounds.inc();
       // Every round after the first follows a restart; `took` runs from it.
-      if (e.round > 1) recovery_.observe(std::chrono::duration<double>(e.took).count());
+      if (e.round > 1) m.recovery.observe(std::chrono::duration<double>(e.took).count());
       break;
     case RunEvent::Kind::kRestart:
-      restarts_.with({e.cause}).inc();
+      m.restarts.with({e.cause}).inc();
       break;
     case RunEvent::Kind::kNodeLost:
-      node_losses_.with({e.cause}).inc();
+      m.node_losses.with({e.cause}).inc();
       break;
     case RunEvent::Kind::kWorkerFailed:
-      worker_failures_.inc();
+      m.worker_failures.inc();
       break;
     case RunEvent::Kind::kSucceeded:
-      runs_finished_.with({"succeeded"}).inc();
+      m.runs_finished.with({"succeeded"}).inc();
       break;
     case RunEvent::Kind::kFailed:
-      runs_finished_.with({e.cause.empty() ? "failed" : e.cause}).inc();
+      m.runs_finished.with({e.cause.empty() ? "failed" : e.cause}).inc();
       break;
     case RunEvent::Kind::kNodeJoined:
       break;
   }
 }
 
-void ServerMetrics::set(const ServerSample& s) {
-  runs_.with({"joining"}).set(static_cast<double>(s.runs_joining));
-  runs_.with({"running"}).set(static_cast<double>(s.runs_running));
-  runs_.with({"finished"}).set(static_cast<double>(s.runs_finished));
-  nodes_connected_.set(static_cast<double>(s.nodes_connected));
-  nodes_members_.set(static_cast<double>(s.nodes_members));
-  nodes_waiting_.set(static_cast<double>(s.nodes_waiting));
-  agent_streams_.set(static_cast<double>(s.agent_streams));
-}
-
 void ServerMetrics::collect(boost::asio::io_context& io, std::function<ServerSample()> sample,
                             const StoreServer& store) {
-  const auto counts = store.op_counts();
-  for (int op = 0; op < StoreServer::kNumOps; ++op) {
-    store_ops_[op]->mirror(static_cast<double>(counts[op]));
+  {
+    absl::MutexLock lock(&mu_);
+    if (!series_) return;
+    const auto counts = store.op_counts();
+    for (int op = 0; op < StoreServer::kNumOps; ++op) {
+      series_->store_ops[op]->mirror(static_cast<double>(counts[op]));
+    }
+    series_->store_waits.set(static_cast<double>(store.parked_waits()));
   }
-  store_waits_.set(static_cast<double>(store.parked_waits()));
 
   // Shared with the posted call, which may run after this scrape gave up on it.
   struct Box {
@@ -130,11 +156,17 @@ void ServerMetrics::collect(boost::asio::io_context& io, std::function<ServerSam
     box->value = s;
     box->done = true;
   });
-  absl::MutexLock lock(&box->mu);
-  if (box->mu.AwaitWithTimeout(absl::Condition(&box->done),
-                               absl::FromChrono(kMetricsSampleTimeout))) {
-    set(box->value);
+  ServerSample got;
+  {
+    absl::MutexLock lock(&box->mu);
+    if (!box->mu.AwaitWithTimeout(absl::Condition(&box->done),
+                                  absl::FromChrono(kMetricsSampleTimeout))) {
+      return;
+    }
+    got = box->value;
   }
+  absl::MutexLock lock(&mu_);
+  series_->set(got);
 }
 
 }  // namespace muster::rendezvous

@@ -9,9 +9,11 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "muster/ops/metrics.h"
 #include "muster/rendezvous/events.h"
 #include "store_server.h"
@@ -22,10 +24,6 @@ namespace muster::rendezvous {
 // (the loop is busy or has stopped), the gauges keep the last sample.
 inline constexpr std::chrono::milliseconds kMetricsSampleTimeout{1000};
 
-// The upper bounds of muster_round_recovery_seconds' buckets, in seconds.
-inline const std::vector<double> kRecoverySecondsBuckets = {0.05, 0.1, 0.25, 0.5, 1,  2.5, 5,
-                                                            10,   30,  60,   120, 300, 600};
-
 // The runs as the io thread sees them.
 struct ServerSample {
   std::int64_t runs_joining = 0, runs_running = 0, runs_finished = 0;
@@ -35,12 +33,17 @@ struct ServerSample {
   std::int64_t agent_streams = 0;    // Session streams open, joined or not
 };
 
+// Made before the server binds, so that its event sink is in place from the start; its
+// series go into a registry only once attach()ed, when the server is up (a launch that tries
+// to host the rendezvous and finds it hosted elsewhere adds nothing).
 class ServerMetrics {
  public:
-  // Registers the server's families with `registry` (which must outlive this object).
-  explicit ServerMetrics(ops::Registry& registry);
+  ServerMetrics();
+  ~ServerMetrics();
 
-  // io thread: one event of the state machine.
+  // Registers the server's families with `registry` (which must outlive this object). Once.
+  void attach(ops::Registry& registry);
+  // io thread: one event of the state machine (ignored before attach).
   void on_event(const RunEvent& e);
   // Any thread: a scrape's refresh. Runs `sample` on `io` and waits for it at most
   // kMetricsSampleTimeout; reads the store directly. Not from the io thread.
@@ -48,18 +51,9 @@ class ServerMetrics {
                const StoreServer& store);
 
  private:
-  void set(const ServerSample& s);
-
-  ops::Family<ops::Gauge>& runs_;
-  ops::Gauge &nodes_connected_, &nodes_members_, &nodes_waiting_, &agent_streams_;
-  ops::Counter& rounds_;
-  ops::Family<ops::Counter>& restarts_;
-  ops::Family<ops::Counter>& node_losses_;
-  ops::Counter& worker_failures_;
-  ops::Family<ops::Counter>& runs_finished_;
-  ops::Histogram& recovery_;
-  std::array<ops::Counter*, StoreServer::kNumOps> store_ops_{};
-  ops::Gauge& store_waits_;
+  struct Series;
+  absl::Mutex mu_;
+  std::unique_ptr<Series> series_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muster::rendezvous

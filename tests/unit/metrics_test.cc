@@ -189,3 +189,127 @@ TEST_CASE("metrics: process metrics report this process's resident memory", "[me
   CHECK(rss > 1 << 20);        // a test binary holds more than 1 MiB
   CHECK(rss < 64.0 * (1 << 30));
 }
+
+// --- the series fed by events (fake times, no sockets) ---------------------------------------
+
+#include "../../rendezvous/src/server_metrics.h"
+#include "muster/agent/agent_metrics.h"
+
+namespace {
+
+// The value of one sample line ("name{labels} value"), or -1 when it is not there.
+double sample(const std::string& text, const std::string& series) {
+  const std::string key = "\n" + series + " ";
+  const auto at = text.find(key);
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + key.size()));
+}
+
+}  // namespace
+
+TEST_CASE("metrics: the server's counters follow the state machine's events", "[metrics]") {
+  using muster::rendezvous::RunEvent;
+  Registry r;
+  muster::rendezvous::ServerMetrics m;
+  auto ev = [](RunEvent::Kind k, std::string cause = "", int round = 1,
+               std::chrono::milliseconds took = {}) {
+    RunEvent e;
+    e.kind = k;
+    e.cause = std::move(cause);
+    e.round = round;
+    e.took = took;
+    return e;
+  };
+  // Before attach (the server not up yet): nothing is registered, events are dropped.
+  m.on_event(ev(RunEvent::Kind::kRoundFormed));
+  CHECK(r.render().empty());
+  m.attach(r);
+  std::string text = r.render();
+  CHECK(sample(text, "muster_rounds_formed_total") == 0);
+  // Known causes are there at zero before anything happened.
+  CHECK(sample(text, "muster_restarts_total{cause=\"worker_failure\"}") == 0);
+  CHECK(sample(text, "muster_runs{phase=\"running\"}") == 0);
+  CHECK(sample(text, "muster_store_operations_total{op=\"multi_get\"}") == 0);
+
+  m.on_event(ev(RunEvent::Kind::kRoundFormed, "", 1));  // a first round: no recovery
+  m.on_event(ev(RunEvent::Kind::kWorkerFailed));
+  m.on_event(ev(RunEvent::Kind::kRestart, "worker_failure", 1));
+  m.on_event(ev(RunEvent::Kind::kRoundFormed, "", 2, std::chrono::milliseconds(300)));
+  m.on_event(ev(RunEvent::Kind::kNodeLost, "silent", 2));
+  m.on_event(ev(RunEvent::Kind::kRestart, "node_lost", 2));
+  m.on_event(ev(RunEvent::Kind::kRoundFormed, "", 3, std::chrono::milliseconds(4000)));
+  m.on_event(ev(RunEvent::Kind::kFailed, "budget_spent", 3));
+  m.on_event(ev(RunEvent::Kind::kSucceeded));
+  text = r.render();
+  CHECK(sample(text, "muster_rounds_formed_total") == 3);
+  CHECK(sample(text, "muster_worker_failures_total") == 1);
+  CHECK(sample(text, "muster_restarts_total{cause=\"worker_failure\"}") == 1);
+  CHECK(sample(text, "muster_restarts_total{cause=\"node_lost\"}") == 1);
+  CHECK(sample(text, "muster_restarts_total{cause=\"node_joined\"}") == 0);
+  CHECK(sample(text, "muster_node_losses_total{cause=\"silent\"}") == 1);
+  CHECK(sample(text, "muster_node_losses_total{cause=\"stream_closed\"}") == 0);
+  CHECK(sample(text, "muster_runs_finished_total{result=\"budget_spent\"}") == 1);
+  CHECK(sample(text, "muster_runs_finished_total{result=\"succeeded\"}") == 1);
+  // Two recoveries: 0.3 s and 4 s.
+  CHECK(sample(text, "muster_round_recovery_seconds_count") == 2);
+  CHECK(sample(text, "muster_round_recovery_seconds_sum") == Approx(4.3));
+  CHECK(sample(text, "muster_round_recovery_seconds_bucket{le=\"0.25\"}") == 0);
+  CHECK(sample(text, "muster_round_recovery_seconds_bucket{le=\"0.5\"}") == 1);
+  CHECK(sample(text, "muster_round_recovery_seconds_bucket{le=\"5\"}") == 2);
+}
+
+TEST_CASE("metrics: the agent's series follow its events, with a recovery's phases",
+          "[metrics]") {
+  using muster::agent::AgentEvent;
+  Registry r;
+  auto sink = muster::agent::agent_metrics_sink(r);
+  const auto t0 = std::chrono::steady_clock::time_point(std::chrono::seconds(1000));
+  auto ev = [&](AgentEvent::Kind k) {
+    AgentEvent e;
+    e.kind = k;
+    e.at = t0;
+    return e;
+  };
+  AgentEvent formed = ev(AgentEvent::Kind::kRoundFormed);
+  formed.round = 1;
+  formed.world_size = 4;
+  sink(formed);
+  AgentEvent started = ev(AgentEvent::Kind::kWorkersStarted);
+  started.workers = 2;
+  sink(started);
+  CHECK(sample(r.render(), "muster_agent_workers_running") == 2);
+  sink(ev(AgentEvent::Kind::kWorkerFailed));
+  CHECK(sample(r.render(), "muster_agent_workers_running") == 1);
+  sink(ev(AgentEvent::Kind::kRestart));
+  sink(ev(AgentEvent::Kind::kWorkersStopped));
+  CHECK(sample(r.render(), "muster_agent_workers_running") == 0);
+  formed.round = 2;
+  formed.restart_count = 1;
+  sink(formed);
+  muster::agent::Recovery rec;
+  rec.cause = "worker_failure";
+  rec.noticed = t0;
+  rec.stopped = t0 + std::chrono::milliseconds(200);
+  rec.formed = t0 + std::chrono::milliseconds(700);
+  rec.started = t0 + std::chrono::milliseconds(750);
+  started.recovery = rec;
+  sink(started);
+  sink(ev(AgentEvent::Kind::kSucceeded));
+  const std::string text = r.render();
+  CHECK(sample(text, "muster_agent_rounds_total") == 2);
+  CHECK(sample(text, "muster_agent_restarts_total") == 1);
+  CHECK(sample(text, "muster_agent_worker_failures_total") == 1);
+  CHECK(sample(text, "muster_agent_round") == 2);
+  CHECK(sample(text, "muster_agent_restart_count") == 1);
+  CHECK(sample(text, "muster_agent_world_size") == 4);
+  CHECK(sample(text, "muster_agent_workers_running") == 0);
+  CHECK(sample(text, "muster_agent_recoveries_total{cause=\"worker_failure\"}") == 1);
+  CHECK(sample(text, "muster_agent_recoveries_total{cause=\"lost_server\"}") == 0);
+  CHECK(sample(text, "muster_agent_runs_finished_total{result=\"succeeded\"}") == 1);
+  CHECK(sample(text, "muster_agent_recovery_seconds_sum{phase=\"stop\"}") == Approx(0.2));
+  CHECK(sample(text, "muster_agent_recovery_seconds_sum{phase=\"rendezvous\"}") == Approx(0.5));
+  CHECK(sample(text, "muster_agent_recovery_seconds_sum{phase=\"start\"}") == Approx(0.05));
+  CHECK(sample(text, "muster_agent_recovery_seconds_sum{phase=\"total\"}") == Approx(0.75));
+  CHECK(sample(text, "muster_agent_recovery_seconds_bucket{phase=\"total\",le=\"0.5\"}") == 0);
+  CHECK(sample(text, "muster_agent_recovery_seconds_bucket{phase=\"total\",le=\"1\"}") == 1);
+}

@@ -34,6 +34,11 @@ inline constexpr std::size_t kMaxSeriesPerFamily = 256;
 inline constexpr std::size_t kMaxLabelValueBytes = 128;
 inline constexpr std::string_view kOverflowLabelValue = "_overflow";
 
+// The buckets (upper bounds, seconds) of every recovery-time histogram, the server's and the
+// agents': from 50 ms to 10 min.
+inline const std::vector<double> kRecoveryBucketsSeconds = {0.05, 0.1, 0.25, 0.5, 1,   2.5, 5,
+                                                            10,   30,  60,   120, 300, 600};
+
 // What a scrape is answered with (Prometheus' text format).
 inline constexpr std::string_view kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
 
