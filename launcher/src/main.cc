@@ -36,6 +36,7 @@
 #include "muster/ops/http_server.h"
 #include "muster/ops/metrics.h"
 #include "cluster_driver.h"
+#include "status_command.h"
 #include "muster/rendezvous/resolve.h"
 #include "muster/rendezvous/server.h"
 
@@ -89,6 +90,10 @@ bool holds_error_file(const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `launch status ...` asks a rendezvous server and exits; it starts no job.
+  if (argc >= 2 && std::string_view(argv[1]) == "status") {
+    return muster::launcher::status_command(argc - 1, argv + 1);
+  }
   ::signal(SIGPIPE, SIG_IGN);
   // First, while launch has one thread: the process that kills whatever the job leaves
   // when launch ends, however it ends (docs/launch.md, "Orphans").

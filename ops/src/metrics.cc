@@ -125,8 +125,8 @@ Histogram::Histogram(std::vector<double> bounds)
 void Histogram::observe(double v) {
   if (std::isnan(v)) return;
   // The first bucket whose bound is >= v (Prometheus' buckets are "less or equal").
-  const std::size_t i =
-      static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+  const auto at = std::lower_bound(bounds_.begin(), bounds_.end(), v);
+  const std::size_t i = static_cast<std::size_t>(at - bounds_.begin());
   buckets_[i].fetch_add(1, std::memory_order_relaxed);
   add_to(sum_, v);
   count_.fetch_add(1, std::memory_order_relaxed);
@@ -222,7 +222,9 @@ Registry::~Registry() = default;
 Registry::Entry& Registry::find_or_add(const std::string& name, int kind,
                                        const std::vector<std::string>& labels,
                                        const std::vector<double>& bounds) {
-  if (!valid_name(name, true)) throw std::invalid_argument("metrics: bad metric name '" + name + "'");
+  if (!valid_name(name, true)) {
+    throw std::invalid_argument("metrics: bad metric name '" + name + "'");
+  }
   for (const std::string& l : labels) {
     if (!valid_name(l, false) || l.rfind("__", 0) == 0 || (kind == kHistogram && l == "le")) {
       throw std::invalid_argument("metrics: bad label name '" + l + "' of " + name);

@@ -10,10 +10,13 @@
 #include <functional>
 #include <thread>
 
+#include "event_log.h"
+#include "live_page.h"
 #include "muster/ops/http_server.h"
 #include "muster/ops/metrics.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/server.h"
+#include "rdzvd_status.h"
 
 int main(int argc, char** argv) {
   // Debian's abseil checks every absl::Mutex (gRPC's too) for lock-order cycles; a server
@@ -46,6 +49,14 @@ int main(int argc, char** argv) {
                  "Serve Prometheus metrics on 0.0.0.0:PORT/metrics (0: any free port; "
                  "docs/operations.md)")
       ->check(CLI::Range(0, 65535));
+  std::string event_log_path;
+  int http_port = -1;
+  app.add_option("--event_log,--event-log", event_log_path,
+                 "FILE: one JSON line per run event, appended (\"-\": stderr; docs/operations.md)");
+  app.add_option("--http_port,--http-port", http_port,
+                 "Serve the live page on 0.0.0.0:PORT (0: any free port; off unless given)")
+      ->check(CLI::Range(0, 65535));
+  muster::rdzvd::StatusCommand status_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -54,6 +65,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rdzvd: error: %s\n", e.what());
     return 2;
   }
+  if (status_command.parsed()) return status_command.run();
   ::signal(SIGPIPE, SIG_IGN);
   // Large buffers (store values, big requests) straight from the kernel and back to it when
   // freed: glibc's default raises this threshold after the first large free, after which
@@ -86,6 +98,18 @@ int main(int argc, char** argv) {
     }
     metrics_http = std::move(*http);
   }
+  std::unique_ptr<muster::rdzvd::EventLog> event_log;
+  if (!event_log_path.empty()) {
+    auto opened = muster::rdzvd::EventLog::open(event_log_path);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "rdzvd: error: %s\n", std::string(opened.status().message()).c_str());
+      return 2;
+    }
+    event_log = std::move(*opened);
+    opts.event_sinks.push_back([log = event_log.get()](const auto& e) { log->write(e); });
+  }
+  auto feed = std::make_shared<muster::rdzvd::EventFeed>();
+  if (http_port >= 0) opts.event_sinks.push_back([feed](const auto& e) { feed->add(e); });
   auto server = muster::rendezvous::RendezvousServer::start(io, opts);
   if (!server.ok()) {
     std::fprintf(stderr, "rdzvd: error: %s\n", std::string(server.status().message()).c_str());
@@ -96,6 +120,19 @@ int main(int argc, char** argv) {
               (*server)->local_store_target().empty() ? "-" : (*server)->local_store_target().c_str());
   if (metrics_http) std::printf("rdzvd metrics on port %d\n", metrics_http->port());
   std::fflush(stdout);
+  std::unique_ptr<muster::ops::HttpServer> page;
+  if (http_port >= 0) {
+    auto started = muster::ops::HttpServer::start(
+        "0.0.0.0", http_port,
+        muster::rdzvd::live_page_routes(feed, muster::rdzvd::status_source_of(**server)));
+    if (!started.ok()) {
+      std::fprintf(stderr, "rdzvd: error: %s\n", std::string(started.status().message()).c_str());
+      return 1;
+    }
+    page = std::move(*started);
+    std::printf("rdzvd page on port %d\n", page->port());
+    std::fflush(stdout);
+  }
   // A stop by SIGINT or SIGTERM is the normal way to end a daemon. Shutdown runs off the io
   // thread while the loop keeps serving the calls it ends; the loop stops once it is done.
   // Further signals while it stops are swallowed (it is stopping already), also after the
@@ -107,6 +144,7 @@ int main(int argc, char** argv) {
       if (ec) return;
       if (!stopper.joinable()) {
         stopper = std::thread([&] {
+          if (page) page->stop();  // first: its handlers wait for the io thread
           (*server)->shutdown();
           io.stop();
         });

@@ -40,7 +40,8 @@ inline const std::vector<double> kRecoveryBucketsSeconds = {0.05, 0.1, 0.25, 0.5
                                                             10,   30,  60,   120, 300, 600};
 
 // What a scrape is answered with (Prometheus' text format).
-inline constexpr std::string_view kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
+inline constexpr std::string_view kPrometheusContentType =
+    "text/plain; version=0.0.4; charset=utf-8";
 
 class Counter {
  public:

@@ -151,8 +151,10 @@ class StateMachine {
   // Nodes that joined a run and have not left it (their stream is open).
   std::size_t num_sessions() const { return session_run_.size(); }
 
-  // What is held for `run_id`, or for every run when it is empty.
-  std::vector<v1::RunStatus> status(const std::string& run_id) const;
+  // What is held for `run_id`, or for every run when it is empty. With `now`, the ages
+  // (phase_age_ms, last_failure.age_ms) are filled in; without, they are 0.
+  std::vector<v1::RunStatus> status(const std::string& run_id,
+                                    std::optional<TimePoint> now = std::nullopt) const;
 
   // What happened since the last call (events.h), oldest first; the list is then empty. The
   // server drains it after every call; a caller that never does holds at most
@@ -215,6 +217,12 @@ class StateMachine {
     int budget_from = 0;
     // Since the last restart, until the next round closes (its kRoundFormed's `took`).
     std::optional<TimePoint> restarted_since;
+    // For status(): since when the run is in its phase; its last worker failure (one per
+    // run, not a history: the event log keeps that), with when it was reported; how it ended.
+    TimePoint phase_since;
+    std::optional<v1::FailureStatus> last_failure;
+    TimePoint last_failure_at;
+    bool failed = false;
   };
 
   std::vector<Outgoing> on_join(SessionId session, const v1::Join& join, TimePoint now);
