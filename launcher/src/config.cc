@@ -702,6 +702,11 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
                  "Append one JSON line per event of this node (round formed, workers started "
                  "with the recovery's phases, failures, restarts) to FILE (-: stderr)")
       ->group(kOps);
+  app.add_option("--metrics_port,--metrics-port", c.metrics_port,
+                 "Serve this node's Prometheus metrics (and the rendezvous server's, when it "
+                 "hosts it) on 0.0.0.0:PORT/metrics; 0: any free port, logged at info level")
+      ->check(CLI::Range(0, 65535))
+      ->group(kOps);
   pet(app.add_option("--event_log_handler,--event-log-handler", c.event_log_handler,
                      "Where events are logged: console (launch's log), null or "
                      "dynamic_rendezvous (as null, torchrun's)"),

@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_format.h"
 #include "muster/agent/agent.h"
+#include "muster/agent/agent_metrics.h"
 #include "muster/agent/failure.h"
 #include "muster/agent/numa.h"
 #include "muster/agent/supervisor.h"
@@ -34,6 +35,8 @@
 #include "muster/launcher/event_log.h"
 #include "muster/ops/json_lines.h"
 #include "muster/ops/status_format.h"
+#include "muster/ops/http_server.h"
+#include "muster/ops/metrics.h"
 #include "cluster_driver.h"
 #include "status_command.h"
 #include "muster/rendezvous/resolve.h"
@@ -195,6 +198,21 @@ int main(int argc, char** argv) {
     }
     event_log = std::move(*opened);
   }
+  // --metrics_port: one registry for this node's series and, when it hosts the rendezvous,
+  // the server's (docs/operations.md, "Metrics"). Made before the server, which adds to it.
+  muster::ops::Registry metrics;
+  std::unique_ptr<muster::ops::HttpServer> metrics_http;
+  if (cfg.metrics_port >= 0) {
+    muster::ops::add_process_metrics(metrics);
+    auto http = muster::ops::HttpServer::start("0.0.0.0", cfg.metrics_port,
+                                               muster::ops::metrics_routes(metrics));
+    if (!http.ok()) {
+      return fatal(absl::Status(http.status().code(),
+                                absl::StrCat("--metrics_port: ", http.status().message())));
+    }
+    metrics_http = std::move(*http);
+    spdlog::info("metrics on port {}", metrics_http->port());
+  }
   std::unique_ptr<muster::rendezvous::RendezvousServer> server;
   std::string rdzv_addr;    // the server as messages name it
   std::string rdzv_target;  // and as gRPC reaches it: an address, never a name
@@ -208,6 +226,7 @@ int main(int argc, char** argv) {
           log->write_line(muster::ops::event_json(e, muster::ops::wall_time_of(e)));
         });
   }
+  if (metrics_http) server_opts.metrics = &metrics;
   if (cfg.mode == RdzvMode::kEmbedded) {
     server_opts.listen_address = "127.0.0.1:0";
     auto started = muster::rendezvous::RendezvousServer::start(io, server_opts);
@@ -301,6 +320,7 @@ int main(int argc, char** argv) {
           log->write_line(muster::launcher::event_log_line(e, source));
         });
   }
+  if (metrics_http) opts.event_sinks.push_back(muster::agent::agent_metrics_sink(metrics));
   opts.min_nodes = cfg.min_nodes;
   opts.max_nodes = cfg.max_nodes;
   opts.max_restarts = cfg.max_restarts;

@@ -13,6 +13,8 @@
 #include "muster/ops/json_lines.h"
 #include "muster/ops/status_format.h"
 #include "live_page.h"
+#include "muster/ops/http_server.h"
+#include "muster/ops/metrics.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/server.h"
 #include "rdzvd_status.h"
@@ -24,6 +26,7 @@ int main(int argc, char** argv) {
   std::string listen = "0.0.0.0:29400";
   std::string token;
   double join_timeout = 600, last_call = 30, grace = 60, hang = 0;
+  int metrics_port = -1;  // off
   CLI::App app{"rdzvd: muster's rendezvous server for many runs", "rdzvd"};
   app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)");
   app.add_option("--token", token, "Shared secret every join must carry (or $MUSTER_RDZV_TOKEN)")
@@ -43,6 +46,10 @@ int main(int argc, char** argv) {
                  "Seconds: the default --hang_timeout of runs whose agents set none (0: off; "
                  "docs/hangs.md)")
       ->check(seconds_up_to(limits::kMaxHangTimeout));
+  app.add_option("--metrics_port,--metrics-port", metrics_port,
+                 "Serve Prometheus metrics on 0.0.0.0:PORT/metrics (0: any free port; "
+                 "docs/operations.md)")
+      ->check(CLI::Range(0, 65535));
   std::string event_log_path;
   int http_port = -1;
   app.add_option("--event_log,--event-log", event_log_path,
@@ -77,6 +84,21 @@ int main(int argc, char** argv) {
   opts.timeouts.finished_run_grace =
       std::chrono::milliseconds(static_cast<long long>(grace * 1000));
   opts.timeouts.hang_timeout = std::chrono::milliseconds(static_cast<long long>(hang * 1000));
+  // Made before the server (which adds its series) and outliving it.
+  muster::ops::Registry metrics;
+  std::unique_ptr<muster::ops::HttpServer> metrics_http;
+  if (metrics_port >= 0) {
+    muster::ops::add_process_metrics(metrics);
+    opts.metrics = &metrics;
+    auto http = muster::ops::HttpServer::start("0.0.0.0", metrics_port,
+                                               muster::ops::metrics_routes(metrics));
+    if (!http.ok()) {
+      std::fprintf(stderr, "rdzvd: error: --metrics_port: %s\n",
+                   std::string(http.status().message()).c_str());
+      return 1;
+    }
+    metrics_http = std::move(*http);
+  }
   std::unique_ptr<muster::ops::JsonLinesFile> event_log;
   if (!event_log_path.empty()) {
     auto opened = muster::ops::JsonLinesFile::open(event_log_path, "--event_log");
@@ -99,6 +121,7 @@ int main(int argc, char** argv) {
   // The bound port, for callers that asked for port 0.
   std::printf("rdzvd listening on port %d (store for this machine: %s)\n", (*server)->port(),
               (*server)->local_store_target().empty() ? "-" : (*server)->local_store_target().c_str());
+  if (metrics_http) std::printf("rdzvd metrics on port %d\n", metrics_http->port());
   std::fflush(stdout);
   std::unique_ptr<muster::ops::HttpServer> page;
   if (http_port >= 0) {
@@ -136,6 +159,7 @@ int main(int argc, char** argv) {
   auto guard = boost::asio::make_work_guard(io);
   io.run();
   if (stopper.joinable()) stopper.join();
+  if (metrics_http) metrics_http->stop();  // before the server: scrapes sample it
   (*server)->shutdown();
   boost::system::error_code ignored;
   signals.clear(ignored);  // puts the default actions back, so ignore them right after

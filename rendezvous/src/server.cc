@@ -18,7 +18,9 @@
 #include "absl/synchronization/mutex.h"
 #include "muster/rendezvous/host_id.h"
 #include "muster/rendezvous/limits.h"
+#include "health.h"
 #include "memory_trim.h"
+#include "server_metrics.h"
 #include "status_convert.h"
 #include "store_server.h"
 #include "muster/rendezvous/text.h"
@@ -65,6 +67,8 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   void set_store(StoreServer* store) { store_ = store; }
+  // io thread: what the metrics sample (server_metrics.h).
+  ServerSample sample() const;
   void fill_store_stats(v1::StoreStats& out) const {
     if (store_ != nullptr) out.set_parked_waits(static_cast<std::int64_t>(store_->parked_waits()));
   }
@@ -330,6 +334,25 @@ void Core::stop_pending() {
   }
 }
 
+ServerSample Core::sample() const {
+  ServerSample s;
+  for (const v1::RunStatus& run : machine_.status("")) {
+    if (run.phase() == "joining") ++s.runs_joining;
+    if (run.phase() == "running") {
+      ++s.runs_running;
+      s.nodes_members += run.members_size();
+    }
+    if (run.phase() == "finished") {
+      ++s.runs_finished;
+    } else {
+      s.nodes_waiting += run.waiting();
+    }
+  }
+  s.nodes_connected = static_cast<std::int64_t>(machine_.num_sessions());
+  s.agent_streams = static_cast<std::int64_t>(links_.size());
+  return s;
+}
+
 void Core::drop_finished_tables() {
   for (auto it = seen_runs_.begin(); it != seen_runs_.end();) {
     if (machine_.has_run(*it)) {
@@ -408,6 +431,8 @@ class RendezvousServer::Impl {
   int port = 0;
   std::string local_target;
   bool stopped = false;
+  ops::Registry* metrics_registry = nullptr;
+  int metrics_collector = 0;  // the registry's id of our collector; 0: none
 };
 
 absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
@@ -415,10 +440,17 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   auto impl = std::make_unique<Impl>();
   std::string address = options.listen_address;
   const int max_bytes = static_cast<int>(options.max_message_bytes);
+  std::shared_ptr<ServerMetrics> metrics;
+  if (options.metrics != nullptr) {
+    impl->metrics_registry = options.metrics;
+    metrics = std::make_shared<ServerMetrics>();
+    options.event_sinks.push_back([metrics](const RunEvent& e) { metrics->on_event(e); });
+  }
   impl->store = std::make_unique<StoreServer>(options.store_limits, options.token);
   impl->core = std::make_shared<Core>(io, std::move(options));
   impl->service = std::make_unique<Service>(impl->core);
   impl->core->set_store(impl->store.get());
+  enable_health_service();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
   // Also on an abstract Unix-domain socket: workers on this machine (and network namespace)
@@ -458,6 +490,17 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   if (!impl->server || impl->port == 0) {
     return absl::UnavailableError(absl::StrCat("rendezvous server cannot listen on ", address));
   }
+  set_serving(*impl->server, true);
+  if (metrics) {
+    metrics->attach(*impl->metrics_registry);
+    // Removed by shutdown(), before the store goes: the collector reads it.
+    impl->metrics_collector = impl->metrics_registry->add_collector(
+        [&io, metrics, core = std::weak_ptr<Core>(impl->core), store = impl->store.get()] {
+          metrics->collect(
+              io, [core] { auto c = core.lock(); return c ? c->sample() : ServerSample{}; },
+              *store);
+        });
+  }
   return std::unique_ptr<RendezvousServer>(new RendezvousServer(std::move(impl)));
 }
 
@@ -485,6 +528,10 @@ void RendezvousServer::post_status(const std::string& run_id,
 void RendezvousServer::shutdown(std::chrono::milliseconds grace) {
   if (impl_->stopped) return;
   impl_->stopped = true;
+  set_serving(*impl_->server, false);  // probes see it go first
+  if (impl_->metrics_collector != 0) {
+    impl_->metrics_registry->remove_collector(impl_->metrics_collector);
+  }
   // Calls that would otherwise wait past the deadline end first: status calls waiting for the
   // io thread (which may have stopped) and parked store waits (up to their own timeouts).
   impl_->core->stop_pending();

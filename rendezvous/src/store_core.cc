@@ -88,6 +88,8 @@ std::optional<absl::Status> StoreCore::handle(const StoreWaitPtr& w, StoreClock:
                                               std::vector<StoreWaitPtr>& woken) {
   const v1::StoreRequest& req = *w->request;
   v1::StoreReply& reply = *w->reply;
+  const int op = req.op() >= 0 && req.op() < kNumOps ? req.op() : R::OP_UNSPECIFIED;
+  op_counts_[op].fetch_add(1, std::memory_order_relaxed);
   if (absl::Status st = validate(req); !st.ok()) return st;
   absl::Status st;
   std::shared_ptr<Run> run = find_run(req.run_id(), st);

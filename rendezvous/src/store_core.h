@@ -13,6 +13,7 @@
 // then owns delivering its answer (StoreWait::status, and its reply).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -114,6 +115,10 @@ class StoreCore {
   bool shutting_down() const;
 
   std::size_t parked_waits() const { return parked_.load(std::memory_order_relaxed); }
+  // Requests handled, by v1::StoreRequest::Op (an unknown op counts as OP_UNSPECIFIED), for
+  // the metrics.
+  static constexpr int kNumOps = v1::StoreRequest::Op_ARRAYSIZE;
+  std::uint64_t op_count(int op) const { return op_counts_[op].load(std::memory_order_relaxed); }
   std::optional<RunStats> stats(const std::string& run_id) const;
   const StoreLimits& limits() const { return options_.limits; }
 
@@ -152,6 +157,7 @@ class StoreCore {
   const Options options_;
   std::function<void()> on_earlier_deadline_;
   std::atomic<std::size_t> parked_{0};
+  std::array<std::atomic<std::uint64_t>, kNumOps> op_counts_{};
 
   mutable absl::Mutex runs_mu_;
   std::unordered_map<std::string, std::shared_ptr<Run>> runs_ ABSL_GUARDED_BY(runs_mu_);

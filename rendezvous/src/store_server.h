@@ -6,6 +6,8 @@
 // client goes (OnCancel), its run is dropped or the server shuts down. Nothing polls.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,6 +42,9 @@ class StoreServer {
   void shutdown();
   // Waits parked now (for tests and metrics).
   std::size_t parked_waits() const;
+  // Requests handled since start, by v1::StoreRequest::Op (unknown ops as OP_UNSPECIFIED).
+  static constexpr int kNumOps = 11;
+  std::array<std::uint64_t, kNumOps> op_counts() const;
 
   // For tests: a run's table and waiter index (nullopt for a run that is not open).
   struct RunStats {

@@ -5,6 +5,8 @@
 //   exit CODE RANK       rank RANK exits with CODE at once; the others wait to be stopped
 //   restart DIR UNTIL    append TORCHELASTIC_RESTART_COUNT to DIR/restarts.<RANK>; while the
 //                        count is below UNTIL rank 0 exits 3 and the others wait to be stopped
+//   restart DIR UNTIL wait   the same, but from UNTIL on every rank prints "ready <pid> ..."
+//                        and waits to be stopped (instead of exiting 0)
 //   term DIR handle      print "ready <pid>"; on SIGTERM write DIR/term.<RANK> and exit 0
 //   term DIR ignore      print "ready <pid>"; ignore SIGTERM (only SIGKILL ends it)
 //   wait                 print "ready <pid>" and wait to be stopped
@@ -104,13 +106,17 @@ int main(int argc, char** argv) {
     ready();
     wait_forever();
   }
-  if (mode == "restart" && argc == 4) {
+  if (mode == "restart" && (argc == 4 || (argc == 5 && std::strcmp(argv[4], "wait") == 0))) {
     const int count = std::atoi(env("TORCHELASTIC_RESTART_COUNT").c_str());
     {
       std::ofstream out(std::string(argv[2]) + "/restarts." + env("RANK"), std::ios::app);
       out << count << "\n";
     }
-    if (count >= std::atoi(argv[3])) return 0;
+    if (count >= std::atoi(argv[3])) {
+      if (argc == 4) return 0;
+      ready();
+      wait_forever();
+    }
     if (rank() == 0) return 3;
     ready();
     wait_forever();

@@ -738,3 +738,13 @@ TEST_CASE("flags: --legacy_launch gives the program --local-rank=N unless --use_
   CHECK(d.master_port == 29500);
   CHECK(d.node_rank == 0);
 }
+
+TEST_CASE("flags: --metrics_port is off by default, 0..65535, either spelling", "[config]") {
+  CHECK(parse_ok({"--standalone", "prog"}).metrics_port == -1);
+  CHECK(parse_ok({"--standalone", "--metrics_port=0", "prog"}).metrics_port == 0);
+  CHECK(parse_ok({"--standalone", "--metrics-port", "9400", "prog"}).metrics_port == 9400);
+  CHECK_THAT(parse_err({"--standalone", "--metrics_port=70000", "prog"}),
+             Catch::Contains("metrics_port"));
+  CHECK_THAT(parse_err({"--standalone", "--metrics_port=-1", "prog"}),
+             Catch::Contains("metrics_port"));
+}

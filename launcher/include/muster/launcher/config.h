@@ -108,6 +108,9 @@ struct LaunchConfig {
   std::string duplicate_stdout_text, duplicate_stderr_text;
   std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
   std::string event_log;  // --event_log FILE ("-": stderr): JSON lines (event_log.h); empty: off
+  // --metrics_port PORT: Prometheus metrics on 0.0.0.0:PORT/metrics (0: a free port, logged);
+  // -1: off.
+  int metrics_port = -1;
   std::string event_log_handler = "console";  // accepted: events go to launch's own log
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   // --virtual_local_rank (torchrun 2.x): every worker gets LOCAL_RANK=0 and only its own

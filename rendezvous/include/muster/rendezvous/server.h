@@ -18,6 +18,10 @@
 #include "muster/rendezvous/state_machine.h"
 #include "muster/rendezvous/store.h"
 
+namespace muster::ops {
+class Registry;
+}
+
 namespace muster::rendezvous {
 
 struct ServerOptions {
@@ -34,6 +38,10 @@ struct ServerOptions {
   // state machine decided it and before its messages are sent: metrics, the event log, the
   // live page. Must be quick and must not call into the server.
   std::vector<std::function<void(const RunEvent&)>> event_sinks;
+  // When set, the server adds its series (docs/operations.md, "Metrics") to this registry,
+  // which must outlive the server. A render of the registry then samples the runs on the io
+  // thread (waiting for it at most a second): render it from another thread.
+  ops::Registry* metrics = nullptr;
 };
 
 class RendezvousServer {

@@ -148,6 +148,8 @@ class StateMachine {
   // Runs that have not finished.
   std::size_t num_active_runs() const;
   bool has_run(const std::string& run_id) const { return runs_.count(run_id) > 0; }
+  // Nodes that joined a run and have not left it (their stream is open).
+  std::size_t num_sessions() const { return session_run_.size(); }
 
   // What is held for `run_id`, or for every run when it is empty. With `now`, the ages
   // (phase_age_ms, last_failure.age_ms) are filled in; without, they are 0.

@@ -1,0 +1,18 @@
+#include "health.h"
+
+#include <grpcpp/health_check_service_interface.h>
+
+namespace muster::rendezvous {
+
+void enable_health_service() { grpc::EnableDefaultHealthCheckService(true); }
+
+void set_serving(grpc::Server& server, bool serving) {
+  grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
+  if (health == nullptr) return;
+  // The named services too, for probes that ask for one (grpc_health_probe -service=...).
+  health->SetServingStatus("muster.v1.Rendezvous", serving);
+  health->SetServingStatus("muster.v1.Store", serving);
+  health->SetServingStatus(serving);  // "" and every name set so far
+}
+
+}  // namespace muster::rendezvous

@@ -1,0 +1,16 @@
+// The standard gRPC health service (grpc.health.v1.Health, gRPC's own implementation) on the
+// rendezvous server's ports, for orchestrators' probes (docs/operations.md, "Health checks"):
+// the server ("") and each of its services report SERVING while it is up and NOT_SERVING
+// from the moment its shutdown starts.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+namespace muster::rendezvous {
+
+// Before a grpc::ServerBuilder is made (gRPC reads a process-wide switch there).
+void enable_health_service();
+// After BuildAndStart, and first thing in shutdown.
+void set_serving(grpc::Server& server, bool serving);
+
+}  // namespace muster::rendezvous
