@@ -183,6 +183,7 @@ int main(int argc, char** argv) {
   bool hosting = false;
   muster::rendezvous::ServerOptions server_opts;
   server_opts.token = cfg.rdzv_conf.token;
+  server_opts.tls = cfg.server_tls;
   server_opts.timeouts = cfg.rdzv_conf.timeouts;
   if (cfg.mode == RdzvMode::kEmbedded) {
     server_opts.listen_address = "127.0.0.1:0";
@@ -265,6 +266,7 @@ int main(int argc, char** argv) {
   opts.wait_for_server = !hosting;
   opts.connect_timeout = cfg.rdzv_conf.read_timeout;
   opts.token = cfg.rdzv_conf.token;
+  opts.tls = cfg.client_tls;
   opts.rdzv_timeouts = cfg.rdzv_conf.timeouts;
   opts.store_addr = rdzv_target;
   opts.run_id = run_id;

@@ -117,7 +117,8 @@ void SessionClient::open(OpenOptions o) {
               static_cast<int>(std::min<std::int64_t>(attempt.count(), 1 << 30)));
   impl_->target = o.name.empty() ? o.target : o.name;
   impl_->on_ready = std::move(o.on_ready);
-  impl_->channel = grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
+  add_tls_channel_args(o.tls, args);
+  impl_->channel = grpc::CreateCustomChannel(o.target, channel_credentials(o.tls), args);
   impl_->stub = v1::Rendezvous::NewStub(impl_->channel);
   if (o.wait_for_ready) {
     // The wait is the reader thread's (the caller's loop keeps serving signals); the timeout
@@ -167,9 +168,12 @@ void SessionClient::close() {
 
 absl::StatusOr<v1::StatusReply> get_status(const std::string& target, const std::string& run_id,
                                            const std::string& token,
-                                           std::chrono::milliseconds timeout) {
-  auto stub =
-      v1::Rendezvous::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+                                           std::chrono::milliseconds timeout,
+                                           const ClientTls& tls) {
+  grpc::ChannelArguments args;
+  add_tls_channel_args(tls, args);
+  auto stub = v1::Rendezvous::NewStub(
+      grpc::CreateCustomChannel(target, channel_credentials(tls), args));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
   v1::StatusRequest req;
