@@ -655,16 +655,16 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
                      "token, is_host, tls_ca, tls_cert, tls_key, tls_server_name (other "
                      "torchrun keys: accepted, ignored, warned about)"),
       kRdzv);
-  const char* kTls = "TLS for the server this launch hosts (docs/operations.md)";
-  pet(app.add_option("--tls_cert,--tls-cert", c.server_tls.files.cert,
-                     "PEM certificate chain: the hosted server speaks TLS only"),
-      kTls);
-  pet(app.add_option("--tls_key,--tls-key", c.server_tls.files.key, "PEM private key of --tls_cert"),
-      kTls);
-  pet(app.add_option("--tls_ca,--tls-ca", c.server_tls.files.client_ca,
-                     "PEM CA of the agents' certificates: mutual TLS (every agent needs "
-                     "--rdzv_conf tls_cert=,tls_key=)"),
-      kTls);
+  // TLS for the server this launch hosts (docs/operations.md, "TLS").
+  app.add_option("--tls_cert,--tls-cert", c.server_tls.files.cert,
+                 "PEM certificate chain: the rendezvous server this launch hosts speaks TLS only")
+      ->group(kOps);
+  app.add_option("--tls_key,--tls-key", c.server_tls.files.key, "PEM private key of --tls_cert")
+      ->group(kOps);
+  app.add_option("--tls_ca,--tls-ca", c.server_tls.files.client_ca,
+                 "PEM CA of the agents' certificates: mutual TLS (every agent needs "
+                 "--rdzv_conf tls_cert=,tls_key=)")
+      ->group(kOps);
   pet(app.add_option("--local_addr,--local-addr", c.local_addr,
                      "This node's address as other nodes reach it (default: its FQDN)"),
       kRdzv);

@@ -146,6 +146,11 @@ TEST_CASE("tls: launch's flags, --rdzv_conf keys and MUSTER_TLS_* variables", "[
   auto embedded = parse({"--standalone", "--rdzv_conf=tls_ca=" + c->ca});
   REQUIRE(embedded.config);
   CHECK(embedded.config->client_tls.files.server_name == "localhost");
+  // launch's own flags take no prefix away from torchrun's: --t is still --tee.
+  auto tee = parse({"--standalone", "--t=3", "--log_dir=" + c->dir.path()});
+  INFO(tee.error.message());
+  REQUIRE(tee.config);
+  CHECK(tee.config->tee == "3");
 
   auto err = [](const muster::launcher::ParseResult& p) {
     REQUIRE_FALSE(p.config);
