@@ -207,6 +207,7 @@ class Agent::Impl {
     o.connect_timeout = connect_timeout;
     o.liveness_window = window_;
     o.on_ready = [this] { heard_from_server(); };
+    o.tls = opts_.tls;
     stop_silence_timer();
     client_->open(std::move(o));
   }
@@ -440,6 +441,7 @@ class Agent::Impl {
       spec.round = a.round();
       spec.node_addr = opts_.host;
       spec.token = opts_.token;
+      spec.tls = opts_.tls.files;
       spec.signals_to_handle = opts_.signals_to_handle;
       spec.virtual_local_rank = opts_.virtual_local_rank;
       std::vector<std::string> argv = opts_.argv;

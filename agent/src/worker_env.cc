@@ -60,6 +60,12 @@ std::map<std::string, std::string> build_worker_env(const std::map<std::string, 
   set("MUSTER_ROUND", std::to_string(s.round));
   set("MUSTER_NODE_ADDR", s.node_addr);
   if (!s.token.empty()) set("MUSTER_RDZV_TOKEN", s.token);
+  // Exactly the agent's TLS settings, none inherited beside them.
+  for (const char* k : {rendezvous::kTlsCaVar, rendezvous::kTlsCertVar, rendezvous::kTlsKeyVar,
+                        rendezvous::kTlsServerNameVar}) {
+    env.erase(k);
+  }
+  for (auto& [k, v] : rendezvous::client_tls_env(s.tls)) env[k] = v;
   return env;
 }
 

@@ -26,6 +26,8 @@ bool driver_sets_flag(std::string_view name) {
   static constexpr std::string_view kNames[] = {
       // the cluster's own
       "hosts", "hostfile", "include", "exclude", "ssh_args", "remote_launch", "env",
+      // the driver's own server's (its agents do not host)
+      "tls_cert", "tls_key", "tls_ca",
       // set per host by the driver
       "nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf",
       "local_addr", "standalone"};

@@ -142,6 +142,7 @@ class Driver {
       muster::rendezvous::ServerOptions opts;
       opts.listen_address = !any_remote ? "127.0.0.1:0" : v6 ? "[::]:0" : "0.0.0.0:0";
       opts.token = in.token;
+      opts.tls = cfg_.server_tls;
       opts.timeouts = cfg_.rdzv_conf.timeouts;
       auto started = muster::rendezvous::RendezvousServer::start(io_, opts);
       if (!started.ok()) {

@@ -31,6 +31,7 @@
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/resolve.h"
 #include "cluster_config.h"
+#include "tls_config.h"
 
 namespace muster::launcher {
 
@@ -369,6 +370,14 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
       }
     } else if (key == "token") {
       c.token = std::string(value);
+    } else if (key == "tls_ca") {
+      c.tls.ca = std::string(value);
+    } else if (key == "tls_cert") {
+      c.tls.cert = std::string(value);
+    } else if (key == "tls_key") {
+      c.tls.key = std::string(value);
+    } else if (key == "tls_server_name") {
+      c.tls.server_name = std::string(value);
     } else if (key == "is_host") {
       std::string v = absl::AsciiStrToLower(value);
       if (v == "1" || v == "true" || v == "yes")
@@ -643,8 +652,19 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   pet(app.add_option("--rdzv_conf,--rdzv-conf", c.rdzv_conf_text,
                      "key=value,... : join_timeout, last_call_timeout, close_timeout, "
                      "keep_alive_interval, keep_alive_max_attempt, read_timeout (seconds), "
-                     "token, is_host (other torchrun keys: accepted, ignored, warned about)"),
+                     "token, is_host, tls_ca, tls_cert, tls_key, tls_server_name (other "
+                     "torchrun keys: accepted, ignored, warned about)"),
       kRdzv);
+  // TLS for the server this launch hosts (docs/operations.md, "TLS").
+  app.add_option("--tls_cert,--tls-cert", c.server_tls.files.cert,
+                 "PEM certificate chain: the rendezvous server this launch hosts speaks TLS only")
+      ->group(kOps);
+  app.add_option("--tls_key,--tls-key", c.server_tls.files.key, "PEM private key of --tls_cert")
+      ->group(kOps);
+  app.add_option("--tls_ca,--tls-ca", c.server_tls.files.client_ca,
+                 "PEM CA of the agents' certificates: mutual TLS (every agent needs "
+                 "--rdzv_conf tls_cert=,tls_key=)")
+      ->group(kOps);
   pet(app.add_option("--local_addr,--local-addr", c.local_addr,
                      "This node's address as other nodes reach it (default: its FQDN)"),
       kRdzv);
@@ -913,6 +933,10 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
     result.error = s;
     return result;
   }
+  if (absl::Status s = resolve_tls(c, env, cluster); !s.ok()) {
+    result.error = s;
+    return result;
+  }
   if (cluster) {
     auto flag_given = [&app](std::string_view name) {
       for (const CLI::Option* o : app.get_options()) {
@@ -946,6 +970,8 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   } else if (absl::Status s = resolve_rendezvous(c); !s.ok()) {
     result.error = s;
     return result;
+  } else if (c.client_tls.enabled() && c.client_tls.files.server_name.empty()) {
+    c.client_tls.files.server_name = c.mode == RdzvMode::kEmbedded ? "localhost" : c.endpoint.host;
   }
   result.config = std::move(c);
   return result;

@@ -219,6 +219,7 @@ int main(int argc, char** argv) {
   bool hosting = false;
   muster::rendezvous::ServerOptions server_opts;
   server_opts.token = cfg.rdzv_conf.token;
+  server_opts.tls = cfg.server_tls;
   server_opts.timeouts = cfg.rdzv_conf.timeouts;
   if (event_log) {
     server_opts.event_sinks.push_back(
@@ -302,6 +303,7 @@ int main(int argc, char** argv) {
   opts.wait_for_server = !hosting;
   opts.connect_timeout = cfg.rdzv_conf.read_timeout;
   opts.token = cfg.rdzv_conf.token;
+  opts.tls = cfg.client_tls;
   opts.rdzv_timeouts = cfg.rdzv_conf.timeouts;
   opts.store_addr = rdzv_target;
   opts.run_id = run_id;

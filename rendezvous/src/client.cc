@@ -47,8 +47,20 @@ class SessionClient::Impl : public std::enable_shared_from_this<Impl> {
 
   // io thread only.
   std::unique_ptr<boost::asio::steady_timer> connect_timer;
-  bool timed_out = false;
+  // Set by the connect timer (io thread) before it cancels the call; read by the reader too.
+  std::atomic<bool> timed_out{false};
   std::chrono::milliseconds connect_timeout{0};
+
+  // The reader thread, after the connect timeout: what a call that does not wait for the
+  // server gets now (gRPC's last connection error), or "" when that says nothing more.
+  std::string connect_error() {
+    grpc::ClientContext probe;
+    probe.set_deadline(std::chrono::system_clock::now() + limits::kConnectErrorProbe);
+    v1::StatusRequest req;
+    v1::StatusReply reply;
+    const grpc::Status st = stub->GetStatus(&probe, req, &reply);
+    return st.error_code() == grpc::StatusCode::UNAVAILABLE ? st.error_message() : std::string();
+  }
 
   // The reader thread: starts the call (with wait_for_ready this blocks until the server is
   // reachable, or the call is cancelled by close() or the connect timer), writes what was
@@ -79,12 +91,17 @@ class SessionClient::Impl : public std::enable_shared_from_this<Impl> {
       });
     }
     absl::Status status = from_grpc(raw->Finish());
-    boost::asio::post(io, [self = shared_from_this(), status] {
+    // The connect timer ended the wait (not close()): why the server could not be reached
+    // (refused, a TLS handshake that failed) is the channel's to tell.
+    std::string why;
+    if (timed_out && !closed) why = connect_error();
+    boost::asio::post(io, [self = shared_from_this(), status, why] {
       if (self->closed) return;
       if (self->timed_out) {
         self->on_closed(absl::DeadlineExceededError(absl::StrFormat(
-            "rendezvous server at %s not reachable within %g s", self->target,
-            static_cast<double>(self->connect_timeout.count()) / 1000)));
+            "rendezvous server at %s not reachable within %g s%s", self->target,
+            static_cast<double>(self->connect_timeout.count()) / 1000,
+            why.empty() ? "" : absl::StrCat(" (", why, ")"))));
         return;
       }
       self->on_closed(status);
@@ -117,7 +134,8 @@ void SessionClient::open(OpenOptions o) {
               static_cast<int>(std::min<std::int64_t>(attempt.count(), 1 << 30)));
   impl_->target = o.name.empty() ? o.target : o.name;
   impl_->on_ready = std::move(o.on_ready);
-  impl_->channel = grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
+  add_tls_channel_args(o.tls, args);
+  impl_->channel = grpc::CreateCustomChannel(o.target, channel_credentials(o.tls), args);
   impl_->stub = v1::Rendezvous::NewStub(impl_->channel);
   if (o.wait_for_ready) {
     // The wait is the reader thread's (the caller's loop keeps serving signals); the timeout
@@ -167,9 +185,12 @@ void SessionClient::close() {
 
 absl::StatusOr<v1::StatusReply> get_status(const std::string& target, const std::string& run_id,
                                            const std::string& token,
-                                           std::chrono::milliseconds timeout) {
-  auto stub =
-      v1::Rendezvous::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+                                           std::chrono::milliseconds timeout,
+                                           const ClientTls& tls) {
+  grpc::ChannelArguments args;
+  add_tls_channel_args(tls, args);
+  auto stub = v1::Rendezvous::NewStub(
+      grpc::CreateCustomChannel(target, channel_credentials(tls), args));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
   v1::StatusRequest req;

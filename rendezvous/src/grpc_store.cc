@@ -99,8 +99,9 @@ class GrpcStore::Impl {
     args.SetString(GRPC_ARG_OPTIMIZATION_TARGET, "latency");
     args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);  // no per-call deadlines or census on these streams
+    add_tls_channel_args(opts.tls, args);
     stub = v1::Store::NewStub(
-        grpc::CreateCustomChannel(opts.target, grpc::InsecureChannelCredentials(), args));
+        grpc::CreateCustomChannel(opts.target, channel_credentials(opts.tls), args));
   }
 
   // An open stream. Requests on one stream are served in order, so a set may be written

@@ -8,15 +8,18 @@
 #include <boost/asio/signal_set.hpp>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <thread>
 
-#include "muster/ops/json_lines.h"
-#include "muster/ops/status_format.h"
 #include "live_page.h"
 #include "muster/ops/http_server.h"
+#include "muster/ops/json_lines.h"
 #include "muster/ops/metrics.h"
+#include "muster/ops/status_format.h"
+#include "muster/rendezvous/credentials.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/server.h"
+#include "muster/rendezvous/tls.h"
 #include "rdzvd_status.h"
 
 int main(int argc, char** argv) {
@@ -24,13 +27,20 @@ int main(int argc, char** argv) {
   // does not need that on its hot path.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   std::string listen = "0.0.0.0:29400";
-  std::string token;
+  std::string token, token_file;
+  muster::rendezvous::ServerTlsFiles tls_files;
   double join_timeout = 600, last_call = 30, grace = 60, hang = 0;
   int metrics_port = -1;  // off
   CLI::App app{"rdzvd: muster's rendezvous server for many runs", "rdzvd"};
   app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)");
   app.add_option("--token", token, "Shared secret every join must carry (or $MUSTER_RDZV_TOKEN)")
       ->envname("MUSTER_RDZV_TOKEN");
+  app.add_option("--token_file,--token-file", token_file,
+                 "Per-run tokens, 'RUN_ID TOKEN' lines; reloaded on SIGHUP (docs/operations.md)");
+  app.add_option("--tls_cert,--tls-cert", tls_files.cert, "PEM certificate chain: serve TLS only");
+  app.add_option("--tls_key,--tls-key", tls_files.key, "PEM private key of --tls_cert");
+  app.add_option("--tls_ca,--tls-ca", tls_files.client_ca,
+                 "PEM CA of the clients' certificates: mutual TLS, every client must show one");
   namespace limits = muster::rendezvous::limits;
   auto seconds_up_to = [](std::chrono::milliseconds cap) {
     return CLI::Range(0.0, std::chrono::duration<double>(cap).count());
@@ -67,6 +77,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (status_command.parsed()) return status_command.run();
+  auto usage = [](const absl::Status& s) {
+    std::fprintf(stderr, "rdzvd: error: %s\n", std::string(s.message()).c_str());
+    return 2;
+  };
+  auto tls = muster::rendezvous::load_server_tls(tls_files);
+  if (!tls.ok()) return usage(tls.status());
+  std::optional<muster::rendezvous::RunTokens> run_tokens;
+  if (!token_file.empty()) {
+    auto loaded = muster::rendezvous::load_token_file(token_file);
+    if (!loaded.ok()) return usage(loaded.status());
+    run_tokens = std::move(*loaded);
+  }
   ::signal(SIGPIPE, SIG_IGN);
   // Large buffers (store values, big requests) straight from the kernel and back to it when
   // freed: glibc's default raises this threshold after the first large free, after which
@@ -77,6 +99,8 @@ int main(int argc, char** argv) {
   muster::rendezvous::ServerOptions opts;
   opts.listen_address = listen;
   opts.token = token;
+  opts.run_tokens = std::move(run_tokens);
+  opts.tls = std::move(*tls);
   opts.timeouts.join_timeout =
       std::chrono::milliseconds(static_cast<long long>(join_timeout * 1000));
   opts.timeouts.last_call_timeout =
@@ -156,14 +180,40 @@ int main(int argc, char** argv) {
     });
   };
   wait_signal();
+  // SIGHUP reloads the token file (on the io thread: a small file, read once). A file that
+  // does not parse leaves the tables as they were. Without --token_file, SIGHUP keeps its
+  // default action.
+  std::optional<boost::asio::signal_set> hup;
+  std::function<void()> wait_hup = [&] {
+    hup->async_wait([&](const boost::system::error_code& ec, int) {
+      if (ec) return;
+      auto loaded = muster::rendezvous::load_token_file(token_file);
+      if (loaded.ok()) {
+        const std::size_t n = loaded->size();
+        (*server)->set_run_tokens(std::move(*loaded));
+        std::printf("rdzvd: reloaded %s: %zu run%s\n", token_file.c_str(), n, n == 1 ? "" : "s");
+        std::fflush(stdout);
+      } else {
+        std::fprintf(stderr, "rdzvd: error: reloading the token file: %s; the previous tokens stay\n",
+                     std::string(loaded.status().message()).c_str());
+      }
+      wait_hup();
+    });
+  };
+  if (!token_file.empty()) {
+    hup.emplace(io, SIGHUP);
+    wait_hup();
+  }
   auto guard = boost::asio::make_work_guard(io);
   io.run();
   if (stopper.joinable()) stopper.join();
   if (metrics_http) metrics_http->stop();  // before the server: scrapes sample it
   (*server)->shutdown();
   boost::system::error_code ignored;
+  if (hup) hup->clear(ignored);
   signals.clear(ignored);  // puts the default actions back, so ignore them right after
   ::signal(SIGINT, SIG_IGN);
   ::signal(SIGTERM, SIG_IGN);
+  if (hup) ::signal(SIGHUP, SIG_IGN);
   return 0;
 }

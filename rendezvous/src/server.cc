@@ -52,10 +52,11 @@ struct PendingStatus {
 // State owned by the io thread: the state machine, the session table and the timer.
 class Core : public std::enable_shared_from_this<Core> {
  public:
-  Core(boost::asio::io_context& io, ServerOptions opts);
+  Core(boost::asio::io_context& io, ServerOptions opts, std::shared_ptr<Credentials> credentials);
 
   boost::asio::io_context& io() { return io_; }
-  const std::string& token() const { return opts_.token; }
+  // Any thread.
+  const Credentials& credentials() const { return *credentials_; }
 
   // io thread only.
   void on_open(SessionId id, std::shared_ptr<SessionLink> link) { links_[id] = std::move(link); }
@@ -100,6 +101,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
   boost::asio::io_context& io_;
   ServerOptions opts_;
+  const std::shared_ptr<Credentials> credentials_;
   StateMachine machine_;
   boost::asio::steady_timer timer_;
   std::optional<TimePoint> armed_for_;
@@ -118,9 +120,11 @@ class Core : public std::enable_shared_from_this<Core> {
   std::set<std::string> seen_runs_;  // runs that have had a Join, for dropping their tables
 };
 
-Core::Core(boost::asio::io_context& io, ServerOptions opts)
+Core::Core(boost::asio::io_context& io, ServerOptions opts,
+           std::shared_ptr<Credentials> credentials)
     : io_(io),
       opts_(std::move(opts)),
+      credentials_(std::move(credentials)),
       machine_(opts_.timeouts),
       timer_(io),
       trim_timer_(io) {}
@@ -195,10 +199,12 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMs
                                        limits::kMaxAgentMessageBytes)));
       return;
     }
-    if (in_.has_join() && !token_matches(in_.join().token(), core_->token())) {
+    // Before the state machine sees it: a join to a run this token does not open cannot
+    // hold that run's round or change it in any way.
+    if (in_.has_join() && !core_->credentials().allows(in_.join().run_id(), in_.join().token())) {
       post_closed();
       finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          "rendezvous refused the join: wrong or missing token"));
+                          "rendezvous refused the join: wrong or missing token for this run"));
       return;
     }
     boost::asio::post(core_->io(),
@@ -274,7 +280,9 @@ class Service final : public v1::Rendezvous::CallbackService {
                                       const v1::StatusRequest* request,
                                       v1::StatusReply* reply) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (!token_matches(request->token(), core_->token())) {
+    const Credentials& creds = core_->credentials();
+    if (request->run_id().empty() ? !creds.allows_all_runs(request->token())
+                                  : !creds.allows(request->run_id(), request->token())) {
       reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                                    "rendezvous refused the status call: wrong or missing token"));
       return reactor;
@@ -428,6 +436,7 @@ class RendezvousServer::Impl {
   std::unique_ptr<Service> service;
   std::unique_ptr<StoreServer> store;
   std::unique_ptr<grpc::Server> server;
+  std::shared_ptr<Credentials> credentials;
   int port = 0;
   std::string local_target;
   bool stopped = false;
@@ -446,16 +455,21 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
     metrics = std::make_shared<ServerMetrics>();
     options.event_sinks.push_back([metrics](const RunEvent& e) { metrics->on_event(e); });
   }
-  impl->store = std::make_unique<StoreServer>(options.store_limits, options.token);
-  impl->core = std::make_shared<Core>(io, std::move(options));
+  const bool tls = options.tls.enabled();
+  impl->credentials = std::make_shared<Credentials>(options.token, std::move(options.run_tokens));
+  impl->store = std::make_unique<StoreServer>(options.store_limits, impl->credentials);
+  const std::shared_ptr<grpc::ServerCredentials> creds = server_credentials(options.tls);
+  impl->core = std::make_shared<Core>(io, std::move(options), impl->credentials);
   impl->service = std::make_unique<Service>(impl->core);
   impl->core->set_store(impl->store.get());
   enable_health_service();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
+  builder.AddListeningPort(address, creds, &impl->port);
   // Also on an abstract Unix-domain socket: workers on this machine (and network namespace)
-  // reach the store there, faster than over TCP loopback (docs/worker_runtime.md).
-  const std::string host = host_identity();
+  // reach the store there, faster than over TCP loopback (docs/worker_runtime.md). Not with
+  // TLS: a plaintext socket beside the TLS port would let a local client past the
+  // client-certificate check.
+  const std::string host = tls ? std::string() : host_identity();
   if (!host.empty()) {
     impl->local_target = absl::StrCat("unix-abstract:muster-rdzv-", ::getpid(), "-",
                                       std::random_device{}());
@@ -509,6 +523,10 @@ RendezvousServer::RendezvousServer(std::unique_ptr<Impl> impl) : impl_(std::move
 RendezvousServer::~RendezvousServer() { shutdown(); }
 
 int RendezvousServer::port() const { return impl_->port; }
+
+void RendezvousServer::set_run_tokens(RunTokens tokens) {
+  impl_->credentials->set_run_tokens(std::move(tokens));
+}
 
 const std::string& RendezvousServer::local_store_target() const { return impl_->local_target; }
 

@@ -27,8 +27,11 @@ StoreCore::StoreCore(Options options) : options_(std::move(options)) {}
 StoreCore::~StoreCore() = default;
 
 absl::Status StoreCore::validate(const v1::StoreRequest& req) const {
-  if (!options_.token.empty() && req.token() != options_.token) {
-    return absl::PermissionDeniedError("store refused the call: wrong or missing token");
+  // First, before anything of the request is looked at: the run it names selects the token
+  // it needs (compared in constant time).
+  if (options_.credentials && !options_.credentials->allows(req.run_id(), req.token())) {
+    return absl::PermissionDeniedError(
+        "store refused the call: wrong or missing token for this run");
   }
   const int nkeys = req.keys_size();
   const int nvalues = req.values_size();

@@ -29,6 +29,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "muster/rendezvous/credentials.h"
 #include "muster/rendezvous/kv_table.h"
 #include "muster/rendezvous/store.h"
 #include "muster/v1/rendezvous.pb.h"
@@ -78,7 +79,9 @@ class StoreCore {
  public:
   struct Options {
     StoreLimits limits;
-    std::string token;
+    // A request's token must open its run (credentials.h): run A's token on run B's table is
+    // PERMISSION_DENIED. Null: every request is let through (tests, the fuzz target).
+    std::shared_ptr<const Credentials> credentials;
     // Refuse requests for runs not opened with open_run() (FAILED_PRECONDITION).
     bool require_open_runs = true;
   };

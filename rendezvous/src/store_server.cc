@@ -16,8 +16,8 @@ namespace muster::rendezvous {
 
 class StoreServer::Impl final : public v1::Store::CallbackService {
  public:
-  Impl(StoreLimits limits, std::string token, bool require_open_runs)
-      : core_(StoreCore::Options{limits, std::move(token), require_open_runs}) {
+  Impl(StoreLimits limits, std::shared_ptr<const Credentials> credentials, bool require_open_runs)
+      : core_(StoreCore::Options{limits, std::move(credentials), require_open_runs}) {
     core_.set_on_earlier_deadline([this] { poke_timer(); });
     timer_ = std::thread([this] { timer_loop(); });
   }
@@ -215,8 +215,9 @@ class StoreServer::Impl final : public v1::Store::CallbackService {
   std::thread timer_;
 };
 
-StoreServer::StoreServer(StoreLimits limits, std::string token, bool require_open_runs)
-    : impl_(std::make_unique<Impl>(limits, std::move(token), require_open_runs)) {}
+StoreServer::StoreServer(StoreLimits limits, std::shared_ptr<const Credentials> credentials,
+                         bool require_open_runs)
+    : impl_(std::make_unique<Impl>(limits, std::move(credentials), require_open_runs)) {}
 
 StoreServer::~StoreServer() = default;
 

@@ -14,17 +14,20 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "muster/rendezvous/credentials.h"
 #include "muster/rendezvous/store.h"
 
 namespace muster::rendezvous {
 
 class StoreServer {
  public:
+  // Every request's token must open its run (`credentials`; null: an open server).
   // With `require_open_runs` (the default), a request for a run that open_run() has not
   // named (or that drop() has ended) is refused with FAILED_PRECONDITION "store: unknown run
   // 'X'", so a client cannot create tables for runs the rendezvous never knew. false: the
   // first request for a run creates its table.
-  StoreServer(StoreLimits limits, std::string token, bool require_open_runs = true);
+  StoreServer(StoreLimits limits, std::shared_ptr<const Credentials> credentials,
+              bool require_open_runs = true);
   ~StoreServer();
 
   // Before BuildAndStart. The server must be shut down before this object goes.

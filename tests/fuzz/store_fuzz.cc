@@ -87,7 +87,7 @@ struct Model {
 
 class Harness {
  public:
-  Harness() : core_(StoreCore::Options{fuzz_limits(), "", true}), now_(StoreClock::time_point{}) {
+  Harness() : core_(StoreCore::Options{fuzz_limits(), nullptr, true}), now_(StoreClock::time_point{}) {
     for (int i = 0; i < kRunCount; ++i) open(i);
   }
 

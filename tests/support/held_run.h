@@ -18,7 +18,8 @@ namespace muster::testing {
 
 class HeldRun {
  public:
-  HeldRun(const std::string& endpoint, const std::string& run, int min_nodes = 1, int max_nodes = 1)
+  HeldRun(const std::string& endpoint, const std::string& run, int min_nodes = 1, int max_nodes = 1,
+          const std::string& token = "")
       : stub_(v1::Rendezvous::NewStub(grpc::CreateChannel(endpoint, grpc::InsecureChannelCredentials()))) {
     stream_ = stub_->Session(&ctx_);
     v1::AgentMsg m;
@@ -30,6 +31,7 @@ class HeldRun {
     j->set_min_nodes(min_nodes);
     j->set_max_nodes(max_nodes);
     j->set_requested_rank(-1);
+    j->set_token(token);
     j->set_keep_alive_interval_ms(rendezvous::limits::kMaxKeepAliveInterval.count());
     v1::ServerMsg got;
     if (!stream_->Write(m) || !stream_->Read(&got) || !got.has_assignment()) {

@@ -52,7 +52,8 @@ struct PrefixFixture {
 // Join), and a client.
 struct GrpcFixture {
   static constexpr bool kWritesBehind = true;  // see grpc_store.h
-  muster::rendezvous::StoreServer service{small_limits(), "secret"};
+  muster::rendezvous::StoreServer service{small_limits(),
+                                          std::make_shared<muster::rendezvous::Credentials>("secret")};
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   std::unique_ptr<muster::rendezvous::GrpcStore> store;

@@ -87,13 +87,18 @@ absl::StatusOr<WorkerInfo> parse_worker_env(const std::map<std::string, std::str
   r.below("MASTER_PORT", w.master_port, "the port limit", 65536);
   if (!r.status().ok()) return r.status();
   if (w.node_addr.empty()) w.node_addr = w.master_addr;
+  w.tls = rendezvous::client_tls_files_from_env(env);
   return w;
 }
 
-Runtime::Runtime(WorkerInfo info, ProgressReporter progress)
+Runtime::Runtime(WorkerInfo info, ProgressReporter progress, rendezvous::ClientTls tls)
     : info_(std::move(info)), progress_(std::move(progress)) {
-  run_store_ = std::make_unique<rendezvous::GrpcStore>(
-      rendezvous::GrpcStoreOptions{info_.store_addr, info_.store_run_id, info_.token});
+  rendezvous::GrpcStoreOptions store;
+  store.target = info_.store_addr;
+  store.run_id = info_.store_run_id;
+  store.token = info_.token;
+  store.tls = std::move(tls);
+  run_store_ = std::make_unique<rendezvous::GrpcStore>(std::move(store));
   round_store_ = std::make_unique<rendezvous::PrefixStore>(absl::StrCat("r", info_.round, "/"),
                                                            *run_store_);
 }
@@ -104,7 +109,13 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::from_env(
     const std::map<std::string, std::string>& env) {
   auto info = parse_worker_env(env);
   if (!info.ok()) return info.status();
-  return std::unique_ptr<Runtime>(new Runtime(std::move(*info), ProgressReporter::from_env(env)));
+  auto tls = rendezvous::load_client_tls(info->tls);
+  if (!tls.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker environment (MUSTER_TLS_*): ", tls.status().message()));
+  }
+  return std::unique_ptr<Runtime>(
+      new Runtime(std::move(*info), ProgressReporter::from_env(env), std::move(*tls)));
 }
 
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::from_env() {

@@ -20,6 +20,7 @@
 #include "muster/agent/numa.h"
 #include "muster/agent/supervisor.h"
 #include "muster/rendezvous/state_machine.h"
+#include "muster/rendezvous/tls.h"
 
 namespace muster::agent {
 
@@ -36,6 +37,8 @@ struct AgentOptions {
   // lost it (it stops its workers, then reconnects and joins its run again for this long).
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   std::string token;
+  // TLS to the server (its files also go to the workers, MUSTER_TLS_*); not enabled: plaintext.
+  rendezvous::ClientTls tls;
   std::string run_id;
   std::string node_id;
   std::string host;  // this node's address for MASTER_ADDR and the summary

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "muster/rendezvous/tls.h"
 
 namespace muster::agent {
 
@@ -29,6 +30,9 @@ struct WorkerEnvSpec {
   int round = 0;
   std::string node_addr;  // how other nodes reach this one (MUSTER_NODE_ADDR)
   std::string token;      // the run's credential, when it has one (MUSTER_RDZV_TOKEN)
+  // The agent's own TLS files for the server (MUSTER_TLS_*; none: plaintext), so that the
+  // worker's store client verifies the server as the agent does.
+  rendezvous::ClientTlsFiles tls;
   // --signals_to_handle as given (TORCHELASTIC_SIGNALS_TO_HANDLE, torchrun 2.x: the signals
   // torch's own process contexts in a worker then handle).
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";

@@ -15,6 +15,7 @@
 #include "muster/launcher/hostfile.h"
 #include "muster/launcher/python.h"
 #include "muster/rendezvous/state_machine.h"
+#include "muster/rendezvous/tls.h"
 
 namespace muster::launcher {
 
@@ -41,6 +42,9 @@ struct RdzvConf {
   std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
   std::string token;            // or $MUSTER_RDZV_TOKEN
   std::optional<bool> is_host;  // override the hosting rule
+  // tls_ca, tls_cert, tls_key, tls_server_name: the agent's TLS to the server (each, when
+  // not given here, from MUSTER_TLS_CA, _CERT, _KEY, _SERVER_NAME; docs/operations.md).
+  muster::rendezvous::ClientTlsFiles tls;
   std::vector<std::string> ignored_keys;  // in the order given
 };
 absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text);
@@ -84,6 +88,13 @@ struct LaunchConfig {
   std::string rdzv_id = "none";
   std::string rdzv_conf_text;
   RdzvConf rdzv_conf;
+  // --tls_cert, --tls_key, --tls_ca: TLS for the server this launch hosts (if it does), read
+  // and checked at parse time.
+  muster::rendezvous::ServerTls server_tls;
+  // The agent's TLS (rdzv_conf.tls read and checked; its server name defaults to the
+  // endpoint's host, "localhost" for the embedded server). With --hosts not read here: the
+  // files are the hosts' (the same paths there).
+  muster::rendezvous::ClientTls client_tls;
   RdzvMode mode = RdzvMode::kEmbedded;
   Endpoint endpoint;        // kStatic / kC10d: where the rendezvous server is
   int node_rank = -1;       // static: this node's group rank

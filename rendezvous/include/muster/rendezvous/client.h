@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "muster/rendezvous/tls.h"
 #include "muster/v1/rendezvous.pb.h"
 
 namespace muster::rendezvous {
@@ -44,6 +45,10 @@ class SessionClient {
     std::chrono::milliseconds liveness_window{std::chrono::seconds(2)};
     // Called once, on the io_context, when the stream is up (the server was reached).
     std::function<void()> on_ready;
+    // TLS to the server (not enabled: plaintext). A server that the client cannot verify,
+    // or that refuses the client's certificate, is unreachable to it: with wait_for_ready
+    // the connect timeout then ends the wait.
+    ClientTls tls;
   };
 
   // Opens the stream without blocking. Failures arrive through on_closed. The channel
@@ -66,9 +71,10 @@ class SessionClient {
 };
 
 // One GetStatus call (blocking, bounded by `timeout`): what the server at `target` holds
-// for `run_id`, or for every run when it is empty.
+// for `run_id`, or for every run when it is empty. With `tls` enabled, over TLS.
 absl::StatusOr<v1::StatusReply> get_status(const std::string& target, const std::string& run_id,
                                            const std::string& token,
-                                           std::chrono::milliseconds timeout);
+                                           std::chrono::milliseconds timeout,
+                                           const ClientTls& tls = {});
 
 }  // namespace muster::rendezvous

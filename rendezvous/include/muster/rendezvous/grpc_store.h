@@ -22,6 +22,7 @@
 #include <string>
 
 #include "muster/rendezvous/store.h"
+#include "muster/rendezvous/tls.h"
 
 namespace muster::rendezvous {
 
@@ -33,6 +34,8 @@ struct GrpcStoreOptions {
   // timeout; 0 for the others) fails with DEADLINE_EXCEEDED and its stream is dropped: a
   // server that is alive but stuck cannot block a caller for good (TCPStore's default, 300 s).
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // TLS to the server (not enabled: plaintext).
+  ClientTls tls{};
 };
 
 class GrpcStore final : public Store {

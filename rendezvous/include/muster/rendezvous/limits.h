@@ -48,6 +48,9 @@ inline constexpr milliseconds kMaxLivenessWindow = std::chrono::hours(1);
 inline constexpr milliseconds kTransportKeepAliveTimeout = std::chrono::seconds(20);
 // An agent's connection attempt to its server is given one liveness window, at least this.
 inline constexpr milliseconds kMinConnectAttempt = std::chrono::seconds(1);
+// When an agent gives up waiting for its server, one call that does not wait (bounded by
+// this) asks gRPC why it could not connect (refused, a failed TLS handshake), for the error.
+inline constexpr milliseconds kConnectErrorProbe = std::chrono::milliseconds(500);
 inline constexpr milliseconds kMaxShutdownTimeout = std::chrono::hours(1);
 // A Join's shutdown_timeout_ms of 0 (or less) stands for this: the agent's own default
 // --shutdown_timeout, so the server waits as long as such an agent may take to stop.

@@ -13,10 +13,12 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "muster/rendezvous/credentials.h"
 #include "muster/rendezvous/events.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/state_machine.h"
 #include "muster/rendezvous/store.h"
+#include "muster/rendezvous/tls.h"
 
 namespace muster::ops {
 class Registry;
@@ -29,6 +31,13 @@ struct ServerOptions {
   std::string listen_address = "127.0.0.1:0";
   // When non-empty, a Join must carry this token or its stream ends with PERMISSION_DENIED.
   std::string token;
+  // Per-run tokens (rdzvd --token_file), when given: credentials.h says who may do what.
+  // Store calls and status calls are checked the same way.
+  std::optional<RunTokens> run_tokens;
+  // Enabled: the TCP listener speaks TLS only (mutual TLS with a client CA), and there is no
+  // local (Unix-domain) store listener, so that nothing bypasses the TLS checks: workers on
+  // this machine reach the store over TCP and TLS too (docs/operations.md, "TLS").
+  ServerTls tls;
   RendezvousTimeouts timeouts;
   // Cap on one message either way: a store value with its key (limits.h). Agents' messages
   // have the tighter limits::kMaxAgentMessageBytes, checked by the Session reactor.
@@ -54,6 +63,10 @@ class RendezvousServer {
   RendezvousServer& operator=(const RendezvousServer&) = delete;
 
   int port() const;
+  // Replaces the per-run tokens (a reload of the token file). Any thread. Sessions that
+  // have joined stay; every later Join, store and status call is checked against the new
+  // table.
+  void set_run_tokens(RunTokens tokens);
   // The store's gRPC target on an abstract Unix-domain socket ("unix-abstract:NAME"), for
   // clients with this process's host_identity(); empty when there is none.
   const std::string& local_store_target() const;

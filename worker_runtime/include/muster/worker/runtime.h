@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "muster/rendezvous/store.h"
+#include "muster/rendezvous/tls.h"
 #include "muster/worker/comm/communicator.h"
 #include "muster/worker/progress.h"
 
@@ -44,6 +45,9 @@ struct WorkerInfo {
   int round = 0;              // MUSTER_ROUND
   std::string token;          // MUSTER_RDZV_TOKEN (may be empty)
   std::string node_addr;      // MUSTER_NODE_ADDR: how other nodes reach this one
+  // MUSTER_TLS_CA, MUSTER_TLS_CERT, MUSTER_TLS_KEY, MUSTER_TLS_SERVER_NAME: the store is
+  // reached over TLS when the CA is set (the agent passes on its own settings).
+  rendezvous::ClientTlsFiles tls;
 };
 
 // Parses `env`; a missing or malformed variable gives INVALID_ARGUMENT naming it.
@@ -75,7 +79,7 @@ class Runtime {
   ProgressReporter& progress_reporter() { return progress_; }
 
  private:
-  Runtime(WorkerInfo info, ProgressReporter progress);
+  Runtime(WorkerInfo info, ProgressReporter progress, rendezvous::ClientTls tls);
   WorkerInfo info_;
   ProgressReporter progress_;
   std::unique_ptr<rendezvous::Store> run_store_;

@@ -1,0 +1,348 @@
+// TLS and per-run credentials against real rdzvd and launch processes on 127.0.0.1
+// (docs/operations.md): what a TLS server refuses, mutual TLS, whole jobs over TLS, and run
+// tokens (a token file, reloaded on SIGHUP). Certificates are made by tests/support/certs.h
+// with the openssl command; without one these tests report SKIPPED.
+#include <signal.h>
+
+#include <boost/asio/io_context.hpp>
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <memory>
+#include <regex>
+
+#include "certs.h"
+#include "held_run.h"
+#include "helpers.h"
+#include "muster/rendezvous/client.h"
+#include "muster/rendezvous/grpc_store.h"
+#include "muster/rendezvous/server.h"
+#include "muster/rendezvous/tls.h"
+
+using namespace muster::testing;
+namespace rdzv = muster::rendezvous;
+
+namespace {
+
+const std::string kCollective = COLLECTIVE_WORKER_BIN;
+
+std::unique_ptr<TestCerts> certs() {
+  rdzv::route_grpc_logs_to_spdlog();  // the refused handshakes of this process's clients
+  const std::string openssl = find_openssl();
+  if (openssl.empty()) {
+    WARN("SKIPPED: no openssl command here (Debian's openssl package)");
+    return nullptr;
+  }
+  return make_test_certs(openssl);
+}
+
+// rdzvd on 127.0.0.1, port 0, ended by SIGTERM (exit 0) by the destructor.
+struct Rdzvd {
+  std::unique_ptr<Proc> proc;
+  std::string endpoint;
+  explicit Rdzvd(const std::vector<std::string>& extra) {
+    std::vector<std::string> argv{kRdzvd, "--listen", "127.0.0.1:0"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    proc = std::make_unique<Proc>(argv);
+    REQUIRE(proc->wait_output(
+        [](const std::string& out, const std::string&) { return out.find('\n') != std::string::npos; },
+        30s));
+    std::smatch m;
+    const std::string out = proc->out();
+    REQUIRE(std::regex_search(out, m, std::regex(R"(listening on port (\d+))")));
+    endpoint = "127.0.0.1:" + m[1].str();
+  }
+  ~Rdzvd() {
+    ::kill(proc->pid(), SIGTERM);
+    CHECK(proc->wait(30s) == 0);
+  }
+};
+
+rdzv::ClientTls client_tls(const std::string& ca, const std::string& cert = "",
+                           const std::string& key = "", const std::string& name = "") {
+  auto tls = rdzv::load_client_tls({ca, cert, key, name});
+  REQUIRE(tls.ok());
+  return *tls;
+}
+
+absl::Status status_call(const std::string& ep, const rdzv::ClientTls& tls,
+                         const std::string& run = "", const std::string& token = "") {
+  return rdzv::get_status(ep, run, token, 10s, tls).status();
+}
+
+std::vector<std::string> agent(const std::string& ep, const std::string& nnodes, int nproc,
+                               const std::string& id, const std::string& conf,
+                               std::vector<std::string> program) {
+  std::vector<std::string> argv{kLaunch,
+                                "--nnodes=" + nnodes,
+                                "--nproc_per_node=" + std::to_string(nproc),
+                                "--rdzv_backend=c10d",
+                                "--rdzv_endpoint=" + ep,
+                                "--rdzv_id=" + id,
+                                "--local_addr=127.0.0.1"};
+  if (!conf.empty()) argv.push_back("--rdzv_conf=" + conf);
+  argv.insert(argv.end(), program.begin(), program.end());
+  return argv;
+}
+
+std::string tls_conf(const TestCerts& c, bool client_cert) {
+  std::string conf = "tls_ca=" + c.ca;
+  if (client_cert) conf += ",tls_cert=" + c.client_cert + ",tls_key=" + c.client_key;
+  return conf;
+}
+
+}  // namespace
+
+TEST_CASE("security: a TLS rdzvd refuses plaintext, a wrong CA and a wrong name; its CA is accepted",
+          "[security][tls]") {
+  auto c = certs();
+  if (!c) return;
+  Rdzvd server({"--tls_cert", c->server_cert, "--tls_key", c->server_key});
+  CHECK(status_call(server.endpoint, {}).code() == absl::StatusCode::kUnavailable);
+  CHECK(status_call(server.endpoint, client_tls(c->other_ca)).code() ==
+        absl::StatusCode::kUnavailable);
+  CHECK(status_call(server.endpoint, client_tls(c->ca, "", "", "rdzv.example")).code() ==
+        absl::StatusCode::kUnavailable);
+  CHECK(status_call(server.endpoint, client_tls(c->ca)).ok());  // IP:127.0.0.1 in the cert
+  CHECK(status_call(server.endpoint, client_tls(c->ca, "", "", "localhost")).ok());
+
+  // Agents: plaintext, or a CA that did not sign the server's certificate, never get in.
+  Proc plain(agent(server.endpoint, "1", 1, "job", "read_timeout=2", {kWorker, "die", "0"}));
+  Proc wrong(agent(server.endpoint, "1", 1, "job", "read_timeout=2,tls_ca=" + c->other_ca,
+                   {kWorker, "die", "0"}));
+  CHECK(plain.wait() == 1);
+  CHECK(wrong.wait() == 1);
+  CHECK_THAT(plain.err(), Catch::Contains("not reachable within 2 s"));
+  CHECK_THAT(wrong.err(), Catch::Contains("not reachable within 2 s"));
+  CHECK_THAT(wrong.err(), Catch::Contains("certificate verify failed"));  // gRPC's last error
+}
+
+TEST_CASE("security: a server certificate that has expired is refused", "[security][tls]") {
+  auto c = certs();
+  if (!c) return;
+  // rdzvd will not serve it: exit 2, one line naming the file.
+  Proc d({kRdzvd, "--listen", "127.0.0.1:0", "--tls_cert", c->expired_cert, "--tls_key",
+          c->expired_key});
+  CHECK(d.wait() == 2);
+  CHECK(d.err() == "rdzvd: error: --tls_cert " + c->expired_cert +
+                       ": the certificate expired on Jan  2 00:00:00 2020 GMT\n");
+  // A server that does (its files read past that check) is refused by the client.
+  boost::asio::io_context io;
+  rdzv::ServerOptions opts;
+  opts.tls.cert_pem = read_file(c->expired_cert);
+  opts.tls.key_pem = read_file(c->expired_key);
+  auto server = rdzv::RendezvousServer::start(io, opts);
+  REQUIRE(server.ok());
+  const std::string ep = "127.0.0.1:" + std::to_string((*server)->port());
+  CHECK(status_call(ep, client_tls(c->ca)).code() == absl::StatusCode::kUnavailable);
+  (*server)->shutdown();
+}
+
+TEST_CASE("security: rdzvd's bad TLS files are one usage error line", "[security][tls]") {
+  auto c = certs();
+  if (!c) return;
+  auto run = [](std::vector<std::string> flags) {
+    std::vector<std::string> argv{kRdzvd, "--listen", "127.0.0.1:0"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    Proc p(argv);
+    CHECK(p.wait() == 2);
+    CHECK(p.out().empty());
+    return p.err();
+  };
+  CHECK(run({"--tls_cert", c->server_cert}) ==
+        "rdzvd: error: --tls_cert and --tls_key go together: give both\n");
+  CHECK(run({"--tls_cert", c->server_cert, "--tls_key", c->client_key}) ==
+        "rdzvd: error: --tls_key " + c->client_key + ": is not the key of --tls_cert " +
+            c->server_cert + "\n");
+  CHECK(run({"--tls_cert", c->dir.file("nope"), "--tls_key", c->server_key}) ==
+        "rdzvd: error: --tls_cert " + c->dir.file("nope") +
+            ": cannot read it (No such file or directory)\n");
+}
+
+TEST_CASE("security: mutual TLS: no client certificate, or one of another CA, is refused",
+          "[security][tls]") {
+  auto c = certs();
+  if (!c) return;
+  Rdzvd server({"--tls_cert", c->server_cert, "--tls_key", c->server_key, "--tls_ca", c->ca});
+  CHECK(status_call(server.endpoint, client_tls(c->ca)).code() == absl::StatusCode::kUnavailable);
+  CHECK(status_call(server.endpoint, client_tls(c->ca, c->other_client_cert, c->other_client_key))
+            .code() == absl::StatusCode::kUnavailable);
+  CHECK(status_call(server.endpoint, client_tls(c->ca, c->client_cert, c->client_key)).ok());
+
+  Proc without(agent(server.endpoint, "1", 1, "job", "read_timeout=2," + tls_conf(*c, false),
+                     {kWorker, "die", "0"}));
+  CHECK(without.wait() == 1);
+  CHECK_THAT(without.err(), Catch::Contains("not reachable within 2 s"));
+  Proc with(agent(server.endpoint, "1", 1, "job", tls_conf(*c, true), {kWorker, "die", "0"}));
+  CHECK(with.wait() == 0);
+}
+
+TEST_CASE("security: a two-node job over mutual TLS: agents and workers (store, ring) with rdzvd",
+          "[security][tls]") {
+  auto c = certs();
+  if (!c) return;
+  Rdzvd server({"--tls_cert", c->server_cert, "--tls_key", c->server_key, "--tls_ca", c->ca});
+  // The workers' store client must verify the server and show the client certificate too:
+  // there is no plaintext local listener to fall back to.
+  Proc a(agent(server.endpoint, "2", 2, "tls-job", tls_conf(*c, true), {kCollective, "sum"}));
+  Proc b(agent(server.endpoint, "2", 2, "tls-job", tls_conf(*c, true), {kCollective, "sum"}));
+  REQUIRE(a.wait() == 0);
+  REQUIRE(b.wait() == 0);
+  CHECK(count_lines_with(a.out() + b.out(), "sum correct") == 4);
+}
+
+TEST_CASE("security: a hosting launch serves TLS to its own agent, another agent and the workers",
+          "[security][tls]") {
+  auto c = certs();
+  if (!c) return;
+  TempDir dir;
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  const std::vector<std::string> server_flags{"--tls_cert=" + c->server_cert,
+                                              "--tls_key=" + c->server_key, "--tls_ca=" + c->ca};
+  auto hosting = [&](std::vector<std::string> program) {
+    std::vector<std::string> argv = agent(ep, "2", 1, "hosted", tls_conf(*c, true), {});
+    argv.insert(argv.end(), server_flags.begin(), server_flags.end());
+    argv.insert(argv.end(), program.begin(), program.end());
+    return argv;
+  };
+  {
+    // Either may host (the one that binds the port first): both have the server's flags.
+    // The second agent's own settings come from the MUSTER_TLS_* variables.
+    std::vector<std::string> second = agent(ep, "2", 1, "hosted", "", {});
+    second.insert(second.end(), server_flags.begin(), server_flags.end());
+    second.insert(second.end(), {kCollective, "sum"});
+    Proc a(hosting({kCollective, "sum"}));
+    Proc b(second, {{"MUSTER_TLS_CA", c->ca}, {"MUSTER_TLS_CERT", c->client_cert},
+                    {"MUSTER_TLS_KEY", c->client_key}});
+    REQUIRE(a.wait() == 0);
+    REQUIRE(b.wait() == 0);
+    CHECK(count_lines_with(a.out() + b.out(), "sum correct") == 2);
+  }
+  // What the workers were given: the agent's files, the endpoint's host as the name to
+  // check, and the store over TCP (never the plaintext Unix-domain socket).
+  const std::string ep2 = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::string> argv = agent(ep2, "1", 1, "hosted-env", tls_conf(*c, true), {});
+  argv.insert(argv.end(), server_flags.begin(), server_flags.end());
+  argv.insert(argv.end(), {kWorker, "env", dir.path()});
+  Proc one(argv);
+  REQUIRE(one.wait() == 0);
+  auto env = read_env_file(dir.file("env.0"));
+  CHECK(env["MUSTER_TLS_CA"] == c->ca);
+  CHECK(env["MUSTER_TLS_CERT"] == c->client_cert);
+  CHECK(env["MUSTER_TLS_KEY"] == c->client_key);
+  CHECK(env["MUSTER_TLS_SERVER_NAME"] == "127.0.0.1");
+  CHECK(env["MUSTER_STORE_ADDR"].rfind("unix-abstract:", 0) == std::string::npos);
+}
+
+TEST_CASE("security: --standalone with TLS: the embedded server and its workers", "[security][tls]") {
+  auto c = certs();
+  if (!c) return;
+  Proc p({kLaunch, "--standalone", "--nproc_per_node=2", "--tls_cert=" + c->server_cert,
+          "--tls_key=" + c->server_key, "--rdzv_conf=tls_ca=" + c->ca, kCollective, "sum"});
+  REQUIRE(p.wait() == 0);
+  CHECK(count_lines_with(p.out(), "sum correct") == 2);
+  Proc bad({kLaunch, "--standalone", "--tls_cert=" + c->server_cert, "--tls_key=" + c->server_key,
+            kCollective, "sum"});
+  CHECK(bad.wait() == 2);
+  CHECK(bad.err() ==
+        "launch: error: --tls_cert: the agents verify the server they reach, this launch's own "
+        "too: give --rdzv_conf tls_ca=CA_FILE (or MUSTER_TLS_CA)\n");
+}
+
+TEST_CASE("security: per-run tokens: one run's token joins, reads and watches no other run",
+          "[security][tokens]") {
+  TempDir dir;
+  std::ofstream(dir.file("tokens")) << "# run token\nrun-a token-a\nrun-b token-b\n";
+  Rdzvd server({"--token_file", dir.file("tokens"), "--token", "shared"});
+  // Run b is held open by a session with its own token, so its table exists.
+  HeldRun b(server.endpoint, "run-b", 1, 1, "token-b");
+
+  // Joins: run a's token, and the shared one, are refused for run b.
+  for (const std::string token : {"token-a", "shared"}) {
+    Proc p(agent(server.endpoint, "1", 1, "run-b", "token=" + token, {kWorker, "die", "0"}));
+    CHECK(p.wait() == 1);
+    CHECK_THAT(p.err(), Catch::Contains("wrong or missing token for this run"));
+  }
+  // The store: run a's token on run b's table.
+  auto store = [&](const std::string& run, const std::string& token) {
+    rdzv::GrpcStoreOptions o;
+    o.target = server.endpoint;
+    o.run_id = run;
+    o.token = token;
+    return std::make_unique<rdzv::GrpcStore>(o);
+  };
+  auto intruder = store("run-b", "token-a");
+  CHECK(intruder->set("k", "v").code() == absl::StatusCode::kPermissionDenied);
+  CHECK(intruder->num_keys().status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(store("run-b", "shared")->num_keys().status().code() == absl::StatusCode::kPermissionDenied);
+  auto owner = store("run-b", "token-b");
+  REQUIRE(owner->set("k", "v").ok());
+  CHECK(*owner->num_keys() == 1);
+  // Status: of run b with its token only; of every run with the shared token only.
+  CHECK(status_call(server.endpoint, {}, "run-b", "token-a").code() ==
+        absl::StatusCode::kPermissionDenied);
+  CHECK(status_call(server.endpoint, {}, "run-b", "token-b").ok());
+  CHECK(status_call(server.endpoint, {}, "", "token-b").code() == absl::StatusCode::kPermissionDenied);
+  CHECK(status_call(server.endpoint, {}, "", "shared").ok());
+  // A run not in the file: the shared token.
+  Proc other(agent(server.endpoint, "1", 1, "run-c", "token=shared", {kWorker, "die", "0"}));
+  CHECK(other.wait() == 0);
+}
+
+TEST_CASE("security: a token file without a shared token; SIGHUP adds a run, a bad file is kept out",
+          "[security][tokens]") {
+  TempDir dir;
+  const std::string file = dir.file("tokens");
+  std::ofstream(file) << "run-a token-a\n";
+  // A finished run's id is free again at once: the same run is joined several times.
+  Rdzvd server({"--token_file", file, "--finished_run_grace=0"});
+  std::string err;
+  auto join = [&](const std::string& run, const std::string& token) {
+    Proc p(agent(server.endpoint, "1", 1, run, "token=" + token, {kWorker, "die", "0"}));
+    const auto code = p.wait();
+    err = p.err();
+    return code;
+  };
+  const std::string refused = "wrong or missing token for this run";
+  CHECK(join("run-c", "token-c") == 1);  // not listed, and no shared token
+  CHECK_THAT(err, Catch::Contains(refused));
+  CHECK(join("run-c", "") == 1);
+  CHECK_THAT(err, Catch::Contains(refused));
+  std::ofstream(file) << "run-a token-a\nrun-c token-c\n";
+  ::kill(server.proc->pid(), SIGHUP);
+  REQUIRE(server.proc->wait_output(
+      [&](const std::string& out, const std::string&) {
+        return out.find("rdzvd: reloaded " + file + ": 2 runs\n") != std::string::npos;
+      },
+      30s));
+  CHECK(join("run-c", "token-c") == 0);
+  CHECK(join("run-c", "token-a") == 1);
+  CHECK_THAT(err, Catch::Contains(refused));
+
+  // A file that does not parse: one error line, and the tokens stay as they were.
+  std::ofstream(file) << "run-a token-a\nrun-c\n";
+  ::kill(server.proc->pid(), SIGHUP);
+  const std::string expected = "rdzvd: error: reloading the token file: " + file +
+                               " line 2: expected 'RUN_ID TOKEN', got a run id alone; the "
+                               "previous tokens stay\n";
+  REQUIRE(server.proc->wait_output(
+      [&](const std::string&, const std::string& err) { return err.find('\n') != std::string::npos; },
+      30s));
+  CHECK(server.proc->err() == expected);
+  CHECK(join("run-c", "token-c") == 0);
+  CHECK(join("run-a", "token-a") == 0);
+}
+
+TEST_CASE("security: a bad token file at start: exit 2, one line naming the file and line",
+          "[security][tokens]") {
+  TempDir dir;
+  std::ofstream(dir.file("tokens")) << "run-a token-a\nrun-a token-b\n";
+  Proc dup({kRdzvd, "--listen", "127.0.0.1:0", "--token_file", dir.file("tokens")});
+  CHECK(dup.wait() == 2);
+  CHECK(dup.err() == "rdzvd: error: " + dir.file("tokens") +
+                         " line 2: run 'run-a' is already listed on line 1\n");
+  CHECK(dup.out().empty());
+  Proc missing({kRdzvd, "--listen", "127.0.0.1:0", "--token_file", dir.file("none")});
+  CHECK(missing.wait() == 2);
+  CHECK(missing.err() == "rdzvd: error: " + dir.file("none") +
+                             ": cannot read it (No such file or directory)\n");
+}
