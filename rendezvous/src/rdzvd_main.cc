@@ -20,11 +20,14 @@ int main(int argc, char** argv) {
   std::string listen = "0.0.0.0:29400";
   std::string token;
   double join_timeout = 600, last_call = 30, grace = 60, hang = 0;
+  std::string state_dir;
+  bool state_fsync = false;
+  namespace limits = muster::rendezvous::limits;
+  double reattach = std::chrono::duration<double>(limits::kDefaultReattachTimeout).count();
   CLI::App app{"rdzvd: muster's rendezvous server for many runs", "rdzvd"};
   app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)");
   app.add_option("--token", token, "Shared secret every join must carry (or $MUSTER_RDZV_TOKEN)")
       ->envname("MUSTER_RDZV_TOKEN");
-  namespace limits = muster::rendezvous::limits;
   auto seconds_up_to = [](std::chrono::milliseconds cap) {
     return CLI::Range(0.0, std::chrono::duration<double>(cap).count());
   };
@@ -39,6 +42,16 @@ int main(int argc, char** argv) {
                  "Seconds: the default --hang_timeout of runs whose agents set none (0: off; "
                  "docs/hangs.md)")
       ->check(seconds_up_to(limits::kMaxHangTimeout));
+  app.add_option("--state_dir,--state-dir", state_dir,
+                 "Keep every run's state in this (existing, writable) folder and restore it at "
+                 "start: rdzvd can then be killed and restarted without restarting any worker");
+  app.add_flag("--state_fsync,--state-fsync", state_fsync,
+               "Flush each write of --state_dir to the disk (survives a power loss; costs a disk "
+               "flush per decision)");
+  app.add_option("--reattach_timeout,--reattach-timeout", reattach,
+                 "Seconds a restarted rdzvd holds a running run's places for its nodes to "
+                 "re-attach, for runs whose agents set none (rdzv_conf reattach_timeout)")
+      ->check(CLI::PositiveNumber & seconds_up_to(limits::kMaxReattachTimeout));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -64,6 +77,17 @@ int main(int argc, char** argv) {
   opts.timeouts.finished_run_grace =
       std::chrono::milliseconds(static_cast<long long>(grace * 1000));
   opts.timeouts.hang_timeout = std::chrono::milliseconds(static_cast<long long>(hang * 1000));
+  opts.timeouts.reattach_timeout =
+      std::chrono::milliseconds(static_cast<long long>(reattach * 1000));
+  if (!state_dir.empty()) {
+    auto store = muster::rendezvous::open_file_run_store({state_dir, state_fsync});
+    if (!store.ok()) {
+      std::fprintf(stderr, "rdzvd: error: --state_dir: %s\n",
+                   std::string(store.status().message()).c_str());
+      return 2;
+    }
+    opts.run_store = std::move(*store);
+  }
   auto server = muster::rendezvous::RendezvousServer::start(io, opts);
   if (!server.ok()) {
     std::fprintf(stderr, "rdzvd: error: %s\n", std::string(server.status().message()).c_str());
@@ -72,6 +96,14 @@ int main(int argc, char** argv) {
   // The bound port, for callers that asked for port 0.
   std::printf("rdzvd listening on port %d (store for this machine: %s)\n", (*server)->port(),
               (*server)->local_store_target().empty() ? "-" : (*server)->local_store_target().c_str());
+  if (!state_dir.empty()) {
+    const auto& r = (*server)->restored();
+    for (const std::string& line : r.skipped) {
+      std::printf("rdzvd: --state_dir: skipped %s\n", line.c_str());
+    }
+    std::printf("rdzvd: restored %d runs from %s (%d running, their places held for re-attach)\n",
+                r.runs, state_dir.c_str(), r.running);
+  }
   std::fflush(stdout);
   // A stop by SIGINT or SIGTERM is the normal way to end a daemon. Shutdown runs off the io
   // thread while the loop keeps serving the calls it ends; the loop stops once it is done.
