@@ -138,11 +138,9 @@ absl::StatusOr<RestoreSummary> Core::restore() {
   StateMachine::RestoreResult r = machine_.restore(loaded->records, Clock::now());
   for (std::string& line : r.refused) summary.skipped.push_back(std::move(line));
   for (const v1::RunRecord& rec : loaded->records) {
-    if (!machine_.has_run(rec.run_id())) {
-      // Not restored: its file would come back at every start.
-      (void)opts_.run_store->erase(rec.run_id());
-      continue;
-    }
+    // A record the machine refused (said in `skipped`) is left where it is: it may be of a
+    // newer server's format. A run of that id formed anew writes over it.
+    if (!machine_.has_run(rec.run_id())) continue;
     ++summary.runs;
     if (rec.phase() == v1::RunRecord::RUNNING) ++summary.running;
     // The store serves only runs the machine holds: a restored run's table is there (empty:
