@@ -1,16 +1,7 @@
 #include "muster/launcher/event_log.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/time/time.h"
-#include "muster/agent/line_splitter.h"
 #include "muster/ops/json.h"
+#include "muster/ops/status_format.h"
 
 namespace muster::launcher {
 namespace {
@@ -27,12 +18,11 @@ long long ms_between(std::chrono::steady_clock::time_point a,
 std::string event_log_line(const AgentEvent& e, const EventLogSource& source) {
   using Kind = AgentEvent::Kind;
   ops::JsonObject j;
-  const auto unix_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(e.wall.time_since_epoch()).count();
   j.add("event", agent::event_name(e.kind));
-  j.add("time", absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(unix_ms),
-                                 absl::UTCTimeZone()));
-  j.add("unix_ms", unix_ms);
+  j.add("time", ops::iso8601_ms(e.wall));
+  j.add("unix_ms", static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              e.wall.time_since_epoch())
+                                              .count()));
   j.add("source", "agent");
   j.add("run", source.run_id);
   j.add("node", source.node_id);
@@ -76,29 +66,6 @@ std::string event_log_line(const AgentEvent& e, const EventLogSource& source) {
     j.add_raw("recovery", rec.str());
   }
   return j.str();
-}
-
-absl::StatusOr<std::unique_ptr<AgentEventLog>> AgentEventLog::open(const std::string& path,
-                                                                   EventLogSource source) {
-  if (path == "-") return std::unique_ptr<AgentEventLog>(new AgentEventLog(2, false, std::move(source)));
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--event_log: cannot open ", path, ": ", std::strerror(errno)));
-  }
-  return std::unique_ptr<AgentEventLog>(new AgentEventLog(fd, true, std::move(source)));
-}
-
-AgentEventLog::AgentEventLog(int fd, bool owned, EventLogSource source)
-    : fd_(fd), owned_(owned), source_(std::move(source)) {}
-
-AgentEventLog::~AgentEventLog() {
-  if (owned_) ::close(fd_);
-}
-
-void AgentEventLog::write(const AgentEvent& e) {
-  // One write(2) per line: with O_APPEND, lines of several writers do not interleave.
-  agent::write_all(fd_, event_log_line(e, source_) + "\n");
 }
 
 }  // namespace muster::launcher

@@ -32,7 +32,10 @@
 #include "muster/launcher/cluster.h"
 #include "muster/launcher/config.h"
 #include "muster/launcher/event_log.h"
+#include "muster/ops/json_lines.h"
+#include "muster/ops/status_format.h"
 #include "cluster_driver.h"
+#include "status_command.h"
 #include "muster/rendezvous/resolve.h"
 #include "muster/rendezvous/server.h"
 
@@ -86,6 +89,10 @@ bool holds_error_file(const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `launch status ...` asks a rendezvous server and exits; it starts no job.
+  if (argc >= 2 && std::string_view(argv[1]) == "status") {
+    return muster::launcher::status_command(argc - 1, argv + 1);
+  }
   ::signal(SIGPIPE, SIG_IGN);
   // First, while launch has one thread: the process that kills whatever the job leaves
   // when launch ends, however it ends (docs/launch.md, "Orphans").
@@ -177,6 +184,17 @@ int main(int argc, char** argv) {
     spdlog::info("python: {} runs under {} ({})", entry->name, entry->path, entry->python_reason);
   }
 
+  // --event_log: this node's events and, when it hosts the rendezvous, the server's (before
+  // the server starts, so that its first event is logged).
+  std::unique_ptr<muster::ops::JsonLinesFile> event_log;
+  if (!cfg.event_log.empty()) {
+    auto opened = muster::ops::JsonLinesFile::open(cfg.event_log, "--event_log");
+    if (!opened.ok()) {
+      std::fprintf(stderr, "launch: error: %s\n", std::string(opened.status().message()).c_str());
+      return 2;
+    }
+    event_log = std::move(*opened);
+  }
   std::unique_ptr<muster::rendezvous::RendezvousServer> server;
   std::string rdzv_addr;    // the server as messages name it
   std::string rdzv_target;  // and as gRPC reaches it: an address, never a name
@@ -185,6 +203,12 @@ int main(int argc, char** argv) {
   muster::rendezvous::ServerOptions server_opts;
   server_opts.token = cfg.rdzv_conf.token;
   server_opts.timeouts = cfg.rdzv_conf.timeouts;
+  if (event_log) {
+    server_opts.event_sinks.push_back(
+        [log = event_log.get()](const muster::rendezvous::RunEvent& e) {
+          log->write_line(muster::ops::event_json(e, muster::ops::wall_time_of(e)));
+        });
+  }
   if (cfg.mode == RdzvMode::kEmbedded) {
     server_opts.listen_address = "127.0.0.1:0";
     auto started = muster::rendezvous::RendezvousServer::start(io, server_opts);
@@ -246,12 +270,6 @@ int main(int argc, char** argv) {
   const std::string node_host =
       cfg.local_addr.empty() ? muster::rendezvous::fully_qualified_hostname() : cfg.local_addr;
   const std::string node_id = absl::StrCat(node_host, ":", ::getpid());
-  std::unique_ptr<muster::launcher::AgentEventLog> event_log;
-  if (!cfg.event_log.empty()) {
-    auto opened = muster::launcher::AgentEventLog::open(cfg.event_log, {run_id, node_id, node_host});
-    if (!opened.ok()) return fatal(opened.status());
-    event_log = std::move(*opened);
-  }
   const bool want_logs = std::any_of(cfg.redirect_of.begin(), cfg.redirect_of.end(),
                                      [](int v) { return v != 0; }) ||
                          std::any_of(cfg.tee_of.begin(), cfg.tee_of.end(), [](int v) { return v != 0; }) ||
@@ -289,7 +307,12 @@ int main(int argc, char** argv) {
   }
   opts.node_id = node_id;
   if (event_log) {
-    opts.event_sinks.push_back([log = event_log.get()](const muster::agent::AgentEvent& e) { log->write(e); });
+    opts.event_sinks.push_back(
+        [log = event_log.get(), source = muster::launcher::EventLogSource{run_id, node_id,
+                                                                           node_host}](
+            const muster::agent::AgentEvent& e) {
+          log->write_line(muster::launcher::event_log_line(e, source));
+        });
   }
   opts.min_nodes = cfg.min_nodes;
   opts.max_nodes = cfg.max_nodes;

@@ -60,6 +60,16 @@ std::string json_string(std::string_view s) {
   return out;
 }
 
+std::string json_array(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (const std::string& item : items) {
+    if (out.size() > 1) out += ',';
+    out += item;
+  }
+  out += ']';
+  return out;
+}
+
 void JsonObject::key(std::string_view k) {
   if (body_.size() > 1) body_ += ',';
   body_ += json_string(k);

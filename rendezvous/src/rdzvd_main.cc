@@ -10,8 +10,12 @@
 #include <functional>
 #include <thread>
 
+#include "muster/ops/json_lines.h"
+#include "muster/ops/status_format.h"
+#include "live_page.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/server.h"
+#include "rdzvd_status.h"
 
 int main(int argc, char** argv) {
   // Debian's abseil checks every absl::Mutex (gRPC's too) for lock-order cycles; a server
@@ -52,6 +56,14 @@ int main(int argc, char** argv) {
                  "Seconds a restarted rdzvd holds a running run's places for its nodes to "
                  "re-attach, for runs whose agents set none (rdzv_conf reattach_timeout)")
       ->check(CLI::PositiveNumber & seconds_up_to(limits::kMaxReattachTimeout));
+  std::string event_log_path;
+  int http_port = -1;
+  app.add_option("--event_log,--event-log", event_log_path,
+                 "FILE: one JSON line per run event, appended (\"-\": stderr; docs/operations.md)");
+  app.add_option("--http_port,--http-port", http_port,
+                 "Serve the live page on 0.0.0.0:PORT (0: any free port; off unless given)")
+      ->check(CLI::Range(0, 65535));
+  muster::rdzvd::StatusCommand status_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -60,6 +72,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rdzvd: error: %s\n", e.what());
     return 2;
   }
+  if (status_command.parsed()) return status_command.run();
   ::signal(SIGPIPE, SIG_IGN);
   // Large buffers (store values, big requests) straight from the kernel and back to it when
   // freed: glibc's default raises this threshold after the first large free, after which
@@ -88,6 +101,20 @@ int main(int argc, char** argv) {
     }
     opts.run_store = std::move(*store);
   }
+  std::unique_ptr<muster::ops::JsonLinesFile> event_log;
+  if (!event_log_path.empty()) {
+    auto opened = muster::ops::JsonLinesFile::open(event_log_path, "--event_log");
+    if (!opened.ok()) {
+      std::fprintf(stderr, "rdzvd: error: %s\n", std::string(opened.status().message()).c_str());
+      return 2;
+    }
+    event_log = std::move(*opened);
+    opts.event_sinks.push_back([log = event_log.get()](const muster::rendezvous::RunEvent& e) {
+      log->write_line(muster::ops::event_json(e, muster::ops::wall_time_of(e)));
+    });
+  }
+  auto feed = std::make_shared<muster::rdzvd::EventFeed>();
+  if (http_port >= 0) opts.event_sinks.push_back([feed](const auto& e) { feed->add(e); });
   auto server = muster::rendezvous::RendezvousServer::start(io, opts);
   if (!server.ok()) {
     std::fprintf(stderr, "rdzvd: error: %s\n", std::string(server.status().message()).c_str());
@@ -105,6 +132,19 @@ int main(int argc, char** argv) {
                 r.runs, state_dir.c_str(), r.running);
   }
   std::fflush(stdout);
+  std::unique_ptr<muster::ops::HttpServer> page;
+  if (http_port >= 0) {
+    auto started = muster::ops::HttpServer::start(
+        "0.0.0.0", http_port,
+        muster::rdzvd::live_page_routes(feed, muster::rdzvd::status_source_of(**server)));
+    if (!started.ok()) {
+      std::fprintf(stderr, "rdzvd: error: %s\n", std::string(started.status().message()).c_str());
+      return 1;
+    }
+    page = std::move(*started);
+    std::printf("rdzvd page on port %d\n", page->port());
+    std::fflush(stdout);
+  }
   // A stop by SIGINT or SIGTERM is the normal way to end a daemon. Shutdown runs off the io
   // thread while the loop keeps serving the calls it ends; the loop stops once it is done.
   // Further signals while it stops are swallowed (it is stopping already), also after the
@@ -116,6 +156,7 @@ int main(int argc, char** argv) {
       if (ec) return;
       if (!stopper.joinable()) {
         stopper = std::thread([&] {
+          if (page) page->stop();  // first: its handlers wait for the io thread
           (*server)->shutdown();
           io.stop();
         });

@@ -61,7 +61,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void on_closed(SessionId id);
   void apply(std::vector<Outgoing> out);
   std::vector<v1::RunStatus> status(const std::string& run_id) const {
-    return machine_.status(run_id);
+    return machine_.status(run_id, Clock::now());
   }
 
   void set_store(StoreServer* store) { store_ = store; }
@@ -538,6 +538,19 @@ int RendezvousServer::port() const { return impl_->port; }
 const RestoreSummary& RendezvousServer::restored() const { return impl_->restored; }
 
 const std::string& RendezvousServer::local_store_target() const { return impl_->local_target; }
+
+void RendezvousServer::post_status(const std::string& run_id,
+                                   std::function<void(v1::StatusReply)> done) {
+  boost::asio::post(impl_->core->io(), [core = std::weak_ptr<Core>(impl_->core), run_id,
+                                        done = std::move(done)] {
+    auto c = core.lock();
+    if (!c) return;
+    v1::StatusReply reply;
+    for (auto& run : c->status(run_id)) *reply.add_runs() = std::move(run);
+    c->fill_store_stats(*reply.mutable_store());
+    done(std::move(reply));
+  });
+}
 
 void RendezvousServer::shutdown(std::chrono::milliseconds grace) {
   if (impl_->stopped) return;

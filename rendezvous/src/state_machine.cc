@@ -309,6 +309,7 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
     it = runs_.try_emplace(join.run_id()).first;
     Run& run = it->second;
     run.id = join.run_id();
+    run.phase_since = now;
     run.min_nodes = join.min_nodes();
     run.max_nodes = join.max_nodes();
     run.max_restarts = join.max_restarts();
@@ -683,6 +684,7 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
   run.succeeded.clear();
   run.last_rank.clear();
   run.phase = Phase::kRunning;
+  run.phase_since = now;
   run.expected.clear();
   run.join_deadline.reset();
   run.last_call_deadline.reset();
@@ -751,6 +753,7 @@ void StateMachine::restart(Run& run, const std::string& reason, std::string_view
   run.members.clear();
   run.succeeded.clear();
   run.phase = Phase::kJoining;
+  run.phase_since = now;
   run.join_deadline.reset();  // a fresh one, from now, while below min
   run.last_call_deadline.reset();
   maybe_close_round(run, now, out);  // spares may already make a round
@@ -792,6 +795,8 @@ void StateMachine::finish(Run& run, const v1::ServerMsg& last, TimePoint now,
   run.detached.clear();
   run.reattach_until.reset();
   run.held_until.reset();
+  run.phase_since = now;
+  run.failed = last.has_fail();
   run.join_deadline.reset();
   run.last_call_deadline.reset();
   run.keep_alive_check.reset();
@@ -816,6 +821,15 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
     if (auto m = find_session(run.members, session); m != run.members.end()) {
       e.node_id = m->join.node_id();
     }
+    v1::FailureStatus& last = run.last_failure.emplace();
+    last.set_round(run.round);
+    last.set_rank(e.rank);
+    last.set_host(e.host);
+    last.set_node_id(e.node_id);
+    last.set_exit_code(e.exit_code);
+    last.set_signal(e.signal);
+    last.set_timestamp_ms(rc.timestamp_ms());
+    run.last_failure_at = now;
   }
   // The budget that knows progress: the most steps a rank made in this round.
   std::uint64_t steps = 0;
@@ -833,10 +847,11 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
   }
   const int spent = run.restart_count - run.budget_from;
   if (spent < run.max_restarts && !no_progress_stop) {
-    restart(run,
-            absl::StrCat("worker rank ", rc.rank(), " on ", printable_utf8(rc.host(), limits::kMaxIdBytes),
-                         " failed; restart ", spent + 1, " of ", run.max_restarts, note),
-            "worker_failure", true, now, out);
+    const std::string reason = absl::StrCat(
+        "worker rank ", rc.rank(), " on ", printable_utf8(rc.host(), limits::kMaxIdBytes),
+        " failed; restart ", spent + 1, " of ", run.max_restarts, note);
+    run.last_failure->set_reason(reason);
+    restart(run, reason, "worker_failure", true, now, out);
     return;
   }
   v1::ServerMsg msg;
@@ -853,6 +868,7 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
                                                           run.max_restarts, " restarts are spent"));
   }
   *fail->mutable_root_cause() = rc;
+  run.last_failure->set_reason(fail->reason());
   const int others = std::min<int>(f.others_size(), limits::kMaxFailureOthers);
   for (int i = 0; i < others; ++i) *fail->add_others() = cap_failure(f.others(i));
   finish(run, msg, now, out);
@@ -985,7 +1001,12 @@ void StateMachine::check_keep_alive(Run& run, TimePoint now, std::vector<Outgoin
   run.keep_alive_check = next ? next : deadline(now, run.timeouts.keep_alive_interval);
 }
 
-std::vector<v1::RunStatus> StateMachine::status(const std::string& run_id) const {
+std::vector<v1::RunStatus> StateMachine::status(const std::string& run_id,
+                                                std::optional<TimePoint> now) const {
+  auto age_ms = [&now](TimePoint since) -> std::int64_t {
+    if (!now || *now < since) return 0;
+    return std::chrono::duration_cast<milliseconds>(*now - since).count();
+  };
   std::vector<v1::RunStatus> out;
   for (const auto& [id, run] : runs_) {
     if (!run_id.empty() && id != run_id) continue;
@@ -1002,10 +1023,30 @@ std::vector<v1::RunStatus> StateMachine::status(const std::string& run_id) const
     int world = 0;
     for (const Node& n : run.members) {
       s.add_members(n.join.node_id());
+      v1::NodeStatus* m = s.add_member_nodes();
+      m->set_node_id(n.join.node_id());
+      m->set_host(n.join.host());
+      m->set_local_world_size(n.join.local_world_size());
+      m->set_group_rank(s.member_nodes_size() - 1);
+      m->set_first_rank(world);  // ranks are contiguous per node, by group rank
       world += n.join.local_world_size();
     }
     s.set_world_size(world);
     s.set_waiting(static_cast<int>(run.waiting.size()));
+    for (const Node& n : run.waiting) {
+      v1::NodeStatus* w = s.add_waiting_nodes();
+      w->set_node_id(n.join.node_id());
+      w->set_host(n.join.host());
+      w->set_local_world_size(n.join.local_world_size());
+      w->set_group_rank(-1);
+      w->set_first_rank(-1);
+    }
+    if (run.last_failure) {
+      *s.mutable_last_failure() = *run.last_failure;
+      s.mutable_last_failure()->set_age_ms(age_ms(run.last_failure_at));
+    }
+    s.set_phase_age_ms(age_ms(run.phase_since));
+    if (run.phase == Phase::kFinished) s.set_result(run.failed ? "failed" : "succeeded");
     out.push_back(std::move(s));
   }
   return out;

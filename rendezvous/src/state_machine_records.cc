@@ -220,6 +220,8 @@ StateMachine::RestoreResult StateMachine::restore(const std::vector<v1::RunRecor
         run.expires_at = detail::deadline_after(now, t.finished_run_grace);
         break;
     }
+    run.phase_since = now;  // for status(): the phase as this server has seen it
+    run.failed = run.result && run.result->has_fail();
     {
       RunEvent& e = emit(RunEvent::Kind::kRunRestored, run, now);
       e.nodes = static_cast<int>(run.members.size());

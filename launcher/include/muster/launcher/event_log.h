@@ -1,11 +1,11 @@
 // launch --event_log FILE: one JSON object per line for every event of this node
-// (agent_events.h), with a recovery's timings per phase (docs/operations.md, "Event log").
+// (agent_events.h), with a recovery's timings per phase, and, when this launch hosts the
+// rendezvous, the server's events too (the same lines as rdzvd's --event_log)
+// (docs/operations.md, "Event log").
 #pragma once
 
-#include <memory>
 #include <string>
 
-#include "absl/status/statusor.h"
 #include "muster/agent/agent_events.h"
 
 namespace muster::launcher {
@@ -17,26 +17,7 @@ struct EventLogSource {
   std::string host;
 };
 
-class AgentEventLog {
- public:
-  // Opens `path` for appending ("-": stderr). Each line is written whole, unbuffered, so a
-  // kill -9 loses no line already logged and several launches may share one file.
-  static absl::StatusOr<std::unique_ptr<AgentEventLog>> open(const std::string& path,
-                                                             EventLogSource source);
-  ~AgentEventLog();
-  AgentEventLog(const AgentEventLog&) = delete;
-  AgentEventLog& operator=(const AgentEventLog&) = delete;
-
-  void write(const agent::AgentEvent& e);
-
- private:
-  AgentEventLog(int fd, bool owned, EventLogSource source);
-  int fd_;
-  bool owned_;
-  EventLogSource source_;
-};
-
-// The line write() writes, without its newline (for tests).
+// One agent event as a JSON object (no newline).
 std::string event_log_line(const agent::AgentEvent& e, const EventLogSource& source);
 
 }  // namespace muster::launcher

@@ -6,11 +6,15 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace muster::ops {
 
 // `s` as a JSON string literal, quotes included.
 std::string json_string(std::string_view s);
+
+// Items that are already JSON (objects built with JsonObject, ...) as one array: "[a,b]".
+std::string json_array(const std::vector<std::string>& items);
 
 class JsonObject {
  public:

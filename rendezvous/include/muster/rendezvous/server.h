@@ -68,6 +68,12 @@ class RendezvousServer {
   // clients with this process's host_identity(); empty when there is none.
   const std::string& local_store_target() const;
 
+  // Any thread: what GetStatus would answer for `run_id` (every run when empty), taken on the
+  // io thread, where `done` is then called with it (it must be quick). `done` is never
+  // called when the io_context does not run the task (it stopped, or the server went), so a
+  // caller on another thread waits for it with a timeout (the live page does).
+  void post_status(const std::string& run_id, std::function<void(v1::StatusReply)> done);
+
   // Ends every stream and stops listening; waits at most `grace` for in-flight calls. Parked
   // store waits and status calls end at once (UNAVAILABLE); sessions may finish within the
   // grace (members reading Done or Fail). Does not need the io_context to run. Safe to call

@@ -184,8 +184,10 @@ class StateMachine {
   std::size_t num_active_runs() const;
   bool has_run(const std::string& run_id) const { return runs_.count(run_id) > 0; }
 
-  // What is held for `run_id`, or for every run when it is empty.
-  std::vector<v1::RunStatus> status(const std::string& run_id) const;
+  // What is held for `run_id`, or for every run when it is empty. With `now`, the ages
+  // (phase_age_ms, last_failure.age_ms) are filled in; without, they are 0.
+  std::vector<v1::RunStatus> status(const std::string& run_id,
+                                    std::optional<TimePoint> now = std::nullopt) const;
 
   // What happened since the last call (events.h), oldest first; the list is then empty. The
   // server drains it after every call; a caller that never does holds at most
@@ -272,6 +274,12 @@ class StateMachine {
     std::optional<TimePoint> reattach_until;
     std::optional<TimePoint> held_until;
     std::optional<v1::ServerMsg> result;  // finished: the Done or Fail every member was told
+    // For status(): since when the run is in its phase; its last worker failure (one per
+    // run, not a history: the event log keeps that), with when it was reported; how it ended.
+    TimePoint phase_since;
+    std::optional<v1::FailureStatus> last_failure;
+    TimePoint last_failure_at;
+    bool failed = false;
   };
 
   std::vector<Outgoing> on_join(SessionId session, const v1::Join& join, TimePoint now);

@@ -1,0 +1,104 @@
+#include "muster/ops/status_query.h"
+
+#include <cstdio>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "muster/ops/status_format.h"
+#include "muster/rendezvous/client.h"
+#include "muster/rendezvous/resolve.h"
+
+namespace muster::ops {
+namespace {
+
+struct HostPort {
+  std::string host;
+  int port = kDefaultStatusPort;
+};
+
+absl::StatusOr<HostPort> parse_host_port(const std::string& text) {
+  auto bad = [&text](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("endpoint '", text, "' ", why, " (expected HOST:PORT)"));
+  };
+  HostPort hp;
+  std::string port;
+  if (!text.empty() && text[0] == '[') {
+    const auto close = text.find(']');
+    if (close == std::string::npos) return bad("has no closing bracket");
+    hp.host = text.substr(1, close - 1);
+    const std::string rest = text.substr(close + 1);
+    if (!rest.empty() && rest[0] != ':') return bad("has text after the bracket");
+    if (!rest.empty()) port = rest.substr(1);
+    if (!rest.empty() && port.empty()) return bad("has an empty port");
+  } else {
+    const auto colon = text.rfind(':');
+    if (colon != std::string::npos && text.find(':') != colon) {
+      return bad("is an IPv6 address without brackets");
+    }
+    hp.host = text.substr(0, colon);
+    if (colon != std::string::npos) {
+      port = text.substr(colon + 1);
+      if (port.empty()) return bad("has an empty port");
+    }
+  }
+  if (hp.host.empty()) return bad("has no host");
+  if (!port.empty() && (!absl::SimpleAtoi(port, &hp.port) || hp.port < 1 || hp.port > 65535)) {
+    return bad("has a bad port");
+  }
+  return hp;
+}
+
+int error(std::string_view prog, absl::string_view what, int code) {
+  std::fprintf(stderr, "%.*s: error: %.*s\n", static_cast<int>(prog.size()), prog.data(),
+               static_cast<int>(what.size()), what.data());
+  return code;
+}
+
+}  // namespace
+
+int print_status(const StatusQuery& q, std::string_view prog) {
+  auto hp = parse_host_port(q.endpoint);
+  if (!hp.ok()) return error(prog, hp.status().message(), 2);
+  const auto start = std::chrono::steady_clock::now();
+  // Through the system resolver and bounded, as launch reaches its server; gRPC gets an address.
+  auto addresses = rendezvous::resolve_host(hp->host, q.timeout);
+  if (!addresses.ok()) {
+    return error(prog, absl::StrCat("cannot reach the rendezvous server at ", q.endpoint, ": ",
+                                    addresses.status().message()),
+                 1);
+  }
+  const auto left = std::max(std::chrono::milliseconds(1),
+                             q.timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                             std::chrono::steady_clock::now() - start));
+  auto reply = rendezvous::get_status(rendezvous::grpc_address_target(addresses->front(), hp->port),
+                                      q.run_id, q.token, left);
+  if (!reply.ok()) {
+    const absl::Status& st = reply.status();
+    if (absl::IsPermissionDenied(st) || absl::IsUnauthenticated(st)) {
+      return error(prog, absl::StrCat("the rendezvous server at ", q.endpoint,
+                                      " refused the status call: ", st.message()),
+                   1);
+    }
+    if (absl::IsDeadlineExceeded(st)) {
+      return error(prog, absl::StrCat("the rendezvous server at ", q.endpoint,
+                                      " did not answer within ", q.timeout.count() / 1000.0, " s"),
+                   1);
+    }
+    return error(prog, absl::StrCat("cannot reach the rendezvous server at ", q.endpoint, ": ",
+                                    st.message()),
+                 1);
+  }
+  if (!q.run_id.empty() && reply->runs().empty()) {
+    return error(prog, absl::StrCat("the rendezvous server at ", q.endpoint, " holds no run '",
+                                    q.run_id, "'"),
+                 1);
+  }
+  const std::string text = q.json ? status_json(*reply) + "\n" : status_table(*reply);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace muster::ops

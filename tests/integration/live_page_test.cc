@@ -1,0 +1,136 @@
+// rdzvd's live page (--http_port) in a real headless Chromium, driven over the DevTools
+// protocol by live_page_driver.py (Python 3, stdlib). Exits 77 (ctest: Skipped) where
+// /usr/bin/chromium or /usr/bin/python3 is missing (scripts/setup installs chromium).
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include "helpers.h"
+#include "rdzvd_proc.h"
+
+using namespace muster::testing;
+
+namespace {
+
+const std::string kChromium = "/usr/bin/chromium";
+const std::string kPython = "/usr/bin/python3";
+
+// The line "<step>: <value>" the driver printed, or "" when it did not.
+std::string step(const std::string& out, const std::string& name) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex("(^|\n)" + name + ": ([^\n]*)"))) return "";
+  return m[2].str();
+}
+
+// A JS expression for the driver: null until run `job` shows round `round`, running, and
+// `ok` (JS over `rows`, its node rows) holds; then one line: "round R | STATE NODE GROUP
+// RANKS HOST | ..." from the cells' visible text, and the events list's texts.
+std::string until(int round, const std::string& ok) {
+  return R"JS((() => {
+    const run = document.querySelector('section.run[data-run="job"]');
+    if (!run || run.dataset.phase !== 'running' || run.dataset.round !== ')JS" +
+         std::to_string(round) + R"JS(') return null;
+    const rows = [...run.querySelectorAll('tr.node')];
+    const events = [...document.querySelectorAll('#events li')].map((li) => li.innerText);
+    if (!()JS" + ok + R"JS()) return null;
+    const cell = (r, i) => r.cells[i].innerText.replace('\u2013', '-');
+    return 'round ' + run.querySelector('dd.round').innerText + ' | ' +
+        rows.map((r) => [0, 4, 1, 2, 3].map((i) => cell(r, i)).join(' ')).join(' | ') +
+        ' | events ' + events.map((t) => t.split(' ')[1]).join(',');
+  })())JS";
+}
+
+}  // namespace
+
+TEST_CASE("live page: a browser shows a two-agent run, then the lost node and the new round "
+          "after kill -9 of one agent, without a reload",
+          "[live_page]") {
+  RdzvdProc server({"--http_port", "0"});
+  REQUIRE(server.page_port > 0);
+  const std::vector<std::string> conf{"--rdzv_conf=last_call_timeout=0.5"};
+  Proc a(launch_args(agent_flags(server.endpoint, "1:2", 2, "job", conf), {"wait"}));
+  Proc b(launch_args(agent_flags(server.endpoint, "1:2", 2, "job", conf), {"wait"}));
+  REQUIRE(a.wait_output(has_ready(2, "world 4 round 1"), 30s));
+  REQUIRE(b.wait_output(has_ready(2, "world 4 round 1"), 30s));
+  const std::string node_a = "127.0.0.1:" + std::to_string(a.pid());
+  const std::string node_b = "127.0.0.1:" + std::to_string(b.pid());
+  auto state_of = [](const std::string& node, const std::string& state) {
+    return "rows.some((r) => r.dataset.node === '" + node + "' && r.dataset.state === '" + state +
+           "')";
+  };
+
+  TempDir dir;
+  const std::string shot = dir.file("live_page.png");
+  // The driver kill -9's agent b (by its pid) once the first view is captured; this test
+  // reaps it below.
+  Proc driver({kPython, LIVE_PAGE_DRIVER, "--chromium", kChromium, "--profile", dir.file("profile"),
+               "--url", "http://127.0.0.1:" + std::to_string(server.page_port) + "/",
+               "--screenshot", shot, "--kill", std::to_string(b.pid()), "--timeout", "30",
+               "--until-1",
+               until(1, "rows.length === 2 && " + state_of(node_a, "member") + " && " +
+                            state_of(node_b, "member")),
+               "--until-2",
+               until(2, state_of(node_a, "member") + " && " + state_of(node_b, "lost") +
+                            " && events.some((t) => t.includes('node_lost') && t.includes('" +
+                            node_b + "'))")});
+  REQUIRE(driver.wait(180s) == 0);
+  const std::string& out = driver.out();
+  INFO(out << driver.err());
+  CHECK(b.wait(30s) == 128 + SIGKILL);
+
+  // First view: both agents, members, with their group ranks, ranks and host.
+  const std::string first = step(out, "shown");
+  CHECK_THAT(first, Catch::StartsWith("round 1 | "));
+  const std::regex row_a("member " + node_a + " ([01]) (0-1|2-3) 127\\.0\\.0\\.1");
+  const std::regex row_b("member " + node_b + " ([01]) (0-1|2-3) 127\\.0\\.0\\.1");
+  std::smatch ma, mb;
+  REQUIRE(std::regex_search(first, ma, row_a));
+  REQUIRE(std::regex_search(first, mb, row_b));
+  CHECK(ma[1].str() != mb[1].str());
+  CHECK(ma[2].str() == (ma[1].str() == "0" ? "0-1" : "2-3"));
+  CHECK_THAT(first, Catch::Contains("events round_formed,node_joined,node_joined"));
+
+  // The screenshot decoded (the driver inflated its image data) to a real page's size.
+  std::smatch size;
+  const std::string shot_line = step(out, "screenshot");
+  REQUIRE(std::regex_match(shot_line, size, std::regex(R"((\d+)x(\d+) (\d+) bytes (\d+) distinct)")));
+  CHECK(std::stoi(size[1]) >= 800);
+  CHECK(std::stoi(size[2]) >= 600);
+  CHECK(std::stoi(size[3]) > 10000);
+  CHECK(std::stoi(size[4]) > 8);  // not one flat colour
+  const std::string png = read_file(shot);
+  CHECK(png.size() == std::stoul(size[3]));
+  CHECK(png.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0);
+  std::error_code ec;
+  std::filesystem::copy_file(shot, LIVE_PAGE_SCREENSHOT,
+                             std::filesystem::copy_options::overwrite_existing, ec);
+  CHECK_FALSE(ec);  // a copy for humans: build/live_page.png
+
+  // After the kill: the same document shows round 2, a still a member, b lost.
+  const std::string then = step(out, "then");
+  CHECK_THAT(then, Catch::StartsWith("round 2 | "));
+  CHECK(std::regex_search(then, std::regex("member " + node_a + " 0 0-1 127\\.0\\.0\\.1")));
+  CHECK(std::regex_search(then, std::regex("lost " + node_b + " - - 127\\.0\\.0\\.1")));
+  CHECK_THAT(then, Catch::Contains("events round_formed,restart,node_lost,"));
+  CHECK(step(out, "document") == "no reload");
+  CHECK(step(out, "chromium ended") != "");
+  CHECK(a.wait_output(has_ready(2, "world 2 round 2"), 30s));
+  ::kill(a.pid(), SIGTERM);
+  CHECK(a.wait(30s) == 128 + SIGTERM);
+}
+
+int main(int argc, char** argv) {
+  for (const std::string& bin : {kChromium, kPython}) {
+    if (::access(bin.c_str(), X_OK) != 0) {
+      std::printf("SKIPPED: %s is missing (scripts/setup installs chromium)\n", bin.c_str());
+      return 77;
+    }
+  }
+  return Catch::Session().run(argc, argv);
+}

@@ -1,0 +1,247 @@
+// What operators read: the state machine's RunStatus (members with ranks, waiting nodes, the
+// last failure, ages, with a fake clock), the JSON writer, and the status/event formats.
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "muster/ops/json.h"
+#include "muster/ops/status_format.h"
+#include "muster/rendezvous/state_machine.h"
+
+using namespace std::chrono_literals;
+using muster::rendezvous::RunEvent;
+using muster::rendezvous::StateMachine;
+using muster::rendezvous::TimePoint;
+namespace v1 = muster::v1;
+namespace ops = muster::ops;
+
+namespace {
+
+v1::AgentMsg join(const std::string& node, int nproc, int min, int max, int max_restarts) {
+  v1::AgentMsg m;
+  v1::Join* j = m.mutable_join();
+  j->set_run_id("run");
+  j->set_node_id(node);
+  j->set_host("host-" + node);
+  j->set_local_world_size(nproc);
+  j->set_min_nodes(min);
+  j->set_max_nodes(max);
+  j->set_max_restarts(max_restarts);
+  j->set_requested_rank(-1);
+  return m;
+}
+
+v1::AgentMsg failure(int round, int rank, int exit_code, int signal) {
+  v1::AgentMsg m;
+  m.mutable_failure()->set_round(round);
+  v1::WorkerFailure* f = m.mutable_failure()->mutable_root_cause();
+  f->set_rank(rank);
+  f->set_host("host-b");
+  f->set_exit_code(exit_code);
+  f->set_signal(signal);
+  f->set_timestamp_ms(1700000000123);
+  return m;
+}
+
+muster::rendezvous::RendezvousTimeouts quiet() {
+  muster::rendezvous::RendezvousTimeouts t;
+  t.keep_alive_interval = std::chrono::hours(1);
+  t.last_call_timeout = 1s;
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("status: members by group rank with their global ranks, spares waiting, ages",
+          "[status]") {
+  StateMachine sm(quiet());
+  TimePoint now{};
+  sm.on_message(1, join("a", 2, 1, 2, 1), now);  // 1:2, so the round closes after the last call
+  sm.on_message(2, join("b", 3, 1, 2, 1), now);  // max reached: round 1 closes at once
+  now += 1500ms;
+  sm.on_message(3, join("c", 1, 1, 2, 1), now);  // a spare
+  now += 500ms;
+  auto st = sm.status("run", now);
+  REQUIRE(st.size() == 1);
+  const v1::RunStatus& s = st[0];
+  CHECK(s.phase() == "running");
+  CHECK(s.result().empty());
+  CHECK(s.phase_age_ms() == 2000);
+  CHECK(s.world_size() == 5);
+  REQUIRE(s.member_nodes_size() == 2);
+  CHECK(s.member_nodes(0).node_id() == "a");
+  CHECK(s.member_nodes(0).host() == "host-a");
+  CHECK(s.member_nodes(0).group_rank() == 0);
+  CHECK(s.member_nodes(0).first_rank() == 0);
+  CHECK(s.member_nodes(0).local_world_size() == 2);
+  CHECK(s.member_nodes(1).node_id() == "b");
+  CHECK(s.member_nodes(1).group_rank() == 1);
+  CHECK(s.member_nodes(1).first_rank() == 2);  // after a's 2 ranks: b holds 2..4
+  REQUIRE(s.waiting_nodes_size() == 1);
+  CHECK(s.waiting_nodes(0).node_id() == "c");
+  CHECK(s.waiting_nodes(0).group_rank() == -1);
+  CHECK(s.waiting() == 1);
+  CHECK_FALSE(s.has_last_failure());
+  CHECK(sm.status("run")[0].phase_age_ms() == 0);  // without `now`: no ages
+}
+
+TEST_CASE("status: the last failure, with the restart's reason, then the Fail's", "[status]") {
+  StateMachine sm(quiet());
+  TimePoint now{};
+  sm.on_message(1, join("a", 2, 2, 2, 1), now);
+  sm.on_message(2, join("b", 2, 2, 2, 1), now);
+  now += 1s;
+  sm.on_message(2, failure(1, 3, 7, 0), now);
+  now += 250ms;
+  auto st = sm.status("run", now);
+  REQUIRE(st[0].has_last_failure());
+  const v1::FailureStatus& f = st[0].last_failure();
+  CHECK(f.round() == 1);
+  CHECK(f.rank() == 3);
+  CHECK(f.host() == "host-b");
+  CHECK(f.node_id() == "b");
+  CHECK(f.exit_code() == 7);
+  CHECK(f.signal() == 0);
+  CHECK(f.timestamp_ms() == 1700000000123);
+  CHECK(f.age_ms() == 250);
+  CHECK(f.reason() == "worker rank 3 on host-b failed; restart 1 of 1");
+  CHECK(st[0].phase() == "joining");
+  CHECK(st[0].phase_age_ms() == 250);  // since the restart
+
+  // Both rejoin, round 2 fails by a signal: the budget is spent and the run ends failed.
+  sm.on_message(1, join("a", 2, 2, 2, 1), now);
+  sm.on_message(2, join("b", 2, 2, 2, 1), now);
+  REQUIRE(sm.status("run", now)[0].round() == 2);
+  now += 1s;
+  sm.on_message(1, failure(2, 0, 0, 9), now);
+  st = sm.status("run", now);
+  CHECK(st[0].phase() == "finished");
+  CHECK(st[0].result() == "failed");
+  CHECK(st[0].member_nodes_size() == 0);
+  CHECK(st[0].last_failure().round() == 2);
+  CHECK(st[0].last_failure().signal() == 9);
+  CHECK(st[0].last_failure().reason() == "a worker failed and all 1 restarts are spent");
+}
+
+TEST_CASE("json: arrays of JSON items; what is not UTF-8 becomes U+FFFD", "[status][json]") {
+  CHECK(ops::json_array({}) == "[]");
+  CHECK(ops::json_array({"1", ops::JsonObject().add("k", "v").str(), "null"}) ==
+        "[1,{\"k\":\"v\"},null]");
+  const std::string fffd = "\xEF\xBF\xBD";
+  CHECK(ops::json_string("\xFF") == "\"" + fffd + "\"");                           // never UTF-8
+  CHECK(ops::json_string("\xF4\x90\x80\x80") == "\"" + fffd + fffd + fffd + fffd + "\"");  // > U+10FFFF
+  CHECK(ops::json_string("\xC3") == "\"" + fffd + "\"");                           // cut short
+}
+
+TEST_CASE("status format: the JSON document and the table", "[status]") {
+  v1::StatusReply reply;
+  v1::RunStatus* r = reply.add_runs();
+  r->set_run_id("job\n1");
+  r->set_phase("running");
+  r->set_round(2);
+  r->set_restart_count(1);
+  r->set_max_restarts(3);
+  r->set_min_nodes(1);
+  r->set_max_nodes(4);
+  r->set_world_size(3);
+  r->set_phase_age_ms(61'500);
+  for (int g = 0; g < 2; ++g) {
+    v1::NodeStatus* n = r->add_member_nodes();
+    n->set_node_id("n" + std::to_string(g));
+    n->set_host("h" + std::to_string(g));
+    n->set_group_rank(g);
+    n->set_local_world_size(g == 0 ? 2 : 1);
+    n->set_first_rank(g == 0 ? 0 : 2);
+  }
+  v1::NodeStatus* w = r->add_waiting_nodes();
+  w->set_node_id("spare");
+  w->set_host("h9");
+  w->set_local_world_size(4);
+  w->set_group_rank(-1);
+  w->set_first_rank(-1);
+  v1::FailureStatus* f = r->mutable_last_failure();
+  f->set_round(1);
+  f->set_rank(2);
+  f->set_host("h1");
+  f->set_node_id("n1");
+  f->set_signal(9);
+  f->set_timestamp_ms(1700000000123);
+  f->set_age_ms(4200);
+  f->set_reason("worker rank 2 on h1 failed; restart 1 of 3");
+  reply.mutable_store()->set_parked_waits(5);
+
+  CHECK(ops::status_json(reply) ==
+        "{\"runs\":[{\"run_id\":\"job\\n1\",\"phase\":\"running\",\"round\":2,\"phase_age_ms\":61500,"
+        "\"restart_count\":1,\"max_restarts\":3,\"min_nodes\":1,\"max_nodes\":4,\"world_size\":3,"
+        "\"members\":[{\"node_id\":\"n0\",\"host\":\"h0\",\"group_rank\":0,\"local_world_size\":2,"
+        "\"first_rank\":0,\"last_rank\":1},{\"node_id\":\"n1\",\"host\":\"h1\",\"group_rank\":1,"
+        "\"local_world_size\":1,\"first_rank\":2,\"last_rank\":2}],"
+        "\"waiting\":[{\"node_id\":\"spare\",\"host\":\"h9\",\"local_world_size\":4}],"
+        "\"last_failure\":{\"round\":1,\"rank\":2,\"host\":\"h1\",\"node_id\":\"n1\",\"exit_code\":0,"
+        "\"signal\":9,\"time\":\"2023-11-14T22:13:20.123Z\",\"unix_ms\":1700000000123,"
+        "\"age_ms\":4200,\"reason\":\"worker rank 2 on h1 failed; restart 1 of 3\"}}],"
+        "\"store\":{\"parked_waits\":5}}");
+
+  CHECK(ops::status_table(reply) ==
+        "RUN    PHASE    ROUND  RESTARTS  NODES  WORLD  IN PHASE\n"
+        "job?1  running  2      1/3       1:4    3      1m01s\n"
+        "  STATE    GROUP  RANKS  HOST  NODE\n"
+        "  member   0      0-1    h0    n0\n"
+        "  member   1      2      h1    n1\n"
+        "  waiting  -      (4)    h9    spare\n"
+        "  last failure: rank 2 on h1, signal 9, round 1, 4.2s ago: worker rank 2 on h1 failed; "
+        "restart 1 of 3\n");
+  CHECK(ops::status_table(v1::StatusReply()) == "no runs\n");
+  CHECK(ops::status_json(v1::StatusReply()) == "{\"runs\":[],\"store\":{\"parked_waits\":0}}");
+}
+
+TEST_CASE("status format: an event as JSON has only the fields of its kind", "[status]") {
+  const auto wall = std::chrono::system_clock::time_point(std::chrono::milliseconds(1700000000123));
+  RunEvent e;
+  e.kind = RunEvent::Kind::kRoundFormed;
+  e.run_id = "job";
+  e.round = 2;
+  e.restart_count = 1;
+  e.nodes = 2;
+  e.world_size = 4;
+  e.spares = 1;
+  e.took = 850ms;
+  e.node_id = "ignored";
+  CHECK(ops::event_json(e, wall) ==
+        "{\"event\":\"round_formed\",\"time\":\"2023-11-14T22:13:20.123Z\",\"unix_ms\":1700000000123,"
+        "\"source\":\"server\",\"run\":\"job\",\"round\":2,\"restart_count\":1,\"nodes\":2,\"world_size\":4,\"spares\":1,"
+        "\"took_ms\":850}");
+  e.round = 1;  // a first round: no restart to time it from
+  CHECK(ops::event_json(e, wall).find("took_ms") == std::string::npos);
+
+  RunEvent f;
+  f.kind = RunEvent::Kind::kWorkerFailed;
+  f.run_id = "job";
+  f.round = 1;
+  f.node_id = "n";
+  f.host = "h";
+  f.rank = 3;
+  f.signal = 9;
+  CHECK(ops::event_json(f, wall, 7) ==
+        "{\"seq\":7,\"event\":\"worker_failed\",\"time\":\"2023-11-14T22:13:20.123Z\","
+        "\"unix_ms\":1700000000123,\"source\":\"server\",\"run\":\"job\",\"round\":1,\"restart_count\":0,\"node\":\"n\","
+        "\"host\":\"h\",\"rank\":3,\"signal\":9}");
+
+  RunEvent l;
+  l.kind = RunEvent::Kind::kNodeLost;
+  l.run_id = "job";
+  l.node_id = "n";
+  l.cause = "silent";
+  l.nodes = 1;
+  CHECK_THAT(ops::event_json(l, wall), Catch::EndsWith("\"node\":\"n\",\"cause\":\"silent\",\"member\":true}"));
+
+  RunEvent r;
+  r.kind = RunEvent::Kind::kRestart;
+  r.run_id = "job";
+  r.cause = "worker_failure";
+  r.counts = true;
+  r.reason = "why";
+  CHECK_THAT(ops::event_json(r, wall),
+             Catch::EndsWith("\"cause\":\"worker_failure\",\"counts\":true,\"reason\":\"why\"}"));
+  CHECK(ops::iso8601_ms(std::chrono::system_clock::time_point(std::chrono::milliseconds(-1))) ==
+        "1969-12-31T23:59:59.999Z");
+}
