@@ -84,8 +84,15 @@ class Agent::Impl {
         silence_timer_(io),
         window_(std::chrono::duration_cast<std::chrono::milliseconds>(
             opts_.rdzv_timeouts.keep_alive_interval * opts_.rdzv_timeouts.keep_alive_max_attempt)),
+        endpoints_(endpoint_list(opts_)),
         hang_timer_(io) {
     if (opts_.rdzv_name.empty()) opts_.rdzv_name = opts_.rdzv_target;
+  }
+
+  static std::vector<RdzvEndpoint> endpoint_list(const AgentOptions& o) {
+    std::vector<RdzvEndpoint> list{{o.rdzv_target, o.rdzv_name.empty() ? o.rdzv_target : o.rdzv_name}};
+    list.insert(list.end(), o.rdzv_more.begin(), o.rdzv_more.end());
+    return list;
   }
 
   int run() {
@@ -102,6 +109,9 @@ class Agent::Impl {
         return 1;
       }
       file_timers_ = std::move(*timers);
+    }
+    if (opts_.wait_for_server) {
+      first_deadline_ = std::chrono::steady_clock::now() + opts_.connect_timeout;
     }
     open_session(opts_.wait_for_server, opts_.connect_timeout);
     send_join();
@@ -167,6 +177,11 @@ class Agent::Impl {
 
   void send_join() {
     phase_ = Phase::kJoining;
+    client_->send(join_message(false));  // a dead stream reports itself through on_session_closed
+  }
+
+  // A Join; with `reattach`, one that asks for this node's place in the running round back.
+  v1::AgentMsg join_message(bool reattach) {
     v1::AgentMsg msg;
     v1::Join* j = msg.mutable_join();
     j->set_run_id(opts_.run_id);
@@ -190,7 +205,12 @@ class Agent::Impl {
     j->set_hang_timeout_ms(opts_.hang_timeout.count());
     j->set_max_restarts_without_progress(opts_.max_restarts_without_progress);
     j->set_restart_budget_reset_after_steps(opts_.restart_budget_reset_after_steps);
-    client_->send(msg);  // a dead stream reports itself through on_session_closed
+    j->set_reattach_timeout_ms(t.reattach_timeout.count());
+    if (reattach) {
+      j->set_reattach_round(assignment_.round());
+      j->set_reattach_group_rank(assignment_.group_rank());
+    }
+    return msg;
   }
 
   // A new stream to the server (the first, or after the node lost it). Whatever the old
@@ -201,10 +221,11 @@ class Agent::Impl {
         io_, [this](const v1::ServerMsg& m) { on_server_message(m); },
         [this](const absl::Status& s) { on_session_closed(s); });
     rendezvous::SessionClient::OpenOptions o;
-    o.target = opts_.rdzv_target;
-    o.name = opts_.rdzv_name;
+    o.target = endpoints_.current().target;
+    o.name = endpoints_.current().name;
     o.wait_for_ready = wait_for_ready;
-    o.connect_timeout = connect_timeout;
+    // With several endpoints each attempt is bounded, so the next gets its turn.
+    o.connect_timeout = endpoints_.attempt(connect_timeout, window_);
     o.liveness_window = window_;
     o.on_ready = [this] { heard_from_server(); };
     o.tls = opts_.tls;
@@ -255,6 +276,12 @@ class Agent::Impl {
       const std::string silence = absl::StrFormat(
           "nothing heard from it for %g s, the run's liveness window",
           static_cast<double>(window_.count()) / 1000);
+      if (reattach_deadline_) {
+        // A new stream that stays silent is one more failed attempt; the server holds this
+        // node's place meanwhile. (Silence while attached keeps today's rule, below.)
+        reattach(silence);
+        return;
+      }
       if (!reached_ && !rejoin_deadline_) {
         never_reached(absl::StrCat("connected, but ", silence));
         return;
@@ -293,8 +320,11 @@ class Agent::Impl {
     rejoin_deadline_.reset();
     heard_from_server();
     if (m.has_keep_alive()) return;
-    if (m.has_assignment()) {
+    if (m.has_attached()) {
+      on_attached(m.attached());
+    } else if (m.has_assignment()) {
       if (phase_ != Phase::kJoining) return;
+      attached_ = true;
       start_workers(m.assignment());
     } else if (m.has_restart()) {
       spdlog::warn("restarting workers: {}", m.restart().reason());
@@ -329,7 +359,35 @@ class Agent::Impl {
     const bool lost = status.ok() || status.code() == absl::StatusCode::kUnavailable ||
                       status.code() == absl::StatusCode::kCancelled;
     std::string why = status.ok() ? std::string("it ended the session") : std::string(status.message());
-    if (rejoin_deadline_ && (lost || status.code() == absl::StatusCode::kDeadlineExceeded)) {
+    const bool timed_out = status.code() == absl::StatusCode::kDeadlineExceeded;
+    // The server's process gone (its stream broke at once) while this node's workers run in a
+    // round of a server that keeps its runs: keep them, reconnect and re-attach.
+    if (reattach_deadline_ ? (lost || timed_out) : (lost && reached_ && can_reattach())) {
+      reattach(why);
+      return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!reached_ && endpoints_.size() > 1 && first_deadline_ && now < *first_deadline_ &&
+        (lost || timed_out)) {
+      // Never reached yet: the next endpoint gets its turn, until the wait is over.
+      endpoints_.next();
+      asio::post(io_, [this] {
+        if (phase_ == Phase::kExiting || after_ == After::kExit) return;
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            *first_deadline_ - std::chrono::steady_clock::now());
+        open_session(true, std::max(left, std::chrono::milliseconds(1)));
+        send_join();
+      });
+      return;
+    }
+    if (!reached_ && endpoints_.size() > 1 && first_deadline_ && (lost || timed_out)) {
+      spdlog::error("rendezvous: none of the servers at {} was reachable within {} s",
+                    endpoints_.names(), static_cast<double>(opts_.connect_timeout.count()) / 1000);
+      exit_with(1);
+      return;
+    }
+    if (rejoin_deadline_ && (lost || timed_out)) {
+      endpoints_.next();  // this attempt failed: the next endpoint (the same one if it is alone)
       lost_server(why);  // tries again until the deadline, then says it could not
       return;
     }
@@ -346,8 +404,98 @@ class Agent::Impl {
   }
 
   void never_reached(const std::string& why) {
-    spdlog::error("rendezvous: never reached the server at {} ({})", opts_.rdzv_name, why);
+    spdlog::error("rendezvous: never reached the server at {} ({})", endpoints_.names(), why);
     exit_with(1);
+  }
+
+  // --- re-attach (docs/rendezvous.md, "Restarting the server without restarting workers") --
+
+  // Whether this node may keep its workers through the loss of its stream: it is in a round
+  // of a server that keeps its runs, and the round is not over for it yet (its workers run,
+  // or they succeeded or failed and it waits for the server's word).
+  bool can_reattach() const {
+    if (assignment_.round() == 0 || assignment_.reattach_timeout_ms() <= 0) return false;
+    return phase_ == Phase::kRunning || phase_ == Phase::kAwaitingDone ||
+           (phase_ == Phase::kStopping && after_ == After::kNone);
+  }
+
+  // One attempt to re-attach (the first after the loss, or the next after a failed one): a
+  // new stream to the current endpoint (the next one after a failure) and a Join asking for
+  // this node's place back. The workers go on. When the run's re-attach window is over, the
+  // node is out as today: it stops its workers and joins again.
+  void reattach(const std::string& why) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto window = std::chrono::milliseconds(assignment_.reattach_timeout_ms());
+    if (!reattach_deadline_) {
+      reattach_deadline_ = now + window;
+      reattach_since_ = now;
+      spdlog::warn("rendezvous: lost the stream to the server at {} ({}); the workers keep "
+                   "running while this node re-attaches to run {} (for up to {} s)",
+                   endpoints_.current().name, why, opts_.run_id,
+                   static_cast<double>(window.count()) / 1000);
+      AgentEvent e = event(AgentEvent::Kind::kLostServer);
+      e.reason = absl::StrCat("re-attaching: ", why);
+      emit(e);
+    } else if (now >= *reattach_deadline_) {
+      reattach_deadline_.reset();
+      attached_ = true;
+      spdlog::error("rendezvous: could not re-attach to run {} within {} s ({})", opts_.run_id,
+                    static_cast<double>(window.count()) / 1000, why);
+      lost_server(why);
+      return;
+    } else {
+      endpoints_.next();
+    }
+    attached_ = false;
+    // Not from inside the old client's callback: the new stream is opened from the loop.
+    asio::post(io_, [this] {
+      if (phase_ == Phase::kExiting || after_ == After::kExit || !reattach_deadline_) return;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          *reattach_deadline_ - std::chrono::steady_clock::now());
+      open_session(true, std::max(left, std::chrono::milliseconds(1)));
+      client_->send(join_message(true));
+    });
+  }
+
+  void on_attached(const v1::Attached& a) {
+    if (!reattach_deadline_ || a.round() != assignment_.round()) return;  // not asked for
+    reattach_deadline_.reset();
+    attached_ = true;
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - reattach_since_);
+    if (a.ok()) {
+      // At warning level, as the loss was: the default log shows both or neither.
+      spdlog::warn("rendezvous: re-attached to run {} round {} at {} after {} ms; the workers "
+                   "kept running",
+                   opts_.run_id, a.round(), endpoints_.current().name, took.count());
+      AgentEvent e = event(AgentEvent::Kind::kReattached);
+      e.reason = endpoints_.current().name;
+      e.took = took;
+      emit(e);
+      // What this node last reported may have died with the old stream or the old server.
+      if (last_report_) client_->send(*last_report_);
+      return;
+    }
+    if (phase_ == Phase::kAwaitingDone) {
+      spdlog::error("rendezvous: could not re-attach to run {} ({}) before the run's end was "
+                    "confirmed",
+                    opts_.run_id, a.reason());
+      exit_with(1);
+      return;
+    }
+    spdlog::warn("rendezvous: could not re-attach to run {} ({}); stopping workers and joining "
+                 "again",
+                 opts_.run_id, a.reason());
+    noticed("lost_server");
+    if (after_ != After::kExit) after_ = After::kRejoin;
+    stop_group(SIGTERM);
+  }
+
+  // A failure or success report of this round: kept, to be sent again after a re-attach, and
+  // sent now unless the node is between streams.
+  void send_report(const v1::AgentMsg& msg) {
+    last_report_ = msg;
+    if (attached_) client_->send(msg);
   }
 
   // Stops the workers, then exits with `code`.
@@ -365,7 +513,7 @@ class Agent::Impl {
     const double secs = static_cast<double>(opts_.connect_timeout.count()) / 1000;
     if (phase_ == Phase::kAwaitingDone) {
       spdlog::error("rendezvous: lost the server at {} ({}) before the run's end was confirmed",
-                    opts_.rdzv_name, why);
+                    endpoints_.names(), why);
       exit_with(1);
       return;
     }
@@ -374,11 +522,11 @@ class Agent::Impl {
       rejoin_deadline_ = now + opts_.connect_timeout;
       spdlog::error("rendezvous: lost the server at {} ({}); stopping workers, then joining "
                     "again (for up to {} s)",
-                    opts_.rdzv_name, why, secs);
+                    endpoints_.names(), why, secs);
     } else if (now >= *rejoin_deadline_) {
       spdlog::error("rendezvous: lost the server at {} and could not reach it again within {} s "
                     "({})",
-                    opts_.rdzv_name, secs, why);
+                    endpoints_.names(), secs, why);
       exit_with(1);
       return;
     }
@@ -403,6 +551,7 @@ class Agent::Impl {
     phase_ = Phase::kRunning;
     after_ = After::kNone;
     failure_reported_ = false;
+    last_report_.reset();
     stopped_emitted_ = false;
     release_workers();
     const std::string tmpl =
@@ -436,8 +585,9 @@ class Agent::Impl {
       spec.error_file = w->error_file;
       // The store's Unix-domain socket when the server runs on this machine and network
       // namespace (faster than TCP loopback), else the address the agent was given.
-      spec.store_addr = store_target_for_workers(a.store_local_target(), a.server_host_identity(),
-                                                 host_identity_, opts_.store_addr);
+      spec.store_addr = store_target_for_workers(
+          a.store_local_target(), a.server_host_identity(), host_identity_,
+          opts_.store_addr == opts_.rdzv_target ? endpoints_.current().target : opts_.store_addr);
       spec.round = a.round();
       spec.node_addr = opts_.host;
       spec.token = opts_.token;
@@ -686,7 +836,7 @@ class Agent::Impl {
 
   void send_progress(const std::vector<rendezvous::RankProgress>& ranks,
                      rendezvous::StallClock::time_point now) {
-    if (phase_ != Phase::kRunning || !client_) return;
+    if (phase_ != Phase::kRunning || !client_ || !attached_) return;
     v1::AgentMsg msg;
     v1::Progress* p = msg.mutable_progress();
     p->set_round(assignment_.round());
@@ -802,7 +952,7 @@ class Agent::Impl {
     v1::AgentMsg msg;
     msg.mutable_failure()->set_round(assignment_.round());
     *msg.mutable_failure()->mutable_root_cause() = f;
-    client_->send(msg);
+    send_report(msg);
   }
 
   bool all_reaped() const {
@@ -948,7 +1098,7 @@ class Agent::Impl {
       phase_ = Phase::kAwaitingDone;
       v1::AgentMsg msg;
       msg.mutable_success()->set_round(assignment_.round());
-      client_->send(msg);
+      send_report(msg);
       return;
     }
     if (phase_ != Phase::kStopping) return;
@@ -1076,6 +1226,15 @@ class Agent::Impl {
   // After a loss, until the server is heard from again: the node must be back in touch by
   // then, or it exits.
   std::optional<std::chrono::steady_clock::time_point> rejoin_deadline_;
+  Endpoints endpoints_;
+  // The first wait for a server (wait_for_server), over every endpoint.
+  std::optional<std::chrono::steady_clock::time_point> first_deadline_;
+  // Re-attach: between the loss of a stream and the server's Attached, the node is not
+  // attached (its reports wait); the attempts end at the deadline.
+  bool attached_ = true;
+  std::optional<std::chrono::steady_clock::time_point> reattach_deadline_;
+  std::chrono::steady_clock::time_point reattach_since_{};
+  std::optional<v1::AgentMsg> last_report_;
   std::unique_ptr<rendezvous::SessionClient> client_;
   std::unique_ptr<FileTimerServer> file_timers_;
   std::unique_ptr<HangWatch> hang_watch_;  // the run's --hang_timeout

@@ -12,6 +12,7 @@ std::string_view event_name(AgentEvent::Kind kind) {
     case AgentEvent::Kind::kWorkersStopped: return "workers_stopped";
     case AgentEvent::Kind::kSucceeded: return "succeeded";
     case AgentEvent::Kind::kFailed: return "failed";
+    case AgentEvent::Kind::kReattached: return "reattached";
   }
   return "unknown";
 }

@@ -31,6 +31,14 @@ struct AgentMetrics {
                              "stopped), rendezvous (-> round formed), start (-> workers started), "
                              "total (noticed -> workers started)",
                              {"phase"}, ops::kRecoveryBucketsSeconds)),
+        reattached(r.counter("muster_agent_reattached_total",
+                             "Times this node got its place back after a lost stream (rdzvd "
+                             "restarted with --state_dir): the workers kept running")
+                       .get()),
+        reattach(r.histogram("muster_agent_reattach_seconds",
+                             "From a lost stream to the place back, in seconds",
+                             {}, ops::kRecoveryBucketsSeconds)
+                     .get()),
         finished(r.counter("muster_agent_runs_finished_total",
                            "Runs this node finished, by result (succeeded, failed)", {"result"})),
         workers(r.gauge("muster_agent_workers_running",
@@ -87,12 +95,18 @@ struct AgentMetrics {
         workers.set(0);
         finished.with({"failed"}).inc();
         break;
+      case AgentEvent::Kind::kReattached:
+        reattached.inc();
+        reattach.observe(seconds(e.took));
+        break;
     }
   }
 
   ops::Counter &rounds, &restarts, &worker_failures, &lost_server;
   ops::Family<ops::Counter>& recoveries;
   ops::Family<ops::Histogram>& recovery;
+  ops::Counter& reattached;
+  ops::Histogram& reattach;
   ops::Family<ops::Counter>& finished;
   ops::Gauge &workers, &round, &world_size, &restart_count;
 };

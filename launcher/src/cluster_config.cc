@@ -122,10 +122,11 @@ absl::Status resolve_cluster(LaunchConfig& c, const std::function<bool(std::stri
   }
   c.rdzv_backend = "c10d";
   if (!c.rdzv_endpoint.empty()) {
-    auto ep = parse_endpoint(c.rdzv_endpoint, kDefaultRdzvPort);
-    if (!ep.ok()) return ep.status();
-    if (ep->port == 0) return bad("--rdzv_endpoint: port 0 cannot be found by other hosts");
-    c.endpoint = *ep;
+    auto eps = parse_endpoints(c.rdzv_endpoint, kDefaultRdzvPort);
+    if (!eps.ok()) return eps.status();
+    if (eps->front().port == 0) return bad("--rdzv_endpoint: port 0 cannot be found by other hosts");
+    c.endpoint = eps->front();
+    c.more_endpoints.assign(eps->begin() + 1, eps->end());
   }
   if (!given("rdzv_id")) c.rdzv_id.clear();  // the driver makes one per command
   auto words = split_shell_words(k.ssh_args_text);

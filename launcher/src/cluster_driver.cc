@@ -122,6 +122,7 @@ class Driver {
     std::unique_ptr<muster::rendezvous::RendezvousServer> server;
     if (!cfg_.rdzv_endpoint.empty()) {
       in.endpoint = cfg_.endpoint.to_string();
+      for (const Endpoint& e : cfg_.more_endpoints) in.endpoint += "," + e.to_string();
     } else {
       std::string advertised;
       bool any_remote = false;

@@ -315,6 +315,34 @@ absl::StatusOr<Endpoint> parse_endpoint(const std::string& text, int default_por
   return e;
 }
 
+absl::StatusOr<std::vector<Endpoint>> parse_endpoints(const std::string& text, int default_port) {
+  std::vector<Endpoint> out;
+  for (absl::string_view raw : absl::StrSplit(text, ',')) {
+    absl::string_view item = absl::StripAsciiWhitespace(raw);
+    if (item.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rdzv_endpoint: '", text, "' has an empty item (expected HOST[:PORT],...)"));
+    }
+    auto e = parse_endpoint(std::string(item), default_port);
+    if (!e.ok()) return e.status();
+    out.push_back(std::move(*e));
+  }
+  if (out.size() > limits::kMaxRdzvEndpoints) {
+    return absl::InvalidArgumentError(absl::StrCat("--rdzv_endpoint: ", out.size(),
+                                                   " endpoints, more than the limit of ",
+                                                   limits::kMaxRdzvEndpoints));
+  }
+  if (out.size() > 1) {
+    for (const Endpoint& e : out) {
+      if (e.port == 0) {
+        return absl::InvalidArgumentError(
+            "--rdzv_endpoint: port 0 (a free port) is for a single endpoint on a single node");
+      }
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
   RdzvConf c;
   absl::string_view all = absl::StripAsciiWhitespace(text);
@@ -351,6 +379,11 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
       st = seconds(c.close_timeout, limits::kMaxCloseTimeout);
     } else if (key == "read_timeout") {
       st = seconds(c.read_timeout, limits::kMaxReadTimeout);
+    } else if (key == "reattach_timeout") {
+      st = seconds(c.timeouts.reattach_timeout, limits::kMaxReattachTimeout);
+      if (st.ok() && c.timeouts.reattach_timeout.count() == 0) {
+        st = absl::InvalidArgumentError("--rdzv_conf reattach_timeout: must be above 0");
+      }
     } else if (key == "keep_alive_interval") {
       st = seconds(c.timeouts.keep_alive_interval, limits::kMaxKeepAliveInterval);
       if (st.ok() && c.timeouts.keep_alive_interval.count() == 0) {
@@ -435,9 +468,10 @@ absl::Status resolve_rendezvous(LaunchConfig& c) {
   }
   std::optional<Endpoint> ep;  // --rdzv_endpoint, parsed once
   if (!c.rdzv_endpoint.empty()) {
-    auto parsed = parse_endpoint(c.rdzv_endpoint, kDefaultRdzvPort);
+    auto parsed = parse_endpoints(c.rdzv_endpoint, kDefaultRdzvPort);
     if (!parsed.ok()) return parsed.status();
-    ep = *parsed;
+    ep = parsed->front();
+    c.more_endpoints.assign(parsed->begin() + 1, parsed->end());
   }
   if (c.rdzv_backend == "static") {
     if (c.min_nodes != c.max_nodes) {
@@ -651,9 +685,9 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
       pet(app.add_option("--rdzv_id,--rdzv-id", c.rdzv_id, "Job id shared by every node"), kRdzv);
   pet(app.add_option("--rdzv_conf,--rdzv-conf", c.rdzv_conf_text,
                      "key=value,... : join_timeout, last_call_timeout, close_timeout, "
-                     "keep_alive_interval, keep_alive_max_attempt, read_timeout (seconds), "
-                     "token, is_host, tls_ca, tls_cert, tls_key, tls_server_name (other "
-                     "torchrun keys: accepted, ignored, warned about)"),
+                     "keep_alive_interval, keep_alive_max_attempt, read_timeout, "
+                     "reattach_timeout (seconds), token, is_host, tls_ca, tls_cert, tls_key, "
+                     "tls_server_name (other torchrun keys: accepted, ignored, warned about)"),
       kRdzv);
   // TLS for the server this launch hosts (docs/operations.md, "TLS").
   app.add_option("--tls_cert,--tls-cert", c.server_tls.files.cert,

@@ -51,6 +51,9 @@ std::string event_log_line(const AgentEvent& e, const EventLogSource& source) {
     case Kind::kFailed:
       if (e.rank >= 0) j.add("rank", e.rank);
       break;
+    case Kind::kReattached:
+      j.add("took_ms", static_cast<long long>(e.took.count()));
+      break;
     default:
       break;
   }

@@ -217,6 +217,7 @@ int main(int argc, char** argv) {
   std::string rdzv_addr;    // the server as messages name it
   std::string rdzv_target;  // and as gRPC reaches it: an address, never a name
   bool hosting = false;
+  std::vector<muster::agent::RdzvEndpoint> more_endpoints;  // the rest of an --rdzv_endpoint list
   muster::rendezvous::ServerOptions server_opts;
   server_opts.token = cfg.rdzv_conf.token;
   server_opts.tls = cfg.server_tls;
@@ -252,6 +253,17 @@ int main(int argc, char** argv) {
             : muster::launcher::is_local_host(cfg.endpoint.host, *addresses));
     rdzv_addr = cfg.endpoint.to_string();
     rdzv_target = muster::rendezvous::grpc_address_target(addresses->front(), cfg.endpoint.port);
+    // The others of a list are looked up now too (once, bounded): an agent that loses its
+    // server moves on to them without a lookup.
+    for (const auto& e : cfg.more_endpoints) {
+      auto more = muster::rendezvous::resolve_host(e.host);
+      if (!more.ok()) {
+        return fatal(absl::Status(more.status().code(),
+                                  absl::StrCat("--rdzv_endpoint: ", more.status().message())));
+      }
+      more_endpoints.push_back(
+          {muster::rendezvous::grpc_address_target(more->front(), e.port), e.to_string()});
+    }
     if (try_host) {
       server_opts.listen_address = muster::rendezvous::is_ip_literal(cfg.endpoint.host)
                                        ? rdzv_addr
@@ -300,6 +312,7 @@ int main(int argc, char** argv) {
   muster::agent::AgentOptions opts;
   opts.rdzv_target = rdzv_target;
   opts.rdzv_name = rdzv_addr;
+  opts.rdzv_more = more_endpoints;
   opts.wait_for_server = !hosting;
   opts.connect_timeout = cfg.rdzv_conf.read_timeout;
   opts.token = cfg.rdzv_conf.token;

@@ -239,6 +239,13 @@ std::string event_json(const rendezvous::RunEvent& e, std::chrono::system_clock:
     case Kind::kFailed:
       j.add("cause", e.cause).add("reason", e.reason);
       break;
+    case Kind::kRunRestored:  // docs/rendezvous.md, "Restarting the server without ..."
+      j.add("held", e.nodes);
+      break;
+    case Kind::kNodeReattached:
+      node();
+      j.add("still_detached", e.nodes);
+      break;
   }
   return j.str();
 }

@@ -100,6 +100,12 @@ class GrpcStore::Impl {
     args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);  // no per-call deadlines or census on these streams
     add_tls_channel_args(opts.tls, args);
+    // A server that went away and came back (rdzvd restarted with --state_dir) is reached by
+    // the first call after it is up again, within about a second: the channel retries at
+    // least once a second, not on gRPC's default backoff of up to two minutes, during which
+    // every call would fail with UNAVAILABLE.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     stub = v1::Store::NewStub(
         grpc::CreateCustomChannel(opts.target, channel_credentials(opts.tls), args));
   }

@@ -31,6 +31,10 @@ int main(int argc, char** argv) {
   muster::rendezvous::ServerTlsFiles tls_files;
   double join_timeout = 600, last_call = 30, grace = 60, hang = 0;
   int metrics_port = -1;  // off
+  std::string state_dir;
+  bool state_fsync = false;
+  namespace limits = muster::rendezvous::limits;
+  double reattach = std::chrono::duration<double>(limits::kDefaultReattachTimeout).count();
   CLI::App app{"rdzvd: muster's rendezvous server for many runs", "rdzvd"};
   app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)");
   app.add_option("--token", token, "Shared secret every join must carry (or $MUSTER_RDZV_TOKEN)")
@@ -41,7 +45,6 @@ int main(int argc, char** argv) {
   app.add_option("--tls_key,--tls-key", tls_files.key, "PEM private key of --tls_cert");
   app.add_option("--tls_ca,--tls-ca", tls_files.client_ca,
                  "PEM CA of the clients' certificates: mutual TLS, every client must show one");
-  namespace limits = muster::rendezvous::limits;
   auto seconds_up_to = [](std::chrono::milliseconds cap) {
     return CLI::Range(0.0, std::chrono::duration<double>(cap).count());
   };
@@ -60,6 +63,16 @@ int main(int argc, char** argv) {
                  "Serve Prometheus metrics on 0.0.0.0:PORT/metrics (0: any free port; "
                  "docs/operations.md)")
       ->check(CLI::Range(0, 65535));
+  app.add_option("--state_dir,--state-dir", state_dir,
+                 "Keep every run's state in this (existing, writable) folder and restore it at "
+                 "start: rdzvd can then be killed and restarted without restarting any worker");
+  app.add_flag("--state_fsync,--state-fsync", state_fsync,
+               "Flush each write of --state_dir to the disk (survives a power loss; costs a disk "
+               "flush per decision)");
+  app.add_option("--reattach_timeout,--reattach-timeout", reattach,
+                 "Seconds a restarted rdzvd holds a running run's places for its nodes to "
+                 "re-attach, for runs whose agents set none (rdzv_conf reattach_timeout)")
+      ->check(CLI::PositiveNumber & seconds_up_to(limits::kMaxReattachTimeout));
   std::string event_log_path;
   int http_port = -1;
   app.add_option("--event_log,--event-log", event_log_path,
@@ -123,6 +136,17 @@ int main(int argc, char** argv) {
     }
     metrics_http = std::move(*http);
   }
+  opts.timeouts.reattach_timeout =
+      std::chrono::milliseconds(static_cast<long long>(reattach * 1000));
+  if (!state_dir.empty()) {
+    auto store = muster::rendezvous::open_file_run_store({state_dir, state_fsync});
+    if (!store.ok()) {
+      std::fprintf(stderr, "rdzvd: error: --state_dir: %s\n",
+                   std::string(store.status().message()).c_str());
+      return 2;
+    }
+    opts.run_store = std::move(*store);
+  }
   std::unique_ptr<muster::ops::JsonLinesFile> event_log;
   if (!event_log_path.empty()) {
     auto opened = muster::ops::JsonLinesFile::open(event_log_path, "--event_log");
@@ -146,6 +170,14 @@ int main(int argc, char** argv) {
   std::printf("rdzvd listening on port %d (store for this machine: %s)\n", (*server)->port(),
               (*server)->local_store_target().empty() ? "-" : (*server)->local_store_target().c_str());
   if (metrics_http) std::printf("rdzvd metrics on port %d\n", metrics_http->port());
+  if (!state_dir.empty()) {
+    const auto& r = (*server)->restored();
+    for (const std::string& line : r.skipped) {
+      std::printf("rdzvd: --state_dir: skipped %s\n", line.c_str());
+    }
+    std::printf("rdzvd: restored %d runs from %s (%d running, their places held for re-attach)\n",
+                r.runs, state_dir.c_str(), r.running);
+  }
   std::fflush(stdout);
   std::unique_ptr<muster::ops::HttpServer> page;
   if (http_port >= 0) {

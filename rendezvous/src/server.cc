@@ -70,6 +70,8 @@ class Core : public std::enable_shared_from_this<Core> {
   void set_store(StoreServer* store) { store_ = store; }
   // io thread: what the metrics sample (server_metrics.h).
   ServerSample sample() const;
+  // Before serving (no io thread runs the core yet): loads the run store into the machine.
+  absl::StatusOr<RestoreSummary> restore();
   void fill_store_stats(v1::StoreStats& out) const {
     if (store_ != nullptr) out.set_parked_waits(static_cast<std::int64_t>(store_->parked_waits()));
   }
@@ -98,6 +100,9 @@ class Core : public std::enable_shared_from_this<Core> {
 
  private:
   void arm_timer();
+  // Write-ahead: the records the last decision changed go to the run store before its
+  // messages are sent.
+  void persist();
 
   boost::asio::io_context& io_;
   ServerOptions opts_;
@@ -118,6 +123,7 @@ class Core : public std::enable_shared_from_this<Core> {
   StoreServer* store_ = nullptr;  // outlives the core's use of it (shut down after the server)
   std::string local_store_target_, host_identity_;
   std::set<std::string> seen_runs_;  // runs that have had a Join, for dropping their tables
+  std::set<std::string> not_durable_;  // runs whose last write failed (said once each)
 };
 
 Core::Core(boost::asio::io_context& io, ServerOptions opts,
@@ -127,7 +133,59 @@ Core::Core(boost::asio::io_context& io, ServerOptions opts,
       credentials_(std::move(credentials)),
       machine_(opts_.timeouts),
       timer_(io),
-      trim_timer_(io) {}
+      trim_timer_(io) {
+  if (opts_.run_store) machine_.enable_records();
+}
+
+absl::StatusOr<RestoreSummary> Core::restore() {
+  RestoreSummary summary;
+  if (!opts_.run_store) return summary;
+  absl::StatusOr<RunStore::Loaded> loaded = opts_.run_store->load_all();
+  if (!loaded.ok()) return loaded.status();
+  summary.skipped = std::move(loaded->skipped);
+  StateMachine::RestoreResult r = machine_.restore(loaded->records, Clock::now());
+  for (std::string& line : r.refused) summary.skipped.push_back(std::move(line));
+  for (const v1::RunRecord& rec : loaded->records) {
+    // A record the machine refused (said in `skipped`) is left where it is: it may be of a
+    // newer server's format. A run of that id formed anew writes over it.
+    if (!machine_.has_run(rec.run_id())) continue;
+    ++summary.runs;
+    if (rec.phase() == v1::RunRecord::RUNNING) ++summary.running;
+    // The store serves only runs the machine holds: a restored run's table is there (empty:
+    // the keys workers set are not kept) for its workers' next call.
+    if (seen_runs_.insert(rec.run_id()).second && store_ != nullptr) store_->open_run(rec.run_id());
+  }
+  (void)machine_.take_record_changes();  // what was just loaded is what the store holds
+  return summary;
+}
+
+void Core::persist() {
+  if (!opts_.run_store) return;
+  StateMachine::RecordChanges changes = machine_.take_record_changes();
+  for (const v1::RunRecord& r : changes.put) {
+    absl::Status st = opts_.run_store->put(r);
+    if (st.ok()) {
+      if (not_durable_.erase(r.run_id()) > 0) {
+        spdlog::info("rendezvous: run '{}' is durable again", printable_utf8(r.run_id(), limits::kMaxIdBytes));
+      }
+      continue;
+    }
+    // Better no record than a stale one: a restarted server that forgot the run lets its
+    // nodes form it anew; one that went back to an older round would tell them the past.
+    (void)opts_.run_store->erase(r.run_id());
+    if (not_durable_.insert(r.run_id()).second) {
+      spdlog::error("rendezvous: {}; run '{}' is not durable until a write succeeds (a restart "
+                    "of the server would forget it)",
+                    std::string(st.message()), printable_utf8(r.run_id(), limits::kMaxIdBytes));
+    }
+  }
+  for (const std::string& id : changes.erased) {
+    not_durable_.erase(id);
+    if (absl::Status st = opts_.run_store->erase(id); !st.ok()) {
+      spdlog::error("rendezvous: {}", std::string(st.message()));
+    }
+  }
+}
 
 void Core::start_housekeeping() {
   trim_timer_.expires_after(limits::kMemoryTrimInterval);
@@ -392,6 +450,7 @@ void Core::on_closed(SessionId id) {
 
 void Core::apply(std::vector<Outgoing> out) {
   // Every call into the machine ends here (message, closed stream, tick).
+  persist();  // before any of the decision's messages leaves
   for (const RunEvent& e : machine_.take_events()) {
     for (const auto& sink : opts_.event_sinks) sink(e);
   }
@@ -438,6 +497,7 @@ class RendezvousServer::Impl {
   std::unique_ptr<grpc::Server> server;
   std::shared_ptr<Credentials> credentials;
   int port = 0;
+  RestoreSummary restored;
   std::string local_target;
   bool stopped = false;
   ops::Registry* metrics_registry = nullptr;
@@ -463,6 +523,11 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   impl->service = std::make_unique<Service>(impl->core);
   impl->core->set_store(impl->store.get());
   enable_health_service();
+  {
+    absl::StatusOr<RestoreSummary> restored = impl->core->restore();
+    if (!restored.ok()) return restored.status();
+    impl->restored = std::move(*restored);
+  }
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, creds, &impl->port);
   // Also on an abstract Unix-domain socket: workers on this machine (and network namespace)
@@ -499,7 +564,10 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   impl->server = builder.BuildAndStart();
   boost::asio::post(io, [core = std::weak_ptr<Core>(impl->core)] {
-    if (auto c = core.lock()) c->start_housekeeping();
+    if (auto c = core.lock()) {
+      c->start_housekeeping();
+      c->apply({});  // the restored runs' events to the sinks, and their timers
+    }
   });
   if (!impl->server || impl->port == 0) {
     return absl::UnavailableError(absl::StrCat("rendezvous server cannot listen on ", address));
@@ -527,6 +595,7 @@ int RendezvousServer::port() const { return impl_->port; }
 void RendezvousServer::set_run_tokens(RunTokens tokens) {
   impl_->credentials->set_run_tokens(std::move(tokens));
 }
+const RestoreSummary& RendezvousServer::restored() const { return impl_->restored; }
 
 const std::string& RendezvousServer::local_store_target() const { return impl_->local_target; }
 

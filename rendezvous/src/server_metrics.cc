@@ -52,6 +52,13 @@ struct ServerMetrics::Series {
                              "From a restart to the run's next round formed, in seconds", {},
                              ops::kRecoveryBucketsSeconds)
                      .get()),
+        runs_restored(r.counter("muster_runs_restored_total",
+                                "Runs loaded from --state_dir by a restarted server")
+                          .get()),
+        reattaches(r.counter("muster_node_reattaches_total",
+                             "Members that got their place back after a server restart (no "
+                             "restart of the run)")
+                       .get()),
         store_waits(r.gauge("muster_store_waits_parked",
                             "Store requests (get, wait, multi_get) waiting for keys")
                         .get()) {
@@ -63,7 +70,9 @@ struct ServerMetrics::Series {
     for (const char* c : {"worker_failure", "node_lost", "node_joined", "rejoin"}) {
       restarts.with({c});
     }
-    for (const char* c : {"stream_closed", "silent"}) node_losses.with({c});
+    for (const char* c : {"stream_closed", "silent", "not_reattached", "rejoined"}) {
+      node_losses.with({c});
+    }
     for (const char* c : {"succeeded", "budget_spent", "no_progress", "join_timeout"}) {
       runs_finished.with({c});
     }
@@ -88,6 +97,7 @@ struct ServerMetrics::Series {
   ops::Counter& worker_failures;
   ops::Family<ops::Counter>& runs_finished;
   ops::Histogram& recovery;
+  ops::Counter &runs_restored, &reattaches;
   ops::Gauge& store_waits;
   std::array<ops::Counter*, StoreServer::kNumOps> store_ops{};
 };
@@ -125,6 +135,12 @@ void ServerMetrics::on_event(const RunEvent& e) {
       break;
     case RunEvent::Kind::kFailed:
       m.runs_finished.with({e.cause.empty() ? "failed" : e.cause}).inc();
+      break;
+    case RunEvent::Kind::kRunRestored:
+      m.runs_restored.inc();
+      break;
+    case RunEvent::Kind::kNodeReattached:
+      m.reattaches.inc();
       break;
     case RunEvent::Kind::kNodeJoined:
       break;

@@ -134,6 +134,13 @@ absl::Status validate(const v1::Join& j) {
   if (j.master_port_candidate() < 0 || j.master_port_candidate() > 65535) {
     return absl::InvalidArgumentError("join: master port out of range");
   }
+  if (j.reattach_round() < 0 ||
+      (j.reattach_round() > 0 &&
+       (j.reattach_group_rank() < 0 || j.reattach_group_rank() >= j.max_nodes()))) {
+    return absl::InvalidArgumentError(absl::StrCat("join: re-attach to round ", j.reattach_round(),
+                                                   " as group rank ", j.reattach_group_rank(),
+                                                   " is out of range"));
+  }
   if (j.requested_rank() >= j.max_nodes()) {
     return absl::InvalidArgumentError(absl::StrCat("join: node rank ", j.requested_rank(),
                                                    " is not below max nodes ", j.max_nodes()));
@@ -158,6 +165,14 @@ bool survivor_back(const Run& run, SessionId session) {
 
 }  // namespace
 
+namespace detail {
+TimePoint deadline_after(TimePoint now, std::chrono::milliseconds d) { return deadline(now, d); }
+std::chrono::milliseconds client_duration_of(std::int64_t ms, std::chrono::milliseconds fallback,
+                                             std::chrono::milliseconds max) {
+  return client_duration(ms, fallback, max);
+}
+absl::Status validate_join(const v1::Join& j) { return validate(j); }
+}  // namespace detail
 
 v1::WorkerFailure cap_failure(const v1::WorkerFailure& f) {
   v1::WorkerFailure r = f;
@@ -180,11 +195,14 @@ std::string_view event_name(RunEvent::Kind kind) {
     case RunEvent::Kind::kNodeLost: return "node_lost";
     case RunEvent::Kind::kSucceeded: return "succeeded";
     case RunEvent::Kind::kFailed: return "failed";
+    case RunEvent::Kind::kRunRestored: return "run_restored";
+    case RunEvent::Kind::kNodeReattached: return "node_reattached";
   }
   return "unknown";
 }
 
 RunEvent& StateMachine::emit(RunEvent::Kind kind, const Run& run, TimePoint now) {
+  touch(run.id);  // every change to a run's durable state comes with one of its events
   if (events_.size() >= limits::kMaxPendingEvents) events_.erase(events_.begin());
   RunEvent& e = events_.emplace_back();
   e.kind = kind;
@@ -229,6 +247,15 @@ std::vector<Outgoing> StateMachine::on_message(SessionId session, const v1::Agen
   if (msg.has_join()) return on_join(session, msg.join(), now);
   Run* run = run_of(session);
   if (run == nullptr) {
+    // A node whose re-attach was refused is in no run until its plain Join, while it stops
+    // its workers: its keep-alives are answered and its progress reports ignored.
+    if (msg.has_keep_alive()) {
+      v1::ServerMsg ack;
+      ack.mutable_keep_alive();
+      out.push_back(send(session, std::move(ack)));
+      return out;
+    }
+    if (msg.has_progress()) return out;
     out.push_back(
         close_with(session, absl::FailedPreconditionError("protocol error: message before join")));
     return out;
@@ -256,6 +283,7 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
     refuse(session, st, now, out);
     return out;
   }
+  if (join.reattach_round() > 0) return on_reattach(session, join, now);
   // A session serves one run: a stream that could join a second run would stay a member
   // (a ghost) of the first, holding it up.
   if (auto cur = session_run_.find(session);
@@ -300,6 +328,8 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
                                             t.keep_alive_interval, limits::kMaxKeepAliveInterval);
     t.hang_timeout =
         client_duration(join.hang_timeout_ms(), t.hang_timeout, limits::kMaxHangTimeout);
+    t.reattach_timeout = client_duration(join.reattach_timeout_ms(), t.reattach_timeout,
+                                         limits::kMaxReattachTimeout);
     if (join.keep_alive_max_attempt() > 0) {
       t.keep_alive_max_attempt = std::min(join.keep_alive_max_attempt(),
                                           limits::kMaxKeepAliveAttempts);
@@ -335,9 +365,29 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
   kept.clear_token();
   kept.DiscardUnknownFields();
 
+  // The node of a place held for its re-attach joins afresh: it gave the place up (its
+  // agent stopped its workers), so the round has lost it.
+  bool gave_up = false;
+  if (run.phase == Phase::kRunning && !run.detached.empty()) {
+    auto m = std::find_if(run.members.begin(), run.members.end(), [&](const Node& n) {
+      return run.detached.count(n.session) > 0 && n.join.node_id() == join.node_id();
+    });
+    if (m != run.members.end()) {
+      RunEvent& e = emit(RunEvent::Kind::kNodeLost, run, now);
+      e.cause = "rejoined";
+      e.nodes = 1;
+      e.node_id = m->join.node_id();
+      e.host = m->join.host();
+      run.detached.erase(m->session);
+      run.members.erase(m);
+      if (run.detached.empty()) run.reattach_until.reset();
+      gave_up = true;
+    }
+  }
+
   // A member that joins again while its round runs has left the round (its agent restarted
   // on its own): it must not be member and waiter at once.
-  bool was_member = false;
+  bool was_member = gave_up;
   if (run.phase == Phase::kRunning) {
     if (auto m = find_session(run.members, session); m != run.members.end()) {
       run.members.erase(m);
@@ -384,6 +434,111 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
   }
   maybe_close_round(run, now, out);
   return out;
+}
+
+std::vector<Outgoing> StateMachine::on_reattach(SessionId session, const v1::Join& join,
+                                                TimePoint now) {
+  std::vector<Outgoing> out;
+  if (session_run_.count(session) > 0) {
+    refuse(session,
+           absl::InvalidArgumentError(
+               "a re-attach must be the first message of its stream (this one is in a run)"),
+           now, out);
+    return out;
+  }
+  const int round = join.reattach_round();
+  const int g = join.reattach_group_rank();
+  auto answer = [&](bool ok, std::string reason, const Run* run) {
+    v1::ServerMsg msg;
+    v1::Attached* a = msg.mutable_attached();
+    a->set_round(round);
+    a->set_ok(ok);
+    a->set_reason(std::move(reason));
+    if (run != nullptr) a->set_restart_count(run->restart_count);
+    out.push_back(send(session, std::move(msg)));
+  };
+  auto it = runs_.find(join.run_id());
+  if (it == runs_.end()) {
+    answer(false, absl::StrCat("the server does not hold run '", join.run_id(), "'"), nullptr);
+    return out;
+  }
+  Run& run = it->second;
+  if (run.phase == Phase::kFinished) {
+    // A member that missed the end (the server stopped before it was told): tell it now.
+    auto r = run.last_rank.find(join.node_id());
+    if (run.result && run.round == round && r != run.last_rank.end() && r->second == g) {
+      out.push_back(send(session, *run.result));
+      out.push_back(close_with(session, absl::OkStatus()));
+      return out;
+    }
+    answer(false, absl::StrCat("run '", run.id, "' has already finished"), &run);
+    return out;
+  }
+  if (run.phase != Phase::kRunning || run.round != round) {
+    answer(false,
+           run.phase == Phase::kRunning
+               ? absl::StrCat("run '", run.id, "' is in round ", run.round, ", not ", round)
+               : absl::StrCat("run '", run.id, "' is forming round ", run.round + 1),
+           &run);
+    return out;
+  }
+  if (g >= static_cast<int>(run.members.size()) ||
+      run.members[g].join.node_id() != join.node_id()) {
+    answer(false,
+           absl::StrCat("node ", join.node_id(), " is not group rank ", g, " of round ", round,
+                        " of run '", run.id, "'"),
+           &run);
+    return out;
+  }
+  Node& member = run.members[g];
+  const SessionId old = member.session;
+  if (run.detached.erase(old) == 0) {
+    // Its old stream is still open here (its end not seen yet): the newer one takes over.
+    out.push_back(close_with(old, absl::AbortedError("replaced by a newer stream of the same "
+                                                     "node (it re-attached)")));
+    session_run_.erase(old);
+    run.last_seen.erase(old);
+    run.progress.erase(old);
+  }
+  if (run.detached.empty()) run.reattach_until.reset();
+  if (run.succeeded.erase(old) > 0) run.succeeded.insert(session);
+  member.session = session;
+  session_run_[session] = run.id;
+  run.last_seen[session] = now;  // its liveness counts from here
+  if (!run.keep_alive_check || *run.keep_alive_check > deadline(now, run.timeouts.keep_alive_interval)) {
+    run.keep_alive_check = deadline(now, run.timeouts.keep_alive_interval);
+  }
+  {
+    RunEvent& e = emit(RunEvent::Kind::kNodeReattached, run, now);
+    e.node_id = member.join.node_id();
+    e.host = member.join.host();
+    e.nodes = static_cast<int>(run.detached.size());  // places still waiting
+  }
+  answer(true, "", &run);
+  return out;
+}
+
+std::vector<std::string> StateMachine::drop_detached(Run& run, TimePoint now,
+                                                     std::string_view cause) {
+  std::vector<std::string> lost;
+  if (run.detached.empty()) return lost;
+  for (auto m = run.members.begin(); m != run.members.end();) {
+    if (run.detached.count(m->session) == 0) {
+      ++m;
+      continue;
+    }
+    RunEvent& e = emit(RunEvent::Kind::kNodeLost, run, now);
+    e.cause = std::string(cause);
+    e.nodes = 1;
+    e.node_id = m->join.node_id();
+    e.host = m->join.host();
+    lost.push_back(m->join.node_id());
+    run.succeeded.erase(m->session);
+    m = run.members.erase(m);
+  }
+  run.detached.clear();
+  run.reattach_until.reset();
+  return lost;
 }
 
 void StateMachine::maybe_close_round(Run& run, TimePoint now, std::vector<Outgoing>& out) {
@@ -555,6 +710,8 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
     a->set_hang_timeout_ms(run.timeouts.hang_timeout.count());
     a->set_wants_progress(run.timeouts.hang_timeout.count() > 0 ||
                           run.max_restarts_without_progress > 0 || run.budget_reset_steps > 0);
+    // Only a server that keeps its runs can take a node back whose stream ended.
+    if (recording_) a->set_reattach_timeout_ms(run.timeouts.reattach_timeout.count());
     out.push_back(send(n.session, std::move(msg)));
     offset += n.join.local_world_size();
   }
@@ -572,6 +729,9 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
 void StateMachine::restart(Run& run, const std::string& reason, std::string_view cause,
                            bool counts, TimePoint now, std::vector<Outgoing>& out) {
   if (counts) ++run.restart_count;
+  // Members still detached cannot be told: their places go (they re-attach in vain, then
+  // join again).
+  drop_detached(run, now, "not_reattached");
   {
     RunEvent& e = emit(RunEvent::Kind::kRestart, run, now);
     e.cause = std::string(cause);
@@ -631,6 +791,10 @@ void StateMachine::finish(Run& run, const v1::ServerMsg& last, TimePoint now,
   run.rejoin_took.clear();
   run.last_seen.clear();
   run.phase = Phase::kFinished;
+  run.result = last;
+  run.detached.clear();
+  run.reattach_until.reset();
+  run.held_until.reset();
   run.phase_since = now;
   run.failed = last.has_fail();
   run.join_deadline.reset();
@@ -751,11 +915,12 @@ void StateMachine::refuse(SessionId session, absl::Status status, TimePoint now,
 bool StateMachine::drop_if_unheld(const std::string& run_id) {
   auto it = runs_.find(run_id);
   if (it == runs_.end() || it->second.phase == Phase::kFinished ||
-      !it->second.last_seen.empty()) {
+      !it->second.last_seen.empty() || !it->second.detached.empty() || it->second.held_until) {
     return false;
   }
   // Nobody holds the run: whatever its round, nobody can finish it or be told about it.
   runs_.erase(it);
+  touch(run_id);
   return true;
 }
 
@@ -893,8 +1058,22 @@ void StateMachine::tick_run(const std::string& run_id, TimePoint now,
   if (it == runs_.end()) return;
   Run& run = it->second;
   if (run.phase == Phase::kFinished) {
-    if (run.expires_at && now >= *run.expires_at) runs_.erase(it);
+    if (run.expires_at && now >= *run.expires_at) {
+      runs_.erase(it);
+      touch(run_id);
+    }
     return;
+  }
+  // A restored run: places not re-attached in time are lost; a hold nobody came for ends.
+  if (run.reattach_until && now >= *run.reattach_until) {
+    run.reattach_until.reset();
+    std::vector<std::string> lost = drop_detached(run, now, "not_reattached");
+    after_loss(run, lost, now, out);
+    if (drop_if_unheld(run_id)) return;
+  }
+  if (run.held_until && now >= *run.held_until) {
+    run.held_until.reset();
+    if (drop_if_unheld(run_id)) return;
   }
   if (run.keep_alive_check && now >= *run.keep_alive_check) {
     check_keep_alive(run, now, out);
@@ -936,6 +1115,7 @@ void StateMachine::tick_run(const std::string& run_id, TimePoint now,
     session_run_.erase(session);
   }
   runs_.erase(it);
+  touch(run_id);
 }
 
 std::vector<Outgoing> StateMachine::on_tick(TimePoint now) {
@@ -958,6 +1138,8 @@ std::optional<TimePoint> StateMachine::next_deadline() const {
     consider(run.last_call_deadline);
     consider(run.expires_at);
     consider(run.keep_alive_check);
+    consider(run.reattach_until);
+    consider(run.held_until);
     if (run.phase == Phase::kJoining) {
       for (const auto& [session, until] : run.expected) {
         if (!survivor_back(run, session)) consider(until);
@@ -994,7 +1176,12 @@ absl::Status StateMachine::check_invariants() const {
         if (!in_round.insert(n.session).second) {
           return broken("session ", n.session, " is twice in run '", id, "' (member/waiting)");
         }
-        if (run.last_seen.count(n.session) == 0) {
+        if (run.detached.count(n.session) > 0) {
+          if (n.session < kFirstDetachedSession || session_run_.count(n.session) > 0 ||
+              run.last_seen.count(n.session) > 0) {
+            return broken("detached member ", n.session, " of run '", id, "' has a stream");
+          }
+        } else if (run.last_seen.count(n.session) == 0) {
           return broken("session ", n.session, " of run '", id, "' is not connected");
         }
         if (!n.join.token().empty() || !n.join.GetReflection()->GetUnknownFields(n.join).empty()) {
@@ -1004,6 +1191,14 @@ absl::Status StateMachine::check_invariants() const {
           return broken("run '", id, "' keeps text that is not UTF-8");
         }
       }
+    }
+    for (SessionId s : run.detached) {
+      if (find_session(run.members, s) == run.members.end()) {
+        return broken("detached session ", s, " of run '", id, "' is no member");
+      }
+    }
+    if (!run.detached.empty() != run.reattach_until.has_value()) {
+      return broken("run '", id, "' has detached members without a hold, or a hold without");
     }
     for (const auto& [session, until] : run.expected) {
       if (run.last_seen.count(session) == 0) {
@@ -1034,7 +1229,7 @@ absl::Status StateMachine::check_invariants() const {
     switch (run.phase) {
       case Phase::kFinished:
         if (members || waiting || !run.last_seen.empty() || !run.expected.empty() ||
-            !run.expires_at) {
+            !run.expires_at || !run.result) {
           return broken("finished run '", id, "' holds nodes or has no expiry");
         }
         break;
@@ -1051,7 +1246,9 @@ absl::Status StateMachine::check_invariants() const {
         break;
       case Phase::kJoining: {
         if (members) return broken("joining run '", id, "' has members");
-        if (run.last_seen.empty()) return broken("run '", id, "' is held by nobody");
+        if (run.last_seen.empty() && !run.held_until) {
+          return broken("run '", id, "' is held by nobody");
+        }
         bool pending = false;
         for (const auto& [session, until] : run.expected) {
           const bool waits = find_session(run.waiting, session) != run.waiting.end();
@@ -1072,6 +1269,16 @@ absl::Status StateMachine::check_invariants() const {
           return broken("run '", id, "' runs a last call while survivors are expected");
         }
         break;
+      }
+    }
+    if (run.phase == Phase::kRunning && run.last_seen.empty() && run.detached.empty()) {
+      return broken("running run '", id, "' is held by nobody");
+    }
+    if (recording_) {
+      auto rec = recorded_.find(id);
+      if (touched_.count(id) == 0 &&
+          (rec == recorded_.end() || rec->second != record_of(run).SerializeAsString())) {
+        return broken("run '", id, "' changed its record without an event");
       }
     }
     if (run.phase != Phase::kFinished && !run.keep_alive_check) {

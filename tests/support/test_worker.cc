@@ -10,6 +10,8 @@
 //   term DIR handle      print "ready <pid>"; on SIGTERM write DIR/term.<RANK> and exit 0
 //   term DIR ignore      print "ready <pid>"; ignore SIGTERM (only SIGKILL ends it)
 //   wait                 print "ready <pid>" and wait to be stopped
+//   signals DIR          append "<pid> <restart count>" to DIR/starts.<RANK> (its start record),
+//                        print "ready <pid>", then exit 0 on SIGUSR1 and 3 on SIGUSR2
 //   spew BYTES           write BYTES of numbered lines to stdout, exit 0
 //   partial              write a line without its newline, then die by SIGKILL
 //   errfile MESSAGE      write torch's @record error file with MESSAGE, exit 1
@@ -48,6 +50,8 @@ int rank() { return std::atoi(env("RANK").c_str()); }
 
 volatile sig_atomic_t got_term = 0;
 void on_term(int) { got_term = 1; }
+volatile sig_atomic_t got_usr = 0;
+void on_usr(int sig) { got_usr = sig; }
 
 [[noreturn]] void wait_forever() {
   for (;;) ::pause();
@@ -134,6 +138,24 @@ int main(int argc, char** argv) {
     while (!got_term) ::pause();
     std::ofstream(std::string(argv[2]) + "/term." + env("RANK")) << "SIGTERM\n";
     return 0;
+  }
+  if (mode == "signals" && argc == 3) {
+    struct sigaction sa {};
+    sa.sa_handler = on_usr;
+    ::sigaction(SIGUSR1, &sa, nullptr);
+    ::sigaction(SIGUSR2, &sa, nullptr);
+    sigset_t block, old;  // blocked until sigsuspend: a signal sent after "ready" is never lost
+    ::sigemptyset(&block);
+    ::sigaddset(&block, SIGUSR1);
+    ::sigaddset(&block, SIGUSR2);
+    ::sigprocmask(SIG_BLOCK, &block, &old);
+    {
+      std::ofstream out(std::string(argv[2]) + "/starts." + env("RANK"), std::ios::app);
+      out << ::getpid() << " " << env("TORCHELASTIC_RESTART_COUNT") << "\n";
+    }
+    ready();
+    while (got_usr == 0) ::sigsuspend(&old);
+    return got_usr == SIGUSR1 ? 0 : 3;
   }
   if (mode == "wait") {
     ready();

@@ -748,3 +748,33 @@ TEST_CASE("flags: --metrics_port is off by default, 0..65535, either spelling", 
   CHECK_THAT(parse_err({"--standalone", "--metrics_port=-1", "prog"}),
              Catch::Contains("metrics_port"));
 }
+
+TEST_CASE("rendezvous flags: an endpoint list and reattach_timeout", "[config]") {
+  using muster::launcher::parse_endpoints;
+  auto list = parse_endpoints("a:1, b ,[::1]:3", 29400);
+  REQUIRE(list.ok());
+  REQUIRE(list->size() == 3);
+  CHECK((*list)[0].to_string() == "a:1");
+  CHECK((*list)[1].to_string() == "b:29400");
+  CHECK((*list)[2].to_string() == "[::1]:3");
+  CHECK(parse_endpoints("a:0", 29400).ok());  // one endpoint: port 0 is the caller's to judge
+  for (const char* bad : {"a:1,,b:2", "a:1,", "a:0,b:1", "a:1,b:x"}) {
+    INFO(bad);
+    CHECK_FALSE(parse_endpoints(bad, 29400).ok());
+  }
+  std::string many = "h:1";
+  for (std::size_t i = 1; i <= muster::rendezvous::limits::kMaxRdzvEndpoints; ++i) many += ",h:1";
+  CHECK_THAT(std::string(parse_endpoints(many, 29400).status().message()),
+             Catch::Contains("more than the limit"));
+  // The first is the endpoint (the hosting rule looks at it); the rest follow.
+  LaunchConfig c = parse_ok({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=n0:1,n1:2",
+                             "--rdzv_conf=reattach_timeout=7.5", "p"});
+  CHECK(c.endpoint.to_string() == "n0:1");
+  REQUIRE(c.more_endpoints.size() == 1);
+  CHECK(c.more_endpoints[0].to_string() == "n1:2");
+  CHECK(c.rdzv_conf.timeouts.reattach_timeout == std::chrono::milliseconds(7500));
+  CHECK(muster::launcher::parse_rdzv_conf("").value().timeouts.reattach_timeout ==
+        muster::rendezvous::limits::kDefaultReattachTimeout);
+  CHECK_FALSE(muster::launcher::parse_rdzv_conf("reattach_timeout=0").ok());
+  CHECK_FALSE(muster::launcher::parse_rdzv_conf("reattach_timeout=100000").ok());
+}

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "muster/agent/agent_events.h"
+#include "muster/agent/endpoints.h"
 #include "muster/agent/numa.h"
 #include "muster/agent/supervisor.h"
 #include "muster/rendezvous/state_machine.h"
@@ -32,6 +33,9 @@ struct AgentOptions {
   // Rendezvous
   std::string rdzv_target;  // the rendezvous server's gRPC target (an address: ipv4:A:P, ...)
   std::string rdzv_name;    // the server as messages name it (the endpoint as given)
+  // More endpoints after that one (--rdzv_endpoint=a,b,c): a connection attempt that fails
+  // moves on to the next, round the list (endpoints.h).
+  std::vector<RdzvEndpoint> rdzv_more;
   bool wait_for_server = false;
   // How long to wait for the server: at the start (when wait_for_server), and after the node
   // lost it (it stops its workers, then reconnects and joins its run again for this long).
@@ -57,7 +61,9 @@ struct AgentOptions {
   int max_nodes = 1;
   int requested_rank = -1;
   int max_restarts = 0;
-  std::string store_addr;  // MUSTER_STORE_ADDR as workers should reach it
+  // MUSTER_STORE_ADDR as workers should reach it. When it is rdzv_target and the agent is on
+  // another of its endpoints when a round forms, that endpoint's target.
+  std::string store_addr;
   // The run's timing rules, sent with every Join (the first node's hold for the run); the
   // agent sends a keep-alive every keep_alive_interval, and knows it is out of the run when
   // it has heard nothing from the server (which answers each) for the liveness window,

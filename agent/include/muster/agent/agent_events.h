@@ -28,6 +28,8 @@ struct AgentEvent {
     kWorkersStopped,  // every worker of the round is gone (after a failure, restart, signal)
     kSucceeded,       // the run is done (every node's workers succeeded)
     kFailed,          // the run failed (the server's Fail, or this agent's own error): reason
+    kReattached,      // after a lost stream, the server gave this node its place back (the
+                      // workers kept running): reason = the endpoint
   };
   Kind kind = Kind::kRoundFormed;
   std::chrono::steady_clock::time_point at;
@@ -43,6 +45,7 @@ struct AgentEvent {
   int exit_code = 0;
   int signal = 0;
   std::string reason;
+  std::chrono::milliseconds took{0};  // kReattached: from the lost stream to the place back
   std::optional<Recovery> recovery;  // kWorkersStarted after a recovery
 };
 

@@ -30,6 +30,11 @@ struct Endpoint {
   std::string to_string() const;  // brackets back around an IPv6 host
 };
 absl::StatusOr<Endpoint> parse_endpoint(const std::string& text, int default_port);
+// --rdzv_endpoint=A[,B,...]: one endpoint or a comma-separated list of at most
+// limits::kMaxRdzvEndpoints, each as parse_endpoint takes it. The first is the one the
+// hosting rule (is_host) looks at; the agent moves to the next when one cannot be reached
+// (docs/rendezvous.md, "Restarting the server without restarting workers").
+absl::StatusOr<std::vector<Endpoint>> parse_endpoints(const std::string& text, int default_port);
 
 // --rdzv_conf key=value,...: torchrun's keys, in seconds. The text may be wrapped in one pair
 // of quotes ('...' or "..."), as torchrun's own tests pass it; keys and values are trimmed.
@@ -97,6 +102,7 @@ struct LaunchConfig {
   muster::rendezvous::ClientTls client_tls;
   RdzvMode mode = RdzvMode::kEmbedded;
   Endpoint endpoint;        // kStatic / kC10d: where the rendezvous server is
+  std::vector<Endpoint> more_endpoints;  // the rest of an --rdzv_endpoint list, in order
   int node_rank = -1;       // static: this node's group rank
   std::string master_addr;  // static: workers' MASTER_ADDR (default 127.0.0.1)
   int master_port = 0;      // static: workers' MASTER_PORT (default 29500)

@@ -20,6 +20,10 @@ struct RunEvent {
                     // was silent past the liveness window ("silent")
     kSucceeded,     // every member succeeded: the run finished
     kFailed,        // the run finished failed (budget spent, join timeout): reason
+    kRunRestored,   // a restarted server loaded the run (RunStore): nodes = places held for
+                    // re-attach (0 for a joining or finished run)
+    kNodeReattached,  // a member's new stream took its place (no restart): node_id, host;
+                      // nodes = places still waiting for their nodes
   };
   Kind kind = Kind::kNodeJoined;
   std::string run_id;
@@ -29,7 +33,8 @@ struct RunEvent {
   std::string node_id;
   std::string host;
   // kRestart: "worker_failure", "node_lost", "node_joined" (scale up) or "rejoin" (a member
-  // joined again). kNodeLost: "stream_closed" or "silent". kFailed: "budget_spent",
+  // joined again). kNodeLost: "stream_closed", "silent", "not_reattached" (a restored
+  // member not back in time) or "rejoined" (it joined afresh instead). kFailed: "budget_spent",
   // "no_progress" or "join_timeout".
   std::string cause;
   std::string reason;  // the text the agents were given

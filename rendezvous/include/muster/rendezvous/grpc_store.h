@@ -1,7 +1,8 @@
 // A Store client of the rendezvous server's Store service (one run's table). Operations go
 // over a small pool of long-lived streams, one request at a time per stream (a thread finding
 // every stream busy opens another); waits happen on the server, which answers when the keys
-// appear or the timeout passes. A call whose server cannot be reached fails with UNAVAILABLE.
+// appear or the timeout passes. A call whose server cannot be reached fails with UNAVAILABLE;
+// a later call, once the server is back (a restarted rdzvd), goes through on a new stream.
 //
 // set() is written behind, as TCPStore's set is: it returns once the request is sent, and the
 // reply is read later, so a set followed by a get costs one round trip, not two.

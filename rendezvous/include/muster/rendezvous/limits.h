@@ -66,6 +66,21 @@ inline constexpr milliseconds kMaxFinishedRunGrace = std::chrono::hours(24);
 // Store waits (get, wait, multi_get): a longer timeout is clamped to this.
 inline constexpr milliseconds kMaxStoreWait = std::chrono::hours(24);
 
+// --- Restarting the server without restarting workers (rdzvd --state_dir) ----------------
+// How long a restarted server holds the places of a running run's members for them to
+// re-attach (from the restore), and how long an agent whose stream ended keeps its workers
+// running while it reconnects (from the loss): the run's rdzv_conf reattach_timeout (the
+// first node's), else rdzvd --reattach_timeout, else this. The agent counts from the loss
+// and the server from its restore, which comes later: the server's hold outlasts the
+// agent's attempts with the same value.
+inline constexpr milliseconds kDefaultReattachTimeout = std::chrono::seconds(30);
+inline constexpr milliseconds kMaxReattachTimeout = std::chrono::hours(1);
+// One run's record (RunRecord, serialized) in the run store; a larger one is not written (the
+// run is then not durable: its old record is erased, and the server says so once).
+inline constexpr std::size_t kMaxRunRecordBytes = 64 << 20;
+// Endpoints one --rdzv_endpoint list may name (a,b,c: the agent tries them in turn).
+inline constexpr std::size_t kMaxRdzvEndpoints = 16;
+
 // --- Agent and launch ------------------------------------------------------------------
 // Looking up a name (the rendezvous endpoint, this host's FQDN, the is_host check) goes
 // through the system resolver (getaddrinfo: /etc/hosts and nsswitch), once, and gives up

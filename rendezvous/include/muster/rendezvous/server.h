@@ -16,6 +16,7 @@
 #include "muster/rendezvous/credentials.h"
 #include "muster/rendezvous/events.h"
 #include "muster/rendezvous/limits.h"
+#include "muster/rendezvous/run_store.h"
 #include "muster/rendezvous/state_machine.h"
 #include "muster/rendezvous/store.h"
 #include "muster/rendezvous/tls.h"
@@ -51,6 +52,21 @@ struct ServerOptions {
   // which must outlive the server. A render of the registry then samples the runs on the io
   // thread (waiting for it at most a second): render it from another thread.
   ops::Registry* metrics = nullptr;
+  // Where runs are kept durably (run_store.h; rdzvd --state_dir), or none: runs live in
+  // memory only. With one, start() restores what it holds before it serves, every decision's
+  // changed records are written before its messages are sent, and Assignments tell agents
+  // to keep their workers through a server restart (docs/rendezvous.md, "Restarting the
+  // server without restarting workers"). A write that fails is logged once per run and the
+  // run's old record is erased (a restart then forgets the run rather than go back to a
+  // stale state); the server goes on serving.
+  std::shared_ptr<RunStore> run_store;
+};
+
+// What start() restored from ServerOptions::run_store.
+struct RestoreSummary {
+  int runs = 0;
+  int running = 0;  // of which running: their members' places are held for re-attach
+  std::vector<std::string> skipped;  // records that could not be read or restored, one line each
 };
 
 class RendezvousServer {
@@ -67,6 +83,8 @@ class RendezvousServer {
   // have joined stay; every later Join, store and status call is checked against the new
   // table.
   void set_run_tokens(RunTokens tokens);
+  // What start() restored (empty without a run store).
+  const RestoreSummary& restored() const;
   // The store's gRPC target on an abstract Unix-domain socket ("unix-abstract:NAME"), for
   // clients with this process's host_identity(); empty when there is none.
   const std::string& local_store_target() const;

@@ -65,6 +65,32 @@
 // ended, or its last node was dropped or refused) is dropped at once, whatever its round.
 // A finished run (Done or Fail) is kept for finished_run_grace, so a late Join gets a clear
 // error, then dropped.
+//
+// Durability and re-attach (docs/rendezvous.md, "Restarting the server without restarting
+// workers"). With enable_records(), every change to a run's durable state (RunRecord: its
+// config and timing, round, phase, restart count and budget, members with their Joins in
+// group-rank order, last ranks, a finished run's result) is reported by take_record_changes(),
+// and every Assignment carries the run's reattach_timeout. Every such change emits a RunEvent
+// of the run (or drops it), which is how changes are found. Not durable: waiting nodes,
+// sessions, timers, success reports (a re-attached node sends its own again), this round's
+// progress reports.
+//  - restore(records, now) on a machine that holds no run: a running run comes back with
+//    every member detached (no stream), holding its place until now + reattach_timeout; a
+//    joining run comes back with nobody waiting and is held that long for its nodes to join
+//    again; a finished run is kept for a whole finished_run_grace from now. Timers start at
+//    `now`: nobody is dropped for the silence of the outage. Invalid records are refused.
+//  - A Join with reattach_round > 0 must be the first message of its stream. When the run is
+//    running that round and its member at reattach_group_rank has the Join's node id, the
+//    stream takes that place (a detached one, or one whose old stream is still open here,
+//    which is then closed with ABORTED) and gets Attached{ok}: no restart, no budget spent.
+//    A member of a finished run gets the run's Done or Fail and its stream ends. Otherwise it
+//    gets Attached{ok = false} and is in no run until it sends a plain Join; a KeepAlive from
+//    such a stream is answered and a Progress ignored.
+//  - A detached member not back by the hold's end is lost (kNodeLost "not_reattached") and
+//    the others restart without spending the budget; a restart for any other reason drops
+//    every detached member the same way (they cannot be told). A plain Join from the node of
+//    a detached place gives the place up: the others restart (cause "rejoin").
+//  - A run is held while it has a connected node, a detached member, or a restore hold.
 #pragma once
 
 #include <chrono>
@@ -107,7 +133,16 @@ struct RendezvousTimeouts {
   // --hang_timeout (docs/hangs.md): a rank whose progress has not moved this long while
   // another rank's got further is stalled; its node is told (Stalled). 0: off.
   std::chrono::milliseconds hang_timeout{0};
+  // How long a restarted server holds a running run's places for its members to re-attach,
+  // and how long their agents try (limits.h, kDefaultReattachTimeout).
+  std::chrono::milliseconds reattach_timeout = limits::kDefaultReattachTimeout;
 };
+
+// The RunRecord format this machine writes and restores.
+inline constexpr int kRunRecordFormat = 1;
+// Sessions from here up stand for detached members of a restored run; a caller's session ids
+// must stay below.
+inline constexpr std::uint64_t kFirstDetachedSession = std::uint64_t{1} << 62;
 
 // Bounds on what one Join may carry (the server also caps the message size).
 inline constexpr std::size_t kMaxIdLength = limits::kMaxIdBytes;
@@ -160,6 +195,24 @@ class StateMachine {
   // server drains it after every call; a caller that never does holds at most
   // limits::kMaxPendingEvents (older ones are dropped first).
   std::vector<RunEvent> take_events();
+
+  // --- Durable state (see "Durability and re-attach" above) ------------------------------
+  // Turns record tracking on (off by default; a server without a run store never pays).
+  void enable_records();
+  // What a restarted server needs to go on with `run_id`; nullopt when it is not held.
+  std::optional<v1::RunRecord> record(const std::string& run_id) const;
+  struct RecordChanges {
+    std::vector<v1::RunRecord> put;    // runs created or changed: each one's whole record
+    std::vector<std::string> erased;   // runs dropped
+  };
+  // What changed since the last call (nothing before enable_records()).
+  RecordChanges take_record_changes();
+  struct RestoreResult {
+    int restored = 0;
+    std::vector<std::string> refused;  // one line per record not restored, saying why
+  };
+  // Loads `records` into a machine that holds no run (see above).
+  RestoreResult restore(const std::vector<v1::RunRecord>& records, TimePoint now);
 
   // Checks the machine's internal invariants (for tests and the fuzz target); OK or the
   // first one broken.
@@ -217,6 +270,12 @@ class StateMachine {
     int budget_from = 0;
     // Since the last restart, until the next round closes (its kRoundFormed's `took`).
     std::optional<TimePoint> restarted_since;
+    // A restored run: members without a stream yet (their placeholder sessions, all from
+    // kFirstDetachedSession up), and when their places go; a joining run held for its nodes.
+    std::set<SessionId> detached;
+    std::optional<TimePoint> reattach_until;
+    std::optional<TimePoint> held_until;
+    std::optional<v1::ServerMsg> result;  // finished: the Done or Fail every member was told
     // For status(): since when the run is in its phase; its last worker failure (one per
     // run, not a history: the event log keeps that), with when it was reported; how it ended.
     TimePoint phase_since;
@@ -226,6 +285,13 @@ class StateMachine {
   };
 
   std::vector<Outgoing> on_join(SessionId session, const v1::Join& join, TimePoint now);
+  std::vector<Outgoing> on_reattach(SessionId session, const v1::Join& join, TimePoint now);
+  // Takes every detached member out of the run (kNodeLost, `cause`); their node ids.
+  std::vector<std::string> drop_detached(Run& run, TimePoint now, std::string_view cause);
+  v1::RunRecord record_of(const Run& run) const;
+  void touch(const std::string& run_id) {
+    if (recording_) touched_.insert(run_id);
+  }
   void on_failure(Run& run, SessionId session, const v1::ReportFailure& f, TimePoint now,
                   std::vector<Outgoing>& out);
   void on_success(Run& run, SessionId session, const v1::ReportSuccess& s, TimePoint now,
@@ -264,6 +330,12 @@ class StateMachine {
   std::map<std::string, Run> runs_;
   std::map<SessionId, std::string> session_run_;
   std::vector<RunEvent> events_;
+  // Records (enable_records): runs that may have changed since take_record_changes, and each
+  // run's record as last reported.
+  bool recording_ = false;
+  std::set<std::string> touched_;
+  std::map<std::string, std::string> recorded_;
+  SessionId next_detached_ = kFirstDetachedSession;
 };
 
 }  // namespace muster::rendezvous
