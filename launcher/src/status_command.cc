@@ -21,6 +21,7 @@ int status_command(int argc, char** argv) {
   app.add_flag("--json", q.json, "One JSON document instead of the table");
   app.add_option("--token", q.token, "The server's token (or $MUSTER_RDZV_TOKEN)")
       ->envname("MUSTER_RDZV_TOKEN");
+  ops::add_status_tls_options(app, q);
   try {
     app.parse(argc, argv);  // CLI11 skips argv[0], "status" here
   } catch (const CLI::CallForHelp& e) {

@@ -1,5 +1,6 @@
 #include "muster/ops/status_query.h"
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 
 #include "absl/status/statusor.h"
@@ -72,8 +73,15 @@ int print_status(const StatusQuery& q, std::string_view prog) {
   const auto left = std::max(std::chrono::milliseconds(1),
                              q.timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
                                              std::chrono::steady_clock::now() - start));
+  rendezvous::ClientTlsFiles files = q.tls;
+  if (files.server_name.empty()) files.server_name = hp->host;
+  absl::StatusOr<rendezvous::ClientTls> tls = rendezvous::ClientTls{};
+  if (!files.ca.empty() || !files.cert.empty() || !files.key.empty()) {
+    tls = rendezvous::load_client_tls(files);
+    if (!tls.ok()) return error(prog, tls.status().message(), 2);
+  }
   auto reply = rendezvous::get_status(rendezvous::grpc_address_target(addresses->front(), hp->port),
-                                      q.run_id, q.token, left);
+                                      q.run_id, q.token, left, *tls);
   if (!reply.ok()) {
     const absl::Status& st = reply.status();
     if (absl::IsPermissionDenied(st) || absl::IsUnauthenticated(st)) {
@@ -99,6 +107,19 @@ int print_status(const StatusQuery& q, std::string_view prog) {
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
   return 0;
+}
+
+void add_status_tls_options(CLI::App& app, StatusQuery& q) {
+  app.add_option("--tls_ca,--tls-ca", q.tls.ca, "PEM CA of a TLS server (or $MUSTER_TLS_CA)")
+      ->envname(rendezvous::kTlsCaVar);
+  app.add_option("--tls_cert,--tls-cert", q.tls.cert,
+                 "PEM client certificate, for mutual TLS (or $MUSTER_TLS_CERT)")
+      ->envname(rendezvous::kTlsCertVar);
+  app.add_option("--tls_key,--tls-key", q.tls.key, "Its private key (or $MUSTER_TLS_KEY)")
+      ->envname(rendezvous::kTlsKeyVar);
+  app.add_option("--tls_server_name,--tls-server-name", q.tls.server_name,
+                 "The name the server's certificate must carry (default: the endpoint's host)")
+      ->envname(rendezvous::kTlsServerNameVar);
 }
 
 }  // namespace muster::ops

@@ -13,6 +13,7 @@ StatusCommand::StatusCommand(CLI::App& app) {
   sub_->add_flag("--json", query_.json, "One JSON document instead of the table");
   sub_->add_option("--token", query_.token, "The server's token (or $MUSTER_RDZV_TOKEN)")
       ->envname("MUSTER_RDZV_TOKEN");
+  ops::add_status_tls_options(*sub_, query_);
 }
 
 int StatusCommand::run() const { return ops::print_status(query_, "rdzvd"); }

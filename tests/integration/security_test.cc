@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <boost/asio/io_context.hpp>
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <memory>
@@ -114,6 +115,31 @@ TEST_CASE("security: a TLS rdzvd refuses plaintext, a wrong CA and a wrong name;
   CHECK_THAT(plain.err(), Catch::Contains("not reachable within 2 s"));
   CHECK_THAT(wrong.err(), Catch::Contains("not reachable within 2 s"));
   CHECK_THAT(wrong.err(), Catch::Contains("certificate verify failed"));  // gRPC's last error
+}
+
+TEST_CASE("security: rdzvd status and launch status over mutual TLS", "[security][tls][status]") {
+  auto c = certs();
+  if (!c) return;
+  Rdzvd server({"--tls_cert", c->server_cert, "--tls_key", c->server_key, "--tls_ca", c->ca});
+  Proc plain({kRdzvd, "status", "--endpoint", server.endpoint});
+  CHECK(plain.wait(30s) == 1);
+  CHECK_THAT(plain.err(), Catch::StartsWith("rdzvd: error: "));
+  CHECK(std::count(plain.err().begin(), plain.err().end(), '\n') == 1);
+  Proc no_cert({kRdzvd, "status", "--endpoint", server.endpoint, "--tls_ca", c->ca});
+  CHECK(no_cert.wait(30s) == 1);  // mutual TLS: a client certificate is required
+  Proc ok({kRdzvd, "status", "--endpoint", server.endpoint, "--tls_ca", c->ca, "--tls_cert",
+           c->client_cert, "--tls_key", c->client_key});
+  CHECK(ok.wait(30s) == 0);
+  CHECK(ok.out() == "no runs\n");
+  // launch status takes the same files from the MUSTER_TLS_* variables too.
+  Proc via_env({kLaunch, "status", "--rdzv_endpoint", server.endpoint, "--json"},
+               {{"MUSTER_TLS_CA", c->ca}, {"MUSTER_TLS_CERT", c->client_cert},
+                   {"MUSTER_TLS_KEY", c->client_key}});
+  CHECK(via_env.wait(30s) == 0);
+  CHECK_THAT(via_env.out(), Catch::StartsWith("{"));
+  Proc bad({kLaunch, "status", "--rdzv_endpoint", server.endpoint, "--tls_ca", "/nonexistent"});
+  CHECK(bad.wait(30s) == 2);
+  CHECK_THAT(bad.err(), Catch::Contains("/nonexistent"));
 }
 
 TEST_CASE("security: a server certificate that has expired is refused", "[security][tls]") {

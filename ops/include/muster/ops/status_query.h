@@ -6,6 +6,12 @@
 #include <string>
 #include <string_view>
 
+#include "muster/rendezvous/tls.h"
+
+namespace CLI {
+class App;
+}
+
 namespace muster::ops {
 
 // Bounds and defaults (docs/operations.md): the whole call (name lookup, connect, answer)
@@ -19,7 +25,14 @@ struct StatusQuery {
   std::string token;
   bool json = false;
   std::chrono::milliseconds timeout = kStatusTimeout;
+  // A TLS server (docs/operations.md, "TLS"): its CA, and a client certificate for mutual
+  // TLS; the name checked defaults to the endpoint's host. No CA: plaintext.
+  rendezvous::ClientTlsFiles tls;
 };
+
+// The TLS options both commands take: --tls_ca, --tls_cert, --tls_key, --tls_server_name
+// (or $MUSTER_TLS_CA, $MUSTER_TLS_CERT, $MUSTER_TLS_KEY, $MUSTER_TLS_SERVER_NAME).
+void add_status_tls_options(CLI::App& app, StatusQuery& query);
 
 // Prints the status table (or with `json` one JSON document) on stdout and returns 0. On an
 // error prints one line "<prog>: error: ..." on stderr and returns 1 (server unreachable
