@@ -215,6 +215,24 @@ class Agent::Impl {
 
   // A new stream to the server (the first, or after the node lost it). Whatever the old
   // client still had to say is not heard: it was closed when it was given up.
+  // Opens a new stream from the loop (not from inside the old client's callback), waiting for
+  // the server until *deadline (read when it runs), then sends `join` (a re-attach or not);
+  // nothing when the agent is exiting or the deadline is gone by then.
+  void reopen_later(const std::optional<std::chrono::steady_clock::time_point>* deadline,
+                    bool reattach) {
+    asio::post(io_, [this, deadline, reattach] {
+      if (phase_ == Phase::kExiting || after_ == After::kExit || !*deadline) return;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          **deadline - std::chrono::steady_clock::now());
+      open_session(true, std::max(left, std::chrono::milliseconds(1)));
+      if (reattach) {
+        client_->send(join_message(true));
+      } else {
+        send_join();
+      }
+    });
+  }
+
   void open_session(bool wait_for_ready, std::chrono::milliseconds connect_timeout) {
     if (client_) client_->close();
     client_ = std::make_unique<rendezvous::SessionClient>(
@@ -371,13 +389,7 @@ class Agent::Impl {
         (lost || timed_out)) {
       // Never reached yet: the next endpoint gets its turn, until the wait is over.
       endpoints_.next();
-      asio::post(io_, [this] {
-        if (phase_ == Phase::kExiting || after_ == After::kExit) return;
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-            *first_deadline_ - std::chrono::steady_clock::now());
-        open_session(true, std::max(left, std::chrono::milliseconds(1)));
-        send_join();
-      });
+      reopen_later(&first_deadline_, false);
       return;
     }
     if (!reached_ && endpoints_.size() > 1 && first_deadline_ && (lost || timed_out)) {
@@ -447,14 +459,7 @@ class Agent::Impl {
       endpoints_.next();
     }
     attached_ = false;
-    // Not from inside the old client's callback: the new stream is opened from the loop.
-    asio::post(io_, [this] {
-      if (phase_ == Phase::kExiting || after_ == After::kExit || !reattach_deadline_) return;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          *reattach_deadline_ - std::chrono::steady_clock::now());
-      open_session(true, std::max(left, std::chrono::milliseconds(1)));
-      client_->send(join_message(true));
-    });
+    reopen_later(&reattach_deadline_, true);
   }
 
   void on_attached(const v1::Attached& a) {
@@ -1119,14 +1124,7 @@ class Agent::Impl {
       case After::kReconnect:
         release_workers();
         after_ = After::kNone;
-        // Not from inside the old client's callback: the new stream is opened from the loop.
-        asio::post(io_, [this] {
-          if (phase_ == Phase::kExiting || after_ == After::kExit) return;
-          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-              *rejoin_deadline_ - std::chrono::steady_clock::now());
-          open_session(true, std::max(left, std::chrono::milliseconds(1)));
-          send_join();
-        });
+        reopen_later(&rejoin_deadline_, false);
         return;
       case After::kFail: {
         {

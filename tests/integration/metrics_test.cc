@@ -18,6 +18,7 @@
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "helpers.h"
+#include "rdzvd_proc.h"
 #include "muster/rendezvous/grpc_store.h"
 #include "muster/rendezvous/server.h"
 
@@ -82,29 +83,6 @@ int port_in(const std::string& text, const std::string& pattern) {
   return std::stoi(m[1].str());
 }
 
-// rdzvd on 127.0.0.1 with its metrics on a free port.
-struct Rdzvd {
-  std::unique_ptr<Proc> proc;
-  std::string endpoint;
-  int metrics_port = 0;
-  Rdzvd() {
-    proc = std::make_unique<Proc>(std::vector<std::string>{kRdzvd, "--listen", "127.0.0.1:0",
-                                                            "--metrics_port", "0"});
-    REQUIRE(proc->wait_output(
-        [](const std::string& out, const std::string&) {
-          return out.find("metrics on port") != std::string::npos &&
-                 out.find('\n', out.find("metrics on port")) != std::string::npos;
-        },
-        30s));
-    endpoint = "127.0.0.1:" + std::to_string(port_in(proc->out(), R"(listening on port (\d+))"));
-    metrics_port = port_in(proc->out(), R"(metrics on port (\d+))");
-    REQUIRE(metrics_port > 0);
-  }
-  ~Rdzvd() {
-    ::kill(proc->pid(), SIGTERM);
-    CHECK(proc->wait(30s) == 0);
-  }
-};
 
 const std::map<std::string, std::optional<std::string>> kInfoLog{{"MUSTER_LOG_LEVEL", "info"}};
 
@@ -123,13 +101,11 @@ void stop(Proc& p) {
   CHECK(p.wait(30s) == 128 + SIGTERM);
 }
 
-std::vector<std::string> c10d(const std::string& endpoint, int nnodes,
-                              std::vector<std::string> extra = {}) {
-  std::vector<std::string> flags{"--nnodes=" + std::to_string(nnodes), "--nproc_per_node=1",
-                                 "--rdzv_backend=c10d", "--rdzv_endpoint=" + endpoint,
-                                 "--rdzv_id=job", "--metrics_port=0"};
-  flags.insert(flags.end(), extra.begin(), extra.end());
-  return flags;
+// One agent of run "job" with one worker, its metrics on a free port.
+std::vector<std::string> agent(const std::string& endpoint, int nnodes,
+                               std::vector<std::string> extra = {}) {
+  extra.insert(extra.begin(), "--metrics_port=0");
+  return c10d(endpoint, std::to_string(nnodes), 1, "job", std::move(extra));
 }
 
 health::HealthCheckResponse::ServingStatus check(health::Health::Stub& stub,
@@ -149,12 +125,12 @@ health::HealthCheckResponse::ServingStatus check(health::Health::Stub& stub,
 
 TEST_CASE("metrics: rdzvd's and each launch's /metrics count a worker failure and its restart",
           "[metrics]") {
-  Rdzvd server;
+  RdzvdProc server({"--metrics_port", "0"});
   TempDir dir;
   // Round 1: rank 0 (one of the two nodes) exits 3; round 2 (restart 1): both wait.
   const std::vector<std::string> worker{"restart", dir.path(), "1", "wait"};
-  Proc a(launch_args(c10d(server.endpoint, 2, {"--max_restarts=1"}), worker), kInfoLog);
-  Proc b(launch_args(c10d(server.endpoint, 2, {"--max_restarts=1"}), worker), kInfoLog);
+  Proc a(launch_args(agent(server.endpoint, 2, {"--max_restarts=1"}), worker), kInfoLog);
+  Proc b(launch_args(agent(server.endpoint, 2, {"--max_restarts=1"}), worker), kInfoLog);
   const int a_port = launch_metrics_port(a);
   const int b_port = launch_metrics_port(b);
   REQUIRE(a.wait_output(has_ready(1, "restart 1"), 60s));
@@ -239,7 +215,7 @@ TEST_CASE("metrics: a launch hosting the rendezvous serves the server's series t
 
 TEST_CASE("metrics: a taken or bad --metrics_port is an error line and a non-zero exit",
           "[metrics]") {
-  Rdzvd server;
+  RdzvdProc server({"--metrics_port", "0"});
   const std::string taken = std::to_string(server.metrics_port);
   Proc r({kRdzvd, "--listen", "127.0.0.1:0", "--metrics_port", taken});
   CHECK(r.wait(30s) == 1);
@@ -257,7 +233,7 @@ TEST_CASE("metrics: a taken or bad --metrics_port is an error line and a non-zer
 
 TEST_CASE("health: rdzvd answers grpc.health.v1 Check: SERVING for the server and its services",
           "[health]") {
-  Rdzvd server;
+  RdzvdProc server({"--metrics_port", "0"});
   auto channel = grpc::CreateChannel(server.endpoint, grpc::InsecureChannelCredentials());
   auto stub = health::Health::NewStub(channel);
   CHECK(check(*stub, "") == health::HealthCheckResponse::SERVING);
@@ -303,10 +279,10 @@ TEST_CASE("metrics: a real Prometheus scrapes rdzvd and launch and answers a que
     WARN("SKIPPED: no " << prometheus << " (Debian's prometheus package)");
     return;
   }
-  Rdzvd server;
-  Proc agent(launch_args(c10d(server.endpoint, 1), {"wait"}), kInfoLog);
-  const int agent_port = launch_metrics_port(agent);
-  REQUIRE(agent.wait_output(has_ready(1), 60s));
+  RdzvdProc server({"--metrics_port", "0"});
+  Proc node(launch_args(agent(server.endpoint, 1), {"wait"}), kInfoLog);
+  const int agent_port = launch_metrics_port(node);
+  REQUIRE(node.wait_output(has_ready(1), 60s));
 
   TempDir dir;
   {
@@ -355,5 +331,5 @@ TEST_CASE("metrics: a real Prometheus scrapes rdzvd and launch and answers a que
 
   ::kill(prom.pid(), SIGTERM);
   CHECK(prom.wait(30s) == 0);
-  stop(agent);
+  stop(node);
 }

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "helpers.h"
+#include "rdzvd_proc.h"
 #include "muster/rendezvous/client.h"
 #include "muster/rendezvous/limits.h"
 
@@ -16,36 +17,7 @@ using namespace muster::testing;
 
 namespace {
 
-std::vector<std::string> c10d(const std::string& endpoint, const std::string& nnodes, int nproc,
-                              const std::string& id, std::vector<std::string> extra = {}) {
-  std::vector<std::string> flags{"--nnodes=" + nnodes, "--nproc_per_node=" + std::to_string(nproc),
-                                 "--rdzv_backend=c10d", "--rdzv_endpoint=" + endpoint,
-                                 "--rdzv_id=" + id};
-  flags.insert(flags.end(), extra.begin(), extra.end());
-  return flags;
-}
 
-// rdzvd on 127.0.0.1, port 0; the port it got is read from its first line.
-struct Rdzvd {
-  std::unique_ptr<Proc> proc;
-  std::string endpoint;
-  explicit Rdzvd(std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv{kRdzvd, "--listen", "127.0.0.1:0"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    proc = std::make_unique<Proc>(argv);
-    REQUIRE(
-        proc->wait_output([](const std::string& out,
-                             const std::string&) { return out.find('\n') != std::string::npos; },
-                          30s));
-    std::smatch m;
-    REQUIRE(std::regex_search(proc->out(), m, std::regex(R"(listening on port (\d+))")));
-    endpoint = "127.0.0.1:" + m[1].str();
-  }
-  ~Rdzvd() {
-    ::kill(proc->pid(), SIGTERM);
-    CHECK(proc->wait(30s) == 0);
-  }
-};
 
 void check_world(const TempDir& dir, const std::vector<int>& nproc_by_group_rank) {
   int world = 0;
@@ -101,7 +73,7 @@ TEST_CASE("multinode: agents hosting the server themselves form one world", "[mu
 
 TEST_CASE("multinode: an external rdzvd serves two runs apart and drops them when done",
           "[multinode]") {
-  Rdzvd server({"--finished_run_grace=0"});
+  RdzvdProc server({"--finished_run_grace=0"});
   TempDir d1, d2;
   Proc a1(launch_args(c10d(server.endpoint, "2", 2, "one"), {"env", d1.path()}));
   Proc a2(launch_args(c10d(server.endpoint, "2", 2, "two"), {"env", d2.path()}));
@@ -135,7 +107,7 @@ TEST_CASE("multinode: a worker crash on one node restarts every node; the budget
   }
   SECTION("budget spent: every node prints the same root cause and exits 1") {
     TempDir dir;
-    Rdzvd server;
+    RdzvdProc server;
     Proc a(launch_args(c10d(server.endpoint, "2", 2, "job", {"--max_restarts=1"}),
                        {"restart", dir.path(), "5"}));
     Proc b(launch_args(c10d(server.endpoint, "2", 2, "job", {"--max_restarts=1"}),
@@ -152,7 +124,7 @@ TEST_CASE("multinode: a worker crash on one node restarts every node; the budget
 }
 
 TEST_CASE("multinode: kill -9 of an agent: the survivor goes on alone at once", "[multinode]") {
-  Rdzvd server;
+  RdzvdProc server;
   const std::vector<std::string> conf{"--rdzv_conf=last_call_timeout=0.5"};
   Proc a(launch_args(c10d(server.endpoint, "1:2", 2, "job", conf), {"wait"}));
   Proc b(launch_args(c10d(server.endpoint, "1:2", 2, "job", conf), {"wait"}));
@@ -192,7 +164,7 @@ TEST_CASE("multinode: the surviving host restarts without a killed member", "[mu
 }
 
 TEST_CASE("multinode: below min the survivor waits for a replacement", "[multinode]") {
-  Rdzvd server;
+  RdzvdProc server;
   Proc a(launch_args(c10d(server.endpoint, "2", 1, "job"), {"wait"}));
   Proc b(launch_args(c10d(server.endpoint, "2", 1, "job"), {"wait"}));
   REQUIRE(a.wait_output(has_ready(1, "world 2 round 1"), 30s));
@@ -230,7 +202,7 @@ TEST_CASE("multinode: static mode with fixed node ranks and master", "[multinode
 }
 
 TEST_CASE("multinode: a wrong secret is refused with a clear error", "[multinode]") {
-  Rdzvd server({"--token=s3cret"});
+  RdzvdProc server({"--token=s3cret"});
   Proc bad(
       launch_args(c10d(server.endpoint, "1", 1, "job", {"--rdzv_conf=token=guess"}), {"wait"}));
   REQUIRE(bad.wait() == 1);
@@ -245,7 +217,7 @@ TEST_CASE("multinode: a wrong secret is refused with a clear error", "[multinode
 }
 
 TEST_CASE("multinode: a join to a finished run is refused", "[multinode]") {
-  Rdzvd server;
+  RdzvdProc server;
   TempDir dir;
   Proc first(launch_args(c10d(server.endpoint, "1", 1, "done-job"), {"env", dir.path()}));
   REQUIRE(first.wait() == 0);
@@ -304,7 +276,7 @@ TEST_CASE("multinode: when the hosting agent dies the others stop cleanly with a
 
 TEST_CASE("multinode: a 9 MiB error file is cut, reported by every node, exit 1", "[multinode]") {
   namespace limits = muster::rendezvous::limits;
-  Rdzvd server;
+  RdzvdProc server;
   const std::vector<std::string> worker{"bigerr", std::to_string(9 << 20), "0"};
   Proc a(launch_args(c10d(server.endpoint, "2", 1, "bigjob"), worker));
   Proc b(launch_args(c10d(server.endpoint, "2", 1, "bigjob"), worker));

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "helpers.h"
+#include "rdzvd_proc.h"
 #include "muster/rendezvous/client.h"
 #include "muster/rendezvous/grpc_store.h"
 
@@ -16,14 +17,6 @@ using namespace muster::testing;
 
 namespace {
 
-std::vector<std::string> c10d(const std::string& endpoint, const std::string& nnodes, int nproc,
-                              const std::string& id, std::vector<std::string> extra = {}) {
-  std::vector<std::string> flags{"--nnodes=" + nnodes, "--nproc_per_node=" + std::to_string(nproc),
-                                 "--rdzv_backend=c10d", "--rdzv_endpoint=" + endpoint,
-                                 "--rdzv_id=" + id};
-  flags.insert(flags.end(), extra.begin(), extra.end());
-  return flags;
-}
 
 auto has(const std::string& text) {
   return [text](const std::string& out, const std::string& err) {

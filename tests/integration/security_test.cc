@@ -14,6 +14,7 @@
 #include "certs.h"
 #include "held_run.h"
 #include "helpers.h"
+#include "rdzvd_proc.h"
 #include "muster/rendezvous/client.h"
 #include "muster/rendezvous/grpc_store.h"
 #include "muster/rendezvous/server.h"
@@ -36,27 +37,6 @@ std::unique_ptr<TestCerts> certs() {
   return make_test_certs(openssl);
 }
 
-// rdzvd on 127.0.0.1, port 0, ended by SIGTERM (exit 0) by the destructor.
-struct Rdzvd {
-  std::unique_ptr<Proc> proc;
-  std::string endpoint;
-  explicit Rdzvd(const std::vector<std::string>& extra) {
-    std::vector<std::string> argv{kRdzvd, "--listen", "127.0.0.1:0"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    proc = std::make_unique<Proc>(argv);
-    REQUIRE(proc->wait_output(
-        [](const std::string& out, const std::string&) { return out.find('\n') != std::string::npos; },
-        30s));
-    std::smatch m;
-    const std::string out = proc->out();
-    REQUIRE(std::regex_search(out, m, std::regex(R"(listening on port (\d+))")));
-    endpoint = "127.0.0.1:" + m[1].str();
-  }
-  ~Rdzvd() {
-    ::kill(proc->pid(), SIGTERM);
-    CHECK(proc->wait(30s) == 0);
-  }
-};
 
 rdzv::ClientTls client_tls(const std::string& ca, const std::string& cert = "",
                            const std::string& key = "", const std::string& name = "") {
@@ -97,7 +77,7 @@ TEST_CASE("security: a TLS rdzvd refuses plaintext, a wrong CA and a wrong name;
           "[security][tls]") {
   auto c = certs();
   if (!c) return;
-  Rdzvd server({"--tls_cert", c->server_cert, "--tls_key", c->server_key});
+  RdzvdProc server({"--tls_cert", c->server_cert, "--tls_key", c->server_key});
   CHECK(status_call(server.endpoint, {}).code() == absl::StatusCode::kUnavailable);
   CHECK(status_call(server.endpoint, client_tls(c->other_ca)).code() ==
         absl::StatusCode::kUnavailable);
@@ -120,7 +100,7 @@ TEST_CASE("security: a TLS rdzvd refuses plaintext, a wrong CA and a wrong name;
 TEST_CASE("security: rdzvd status and launch status over mutual TLS", "[security][tls][status]") {
   auto c = certs();
   if (!c) return;
-  Rdzvd server({"--tls_cert", c->server_cert, "--tls_key", c->server_key, "--tls_ca", c->ca});
+  RdzvdProc server({"--tls_cert", c->server_cert, "--tls_key", c->server_key, "--tls_ca", c->ca});
   Proc plain({kRdzvd, "status", "--endpoint", server.endpoint});
   CHECK(plain.wait(30s) == 1);
   CHECK_THAT(plain.err(), Catch::StartsWith("rdzvd: error: "));
@@ -188,7 +168,7 @@ TEST_CASE("security: mutual TLS: no client certificate, or one of another CA, is
           "[security][tls]") {
   auto c = certs();
   if (!c) return;
-  Rdzvd server({"--tls_cert", c->server_cert, "--tls_key", c->server_key, "--tls_ca", c->ca});
+  RdzvdProc server({"--tls_cert", c->server_cert, "--tls_key", c->server_key, "--tls_ca", c->ca});
   CHECK(status_call(server.endpoint, client_tls(c->ca)).code() == absl::StatusCode::kUnavailable);
   CHECK(status_call(server.endpoint, client_tls(c->ca, c->other_client_cert, c->other_client_key))
             .code() == absl::StatusCode::kUnavailable);
@@ -206,7 +186,7 @@ TEST_CASE("security: a two-node job over mutual TLS: agents and workers (store, 
           "[security][tls]") {
   auto c = certs();
   if (!c) return;
-  Rdzvd server({"--tls_cert", c->server_cert, "--tls_key", c->server_key, "--tls_ca", c->ca});
+  RdzvdProc server({"--tls_cert", c->server_cert, "--tls_key", c->server_key, "--tls_ca", c->ca});
   // The workers' store client must verify the server and show the client certificate too:
   // there is no plaintext local listener to fall back to.
   Proc a(agent(server.endpoint, "2", 2, "tls-job", tls_conf(*c, true), {kCollective, "sum"}));
@@ -278,7 +258,7 @@ TEST_CASE("security: per-run tokens: one run's token joins, reads and watches no
           "[security][tokens]") {
   TempDir dir;
   std::ofstream(dir.file("tokens")) << "# run token\nrun-a token-a\nrun-b token-b\n";
-  Rdzvd server({"--token_file", dir.file("tokens"), "--token", "shared"});
+  RdzvdProc server({"--token_file", dir.file("tokens"), "--token", "shared"});
   // Run b is held open by a session with its own token, so its table exists.
   HeldRun b(server.endpoint, "run-b", 1, 1, "token-b");
 
@@ -320,7 +300,7 @@ TEST_CASE("security: a token file without a shared token; SIGHUP adds a run, a b
   const std::string file = dir.file("tokens");
   std::ofstream(file) << "run-a token-a\n";
   // A finished run's id is free again at once: the same run is joined several times.
-  Rdzvd server({"--token_file", file, "--finished_run_grace=0"});
+  RdzvdProc server({"--token_file", file, "--finished_run_grace=0"});
   std::string err;
   auto join = [&](const std::string& run, const std::string& token) {
     Proc p(agent(server.endpoint, "1", 1, run, "token=" + token, {kWorker, "die", "0"}));

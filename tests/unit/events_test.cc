@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "join_msg.h"
 #include "muster/rendezvous/state_machine.h"
 
 using namespace std::chrono_literals;
@@ -11,22 +12,10 @@ using muster::rendezvous::StateMachine;
 using muster::rendezvous::TimePoint;
 using Kind = RunEvent::Kind;
 namespace v1 = muster::v1;
+using muster::testing::join_msg;
 
 namespace {
 
-v1::AgentMsg join(const std::string& node, int min, int max, int max_restarts) {
-  v1::AgentMsg m;
-  v1::Join* j = m.mutable_join();
-  j->set_run_id("run");
-  j->set_node_id(node);
-  j->set_host("host-" + node);
-  j->set_local_world_size(2);
-  j->set_min_nodes(min);
-  j->set_max_nodes(max);
-  j->set_max_restarts(max_restarts);
-  j->set_requested_rank(-1);
-  return m;
-}
 
 v1::AgentMsg failure(int round) {
   v1::AgentMsg m;
@@ -51,8 +40,8 @@ TEST_CASE("events: a run's life, in order, with what each decision carried", "[r
   t.keep_alive_max_attempt = 4;
   StateMachine sm(t);
   TimePoint now{};
-  sm.on_message(1, join("a", 2, 2, 1), now);
-  sm.on_message(2, join("b", 2, 2, 1), now);
+  sm.on_message(1, join_msg("a", 2, 2, 1), now);
+  sm.on_message(2, join_msg("b", 2, 2, 1), now);
   auto ev = sm.take_events();
   REQUIRE(names(ev) == std::vector<std::string>{"node_joined", "node_joined", "round_formed"});
   CHECK(ev[0].node_id == "a");
@@ -76,8 +65,8 @@ TEST_CASE("events: a run's life, in order, with what each decision carried", "[r
   CHECK(ev[1].restart_count == 1);
   // The survivors come back 250 ms later: the new round says how long recovery took.
   now += 250ms;
-  sm.on_message(1, join("a", 2, 2, 1), now);
-  sm.on_message(2, join("b", 2, 2, 1), now);
+  sm.on_message(1, join_msg("a", 2, 2, 1), now);
+  sm.on_message(2, join_msg("b", 2, 2, 1), now);
   ev = sm.take_events();
   REQUIRE(names(ev) == std::vector<std::string>{"round_formed"});  // rejoins are not newcomers
   CHECK(ev[0].round == 2);
@@ -110,7 +99,7 @@ TEST_CASE("events: a run's life, in order, with what each decision carried", "[r
 TEST_CASE("events: a spent budget fails the run; success finishes it", "[rdzv][events]") {
   StateMachine sm;
   TimePoint now{};
-  sm.on_message(1, join("a", 1, 1, 0), now);
+  sm.on_message(1, join_msg("a", 1, 1, 0), now);
   sm.take_events();
   sm.on_message(1, failure(1), now);
   auto ev = sm.take_events();
@@ -119,7 +108,7 @@ TEST_CASE("events: a spent budget fails the run; success finishes it", "[rdzv][e
   CHECK(ev[1].reason == "a worker failed and max_restarts is 0");
 
   StateMachine ok;
-  ok.on_message(1, join("a", 1, 1, 0), now);
+  ok.on_message(1, join_msg("a", 1, 1, 0), now);
   v1::AgentMsg done;
   done.mutable_success()->set_round(1);
   ok.on_message(1, done, now);
@@ -133,7 +122,7 @@ TEST_CASE("events: a join timeout fails the run; a newcomer scales up", "[rdzv][
   t.keep_alive_interval = std::chrono::hours(1);
   StateMachine sm(t);
   TimePoint now{};
-  sm.on_message(1, join("a", 2, 3, 0), now);
+  sm.on_message(1, join_msg("a", 2, 3, 0), now);
   now += 2s;
   sm.on_tick(now);
   auto ev = sm.take_events();
@@ -142,11 +131,11 @@ TEST_CASE("events: a join timeout fails the run; a newcomer scales up", "[rdzv][
 
   t.last_call_timeout = 0ms;
   StateMachine up(t);
-  up.on_message(1, join("a", 1, 2, 0), now);
+  up.on_message(1, join_msg("a", 1, 2, 0), now);
   now += 1ms;  // the last call's floor
   up.on_tick(now);
   CHECK(names(up.take_events()) == std::vector<std::string>{"node_joined", "round_formed"});
-  up.on_message(2, join("b", 1, 2, 0), now);
+  up.on_message(2, join_msg("b", 1, 2, 0), now);
   ev = up.take_events();
   REQUIRE(names(ev).size() >= 2);
   CHECK(names(ev)[0] == "node_joined");

@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 
+#include "join_msg.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/state_machine.h"
 
@@ -70,17 +71,7 @@ struct Server {
   }
 
   static v1::AgentMsg join_msg(const std::string& node, int min, int max, int max_restarts) {
-    v1::AgentMsg m;
-    v1::Join* j = m.mutable_join();
-    j->set_run_id("run");
-    j->set_node_id(node);
-    j->set_host("host-" + node);
-    j->set_local_world_size(2);
-    j->set_min_nodes(min);
-    j->set_max_nodes(max);
-    j->set_max_restarts(max_restarts);
-    j->set_requested_rank(-1);
-    return m;
+    return muster::testing::join_msg(node, min, max, max_restarts);
   }
   std::vector<Outgoing>& join(SessionId s, const std::string& node, int min, int max,
                               int max_restarts, TimePoint now) {

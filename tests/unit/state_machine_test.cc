@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 
+#include "join_msg.h"
 #include "muster/rendezvous/limits.h"
 
 using namespace std::chrono_literals;
@@ -33,17 +34,8 @@ struct Harness {
 
   static v1::AgentMsg join_msg(const std::string& node, int min, int max, int max_restarts = 0,
                                int nproc = 2, int requested = -1) {
-    v1::AgentMsg m;
-    v1::Join* j = m.mutable_join();
-    j->set_run_id("run");
-    j->set_node_id(node);
-    j->set_host("host-" + node);
-    j->set_local_world_size(nproc);
-    j->set_min_nodes(min);
-    j->set_max_nodes(max);
-    j->set_max_restarts(max_restarts);
-    j->set_master_port_candidate(1000 + static_cast<int>(node.size()));
-    j->set_requested_rank(requested);
+    v1::AgentMsg m = muster::testing::join_msg(node, min, max, max_restarts, nproc, requested);
+    m.mutable_join()->set_master_port_candidate(1000 + static_cast<int>(node.size()));
     return m;
   }
   std::vector<Outgoing>& join(SessionId s, const std::string& node, int min, int max,

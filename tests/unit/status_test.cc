@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 
+#include "join_msg.h"
 #include "muster/ops/json.h"
 #include "muster/ops/status_format.h"
 #include "muster/rendezvous/state_machine.h"
@@ -13,22 +14,10 @@ using muster::rendezvous::StateMachine;
 using muster::rendezvous::TimePoint;
 namespace v1 = muster::v1;
 namespace ops = muster::ops;
+using muster::testing::join_msg;
 
 namespace {
 
-v1::AgentMsg join(const std::string& node, int nproc, int min, int max, int max_restarts) {
-  v1::AgentMsg m;
-  v1::Join* j = m.mutable_join();
-  j->set_run_id("run");
-  j->set_node_id(node);
-  j->set_host("host-" + node);
-  j->set_local_world_size(nproc);
-  j->set_min_nodes(min);
-  j->set_max_nodes(max);
-  j->set_max_restarts(max_restarts);
-  j->set_requested_rank(-1);
-  return m;
-}
 
 v1::AgentMsg failure(int round, int rank, int exit_code, int signal) {
   v1::AgentMsg m;
@@ -55,10 +44,10 @@ TEST_CASE("status: members by group rank with their global ranks, spares waiting
           "[status]") {
   StateMachine sm(quiet());
   TimePoint now{};
-  sm.on_message(1, join("a", 2, 1, 2, 1), now);  // 1:2, so the round closes after the last call
-  sm.on_message(2, join("b", 3, 1, 2, 1), now);  // max reached: round 1 closes at once
+  sm.on_message(1, join_msg("a", 1, 2, 1, 2), now);  // 1:2, so the round closes after the last call
+  sm.on_message(2, join_msg("b", 1, 2, 1, 3), now);  // max reached: round 1 closes at once
   now += 1500ms;
-  sm.on_message(3, join("c", 1, 1, 2, 1), now);  // a spare
+  sm.on_message(3, join_msg("c", 1, 2, 1, 1), now);  // a spare
   now += 500ms;
   auto st = sm.status("run", now);
   REQUIRE(st.size() == 1);
@@ -87,8 +76,8 @@ TEST_CASE("status: members by group rank with their global ranks, spares waiting
 TEST_CASE("status: the last failure, with the restart's reason, then the Fail's", "[status]") {
   StateMachine sm(quiet());
   TimePoint now{};
-  sm.on_message(1, join("a", 2, 2, 2, 1), now);
-  sm.on_message(2, join("b", 2, 2, 2, 1), now);
+  sm.on_message(1, join_msg("a", 2, 2, 1, 2), now);
+  sm.on_message(2, join_msg("b", 2, 2, 1, 2), now);
   now += 1s;
   sm.on_message(2, failure(1, 3, 7, 0), now);
   now += 250ms;
@@ -108,8 +97,8 @@ TEST_CASE("status: the last failure, with the restart's reason, then the Fail's"
   CHECK(st[0].phase_age_ms() == 250);  // since the restart
 
   // Both rejoin, round 2 fails by a signal: the budget is spent and the run ends failed.
-  sm.on_message(1, join("a", 2, 2, 2, 1), now);
-  sm.on_message(2, join("b", 2, 2, 2, 1), now);
+  sm.on_message(1, join_msg("a", 2, 2, 1, 2), now);
+  sm.on_message(2, join_msg("b", 2, 2, 1, 2), now);
   REQUIRE(sm.status("run", now)[0].round() == 2);
   now += 1s;
   sm.on_message(1, failure(2, 0, 0, 9), now);
