@@ -385,14 +385,13 @@ class Agent::Impl {
       return;
     }
     const auto now = std::chrono::steady_clock::now();
-    if (!reached_ && endpoints_.size() > 1 && first_deadline_ && now < *first_deadline_ &&
-        (lost || timed_out)) {
-      // Never reached yet: the next endpoint gets its turn, until the wait is over.
-      endpoints_.next();
-      reopen_later(&first_deadline_, false);
-      return;
-    }
     if (!reached_ && endpoints_.size() > 1 && first_deadline_ && (lost || timed_out)) {
+      if (now < *first_deadline_) {
+        // Never reached yet: the next endpoint gets its turn, until the wait is over.
+        endpoints_.next();
+        reopen_later(&first_deadline_, false);
+        return;
+      }
       spdlog::error("rendezvous: none of the servers at {} was reachable within {} s",
                     endpoints_.names(), static_cast<double>(opts_.connect_timeout.count()) / 1000);
       exit_with(1);
@@ -563,6 +562,8 @@ class Agent::Impl {
         opts_.prefix_template.empty() ? std::string(kDefaultPrefixTemplate) : opts_.prefix_template;
     open_filtered_logs(std::filesystem::path(opts_.error_dir) /
                        ("attempt_" + std::to_string(a.restart_count())));
+    // The run uses progress pages: a hang timeout, or a budget that knows progress.
+    const bool watch_progress = a.hang_timeout_ms() > 0 || a.wants_progress();
     std::vector<HangWatch::Watched> watched;
     for (int lr = 0; lr < opts_.nproc_per_node; ++lr) {
       auto w = std::make_unique<Worker>();
@@ -605,11 +606,11 @@ class Agent::Impl {
       req.path = opts_.program_path;
       req.argv = std::move(argv);
       std::map<std::string, std::string> env = build_worker_env(opts_.base_env, spec);
-      if (a.hang_timeout_ms() > 0 || a.wants_progress()) {
-        const std::string page = (dir / "progress").string();
-        if (absl::Status s = HangWatch::create_page(page); s.ok()) {
+      std::string page;  // this worker's progress page, once made
+      if (watch_progress) {
+        if (absl::Status s = HangWatch::create_page((dir / "progress").string()); s.ok()) {
+          page = (dir / "progress").string();
           env[worker::kProgressFileVar] = page;
-          watched.push_back({w->rank, lr, -1, page});
         } else {
           spdlog::warn("--hang_timeout: {}; rank {} is not watched", std::string(s.message()),
                        w->rank);
@@ -639,7 +640,7 @@ class Agent::Impl {
         return;
       }
       w->pid = child->pid;
-      if (!watched.empty() && watched.back().rank == w->rank) watched.back().pid = w->pid;
+      if (!page.empty()) watched.push_back({w->rank, lr, w->pid, page});
       if (opts_.supervisor != nullptr) opts_.supervisor->track_group(child->pid);
       std::string prefix = expand_prefix_template(tmpl, opts_.role, w->rank, lr);
       w->out = make_pipe(child->out_fd, prefix, lr, 1, opts_.stdout_fd, dir / "stdout.log");
@@ -656,7 +657,7 @@ class Agent::Impl {
       read_pipe(raw, raw->err.get());
       watch_exit(raw);
     }
-    if (a.hang_timeout_ms() > 0 || a.wants_progress()) {
+    if (watch_progress) {
       // The run's rule (the first node's --hang_timeout, or rdzvd's): sampled here, applied by
       // the server over every node's ranks. Without a hang timeout (only the budget that
       // knows progress), a sample a second.
@@ -887,7 +888,7 @@ class Agent::Impl {
       return;
     }
     stack_dump_ = StackDump::start(io_, w->pid, hang_->stack_file, limits::kStackDumpBudget,
-                                   [this](const std::string&) { finish_hang(); });
+                                   opts_.gdb_path, [this](const std::string&) { finish_hang(); });
   }
 
   void finish_hang() {

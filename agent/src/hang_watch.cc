@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "muster/agent/proc_state.h"
 #include "muster/worker/progress_page.h"
 
 extern char** environ;
@@ -28,13 +29,6 @@ namespace {
 namespace asio = boost::asio;
 using worker::kProgressPageBytes;
 using worker::ProgressPage;
-
-std::string read_small(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 }  // namespace
 
@@ -122,13 +116,14 @@ std::string kernel_stacks(pid_t pid) {
   for (const auto& t : std::filesystem::directory_iterator(base, ec)) {
     const std::string dir = t.path().string();
     std::string state;
-    std::istringstream status(read_small(dir + "/status"));
+    std::istringstream status(read_proc_file(dir + "/status").value_or(""));
     for (std::string line; std::getline(status, line);) {
       if (line.rfind("State:", 0) == 0) state = line.substr(6);
     }
-    absl::StrAppend(&out, "thread ", t.path().filename().string(), " (", read_small(dir + "/comm"),
-                    ") state:", state, " wchan: ", read_small(dir + "/wchan"), "\n");
-    const std::string stack = read_small(dir + "/stack");
+    absl::StrAppend(&out, "thread ", t.path().filename().string(), " (",
+                    read_proc_file(dir + "/comm").value_or(""), ") state:", state,
+                    " wchan: ", read_proc_file(dir + "/wchan").value_or(""), "\n");
+    const std::string stack = read_proc_file(dir + "/stack").value_or("");
     absl::StrAppend(&out, stack.empty() ? "  (no kernel stack: /proc/PID/stack needs root)\n" : stack,
                     "\n");
   }
@@ -137,23 +132,13 @@ std::string kernel_stacks(pid_t pid) {
 
 std::unique_ptr<StackDump> StackDump::start(asio::io_context& io, pid_t pid, const std::string& path,
                                             std::chrono::milliseconds budget,
+                                            const std::string& gdb,
                                             std::function<void(const std::string&)> done) {
   std::unique_ptr<StackDump> d(new StackDump(io));
   d->done_ = std::move(done);
   d->path_ = path;
   d->target_ = pid;
   // gdb, when there is one: every thread's backtrace with function names.
-  std::string gdb;
-  if (const char* path_var = std::getenv("PATH"); path_var != nullptr) {
-    std::istringstream dirs(path_var);
-    for (std::string dir; std::getline(dirs, dir, ':');) {
-      const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/gdb";
-      if (::access(candidate.c_str(), X_OK) == 0) {
-        gdb = candidate;
-        break;
-      }
-    }
-  }
   if (!gdb.empty()) {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
@@ -196,8 +181,13 @@ std::unique_ptr<StackDump> StackDump::start(asio::io_context& io, pid_t pid, con
   // Without gdb: the kernel's view, now (small reads), reported from the loop.
   std::ofstream(path) << "(no gdb on PATH: the kernel's view of each thread)\n" << kernel_stacks(pid);
   d->what_ = "/proc";
+  // Reported from the loop, through the timer: a dump destroyed first (its round released)
+  // cancels it, where a bare post would call into freed memory.
   StackDump* raw = d.get();
-  asio::post(io, [raw] { raw->finish(); });
+  d->timer_.expires_after(std::chrono::milliseconds(0));
+  d->timer_.async_wait([raw](const boost::system::error_code& ec) {
+    if (!ec) raw->finish();
+  });
   return d;
 }
 

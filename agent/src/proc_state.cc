@@ -17,7 +17,9 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-// A small /proc file, whole (they are read in one go; nothing of ours is larger than 4 KiB).
+}  // namespace
+
+// Read in one go; nothing of ours is larger than 4 KiB (at most 64 KiB is kept).
 std::optional<std::string> read_proc_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return std::nullopt;
@@ -33,8 +35,6 @@ std::optional<std::string> read_proc_file(const std::string& path) {
   ::close(fd);
   return out;
 }
-
-}  // namespace
 
 std::optional<ProcState> parse_proc_state(std::string_view stat, std::string_view wchan) {
   // "812 (my (odd) prog) D 1 ...": digits, " (", the name, ") ", the state, a space or the end.

@@ -349,6 +349,9 @@ int main(int argc, char** argv) {
   }
   opts.shutdown_timeout = cfg.shutdown_timeout;
   opts.hang_timeout = cfg.hang_timeout;
+  if (auto path = env.find("PATH"); path != env.end()) {
+    opts.gdb_path = muster::launcher::find_executable("gdb", path->second).value_or("");
+  }
   opts.max_restarts_without_progress = cfg.max_restarts_without_progress;
   opts.restart_budget_reset_after_steps = cfg.restart_budget_reset_after_steps;
   opts.signals_to_handle = cfg.signals_to_handle;

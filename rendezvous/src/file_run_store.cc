@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "muster/rendezvous/limits.h"
@@ -48,10 +49,6 @@ std::uint64_t get_u64(const char* p) {
   return v;
 }
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 std::string errno_text() { return std::strerror(errno); }
 
 class FileRunStore final : public RunStore {
@@ -78,12 +75,12 @@ class FileRunStore final : public RunStore {
     ::closedir(d);
     std::sort(names.begin(), names.end());
     for (const std::string& name : names) {
-      if (name.rfind(kPrefix, 0) != 0) continue;
-      if (ends_with(name, kTmpSuffix)) {
+      if (!absl::StartsWith(name, kPrefix)) continue;
+      if (absl::EndsWith(name, kTmpSuffix)) {
         ::unlinkat(dir_fd_, name.c_str(), 0);  // a write that never got to its rename
         continue;
       }
-      if (!ends_with(name, kSuffix)) continue;
+      if (!absl::EndsWith(name, kSuffix)) continue;
       if (loaded.records.size() >= limits::kMaxRuns) {
         loaded.skipped.push_back(absl::StrCat(name, ": more than ", limits::kMaxRuns,
                                               " runs; not loaded"));

@@ -63,8 +63,10 @@ class Core : public std::enable_shared_from_this<Core> {
   void on_message(SessionId id, const v1::AgentMsg& msg);
   void on_closed(SessionId id);
   void apply(std::vector<Outgoing> out);
-  std::vector<v1::RunStatus> status(const std::string& run_id) const {
-    return machine_.status(run_id, Clock::now());
+  // io thread: what GetStatus answers for `run_id` (every run when empty).
+  void fill_status(const std::string& run_id, v1::StatusReply& reply) const {
+    for (auto& run : machine_.status(run_id, Clock::now())) *reply.add_runs() = std::move(run);
+    fill_store_stats(*reply.mutable_store());
   }
 
   void set_store(StoreServer* store) { store_ = store; }
@@ -367,10 +369,7 @@ class Service final : public v1::Rendezvous::CallbackService {
       core->remove_pending(pending);
       absl::MutexLock lock(&pending->mu);
       if (pending->reactor == nullptr) return;  // shutdown answered it
-      for (auto& run : core->status(pending->request->run_id())) {
-        *pending->reply->add_runs() = std::move(run);
-      }
-      core->fill_store_stats(*pending->reply->mutable_store());
+      core->fill_status(pending->request->run_id(), *pending->reply);
       pending->reactor->Finish(grpc::Status::OK);
       pending->reactor = nullptr;
     });
@@ -402,18 +401,12 @@ void Core::stop_pending() {
 
 ServerSample Core::sample() const {
   ServerSample s;
-  for (const v1::RunStatus& run : machine_.status("")) {
-    if (run.phase() == "joining") ++s.runs_joining;
-    if (run.phase() == "running") {
-      ++s.runs_running;
-      s.nodes_members += run.members_size();
-    }
-    if (run.phase() == "finished") {
-      ++s.runs_finished;
-    } else {
-      s.nodes_waiting += run.waiting();
-    }
-  }
+  const StateMachine::Counts c = machine_.counts();
+  s.runs_joining = c.joining;
+  s.runs_running = c.running;
+  s.runs_finished = c.finished;
+  s.nodes_members = c.members;
+  s.nodes_waiting = c.waiting;
   s.nodes_connected = static_cast<std::int64_t>(machine_.num_sessions());
   s.agent_streams = static_cast<std::int64_t>(links_.size());
   return s;
@@ -606,8 +599,7 @@ void RendezvousServer::post_status(const std::string& run_id,
     auto c = core.lock();
     if (!c) return;
     v1::StatusReply reply;
-    for (auto& run : c->status(run_id)) *reply.add_runs() = std::move(run);
-    c->fill_store_stats(*reply.mutable_store());
+    c->fill_status(run_id, reply);
     done(std::move(reply));
   });
 }

@@ -36,19 +36,15 @@ void ProgressTracker::update(int rank, std::uint64_t reports, std::uint64_t step
   }
 }
 
-namespace {
-
-// Whether `other` got further than `r`.
-bool ahead(const RankProgress& other, const RankProgress& r) {
-  if (other.reports == 0) return false;
-  return r.reports == 0 ||
-         std::make_pair(other.step, other.reports) > std::make_pair(r.step, r.reports);
-}
-
-}  // namespace
-
 std::optional<Stall> find_stall(const std::vector<RankProgress>& ranks, StallClock::time_point now,
                                 std::chrono::milliseconds timeout) {
+  // Every reported position (step, reports), sorted: a rank that never reported is behind all
+  // of them; one that did is behind those strictly greater. O(R log R) over the job's ranks.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> positions;
+  for (const RankProgress& r : ranks) {
+    if (r.reports != 0) positions.emplace_back(r.step, r.reports);
+  }
+  std::sort(positions.begin(), positions.end());
   std::optional<Stall> best;
   for (const RankProgress& r : ranks) {
     const auto still = std::chrono::duration_cast<std::chrono::milliseconds>(now - r.changed);
@@ -56,12 +52,14 @@ std::optional<Stall> find_stall(const std::vector<RankProgress>& ranks, StallClo
     Stall s;
     s.rank = r;
     s.still_for = still;
-    for (const RankProgress& o : ranks) {
-      if (&o == &r || !ahead(o, r)) continue;
-      ++s.ranks_ahead;
-      s.furthest_step = std::max(s.furthest_step, o.step);
-    }
+    const auto first_ahead =
+        r.reports == 0 ? positions.begin()
+                       : std::upper_bound(positions.begin(), positions.end(),
+                                          std::make_pair(r.step, r.reports));
+    s.ranks_ahead = static_cast<int>(positions.end() - first_ahead);
     if (s.ranks_ahead == 0) continue;
+    // The furthest position is among those ahead, and has the highest step of all.
+    s.furthest_step = positions.back().first;
     // Furthest behind first: never reported, then the lowest step; then the longest still.
     auto key = [](const Stall& x) {
       return std::make_tuple(x.rank.reports != 0, x.rank.step, x.rank.reports, -x.still_for.count(),

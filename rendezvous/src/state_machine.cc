@@ -219,6 +219,22 @@ std::vector<RunEvent> StateMachine::take_events() {
   return out;
 }
 
+StateMachine::Counts StateMachine::counts() const {
+  Counts c;
+  for (const auto& [id, run] : runs_) {
+    switch (run.phase) {
+      case Phase::kJoining: ++c.joining; break;
+      case Phase::kRunning:
+        ++c.running;
+        c.members += static_cast<std::int64_t>(run.members.size());
+        break;
+      case Phase::kFinished: ++c.finished; break;
+    }
+    if (run.phase != Phase::kFinished) c.waiting += static_cast<std::int64_t>(run.waiting.size());
+  }
+  return c;
+}
+
 std::size_t StateMachine::num_active_runs() const {
   return std::count_if(runs_.begin(), runs_.end(),
                        [](const auto& kv) { return kv.second.phase != Phase::kFinished; });
@@ -796,7 +812,6 @@ void StateMachine::finish(Run& run, const v1::ServerMsg& last, TimePoint now,
   run.reattach_until.reset();
   run.held_until.reset();
   run.phase_since = now;
-  run.failed = last.has_fail();
   run.join_deadline.reset();
   run.last_call_deadline.reset();
   run.keep_alive_check.reset();
@@ -1046,7 +1061,9 @@ std::vector<v1::RunStatus> StateMachine::status(const std::string& run_id,
       s.mutable_last_failure()->set_age_ms(age_ms(run.last_failure_at));
     }
     s.set_phase_age_ms(age_ms(run.phase_since));
-    if (run.phase == Phase::kFinished) s.set_result(run.failed ? "failed" : "succeeded");
+    if (run.phase == Phase::kFinished) {
+      s.set_result(run.result && run.result->has_fail() ? "failed" : "succeeded");
+    }
     out.push_back(std::move(s));
   }
   return out;

@@ -221,7 +221,6 @@ StateMachine::RestoreResult StateMachine::restore(const std::vector<v1::RunRecor
         break;
     }
     run.phase_since = now;  // for status(): the phase as this server has seen it
-    run.failed = run.result && run.result->has_fail();
     {
       RunEvent& e = emit(RunEvent::Kind::kRunRestored, run, now);
       e.nodes = static_cast<int>(run.members.size());

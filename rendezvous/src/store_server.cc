@@ -231,7 +231,6 @@ void StoreServer::shutdown() { Impl::deliver(impl_->core_.shutdown()); }
 
 std::size_t StoreServer::parked_waits() const { return impl_->core_.parked_waits(); }
 
-static_assert(StoreServer::kNumOps == StoreCore::kNumOps);
 std::array<std::uint64_t, StoreServer::kNumOps> StoreServer::op_counts() const {
   std::array<std::uint64_t, kNumOps> out{};
   for (int op = 0; op < kNumOps; ++op) out[op] = impl_->core_.op_count(op);

@@ -16,6 +16,7 @@
 
 #include "muster/rendezvous/credentials.h"
 #include "muster/rendezvous/store.h"
+#include "muster/v1/rendezvous.pb.h"
 
 namespace muster::rendezvous {
 
@@ -46,7 +47,7 @@ class StoreServer {
   // Waits parked now (for tests and metrics).
   std::size_t parked_waits() const;
   // Requests handled since start, by v1::StoreRequest::Op (unknown ops as OP_UNSPECIFIED).
-  static constexpr int kNumOps = 11;
+  static constexpr int kNumOps = v1::StoreRequest::Op_ARRAYSIZE;
   std::array<std::uint64_t, kNumOps> op_counts() const;
 
   // For tests: a run's table and waiter index (nullopt for a run that is not open).

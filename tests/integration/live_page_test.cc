@@ -79,9 +79,10 @@ TEST_CASE("live page: a browser shows a two-agent run, then the lost node and th
                until(2, state_of(node_a, "member") + " && " + state_of(node_b, "lost") +
                             " && events.some((t) => t.includes('node_lost') && t.includes('" +
                             node_b + "'))")});
-  REQUIRE(driver.wait(180s) == 0);
+  const auto code = driver.wait(180s);
   const std::string& out = driver.out();
   INFO(out << driver.err());
+  REQUIRE(code == 0);
   CHECK(b.wait(30s) == 128 + SIGKILL);
 
   // First view: both agents, members, with their group ranks, ranks and host.

@@ -29,12 +29,7 @@ const std::string kCollective = COLLECTIVE_WORKER_BIN;
 
 std::unique_ptr<TestCerts> certs() {
   rdzv::route_grpc_logs_to_spdlog();  // the refused handshakes of this process's clients
-  const std::string openssl = find_openssl();
-  if (openssl.empty()) {
-    WARN("SKIPPED: no openssl command here (Debian's openssl package)");
-    return nullptr;
-  }
-  return make_test_certs(openssl);
+  return test_certs_or_skip();
 }
 
 

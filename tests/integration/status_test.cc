@@ -21,8 +21,9 @@ std::string python(const std::string& script, const std::vector<std::string>& ar
   std::vector<std::string> argv{"/usr/bin/python3", "-c", script};
   argv.insert(argv.end(), args.begin(), args.end());
   Proc py(argv);
-  REQUIRE(py.wait(60s) == 0);
+  const auto code = py.wait(60s);
   INFO(py.err());
+  REQUIRE(code == 0);
   return py.out();
 }
 

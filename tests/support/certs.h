@@ -28,4 +28,17 @@ std::string find_openssl();
 // Makes them all. Throws std::runtime_error with openssl's own words when a step fails.
 std::unique_ptr<TestCerts> make_test_certs(const std::string& openssl);
 
+// For a Catch2 test: the certificates, or null with a SKIPPED warning where there is no
+// openssl (the caller returns).
+#ifdef CATCH_VERSION_MAJOR
+inline std::unique_ptr<TestCerts> test_certs_or_skip() {
+  const std::string openssl = find_openssl();
+  if (openssl.empty()) {
+    WARN("SKIPPED: no openssl command here (Debian's openssl package)");
+    return nullptr;
+  }
+  return make_test_certs(openssl);
+}
+#endif
+
 }  // namespace muster::testing

@@ -17,15 +17,7 @@ using muster::testing::TestCerts;
 
 namespace {
 
-// The certificates, or null (with a SKIPPED warning) where there is no openssl.
-std::unique_ptr<TestCerts> certs() {
-  const std::string openssl = muster::testing::find_openssl();
-  if (openssl.empty()) {
-    WARN("SKIPPED: no openssl command here (Debian's openssl package)");
-    return nullptr;
-  }
-  return muster::testing::make_test_certs(openssl);
-}
+std::unique_ptr<TestCerts> certs() { return muster::testing::test_certs_or_skip(); }
 
 std::string server_error(const ServerTlsFiles& f) {
   auto r = load_server_tls(f);

@@ -53,6 +53,9 @@ struct AgentOptions {
   // (MUSTER_PROGRESS_FILE); a rank whose progress stays still this long while another rank
   // got further is dumped (stacks.txt beside its logs) and fails the group.
   std::chrono::milliseconds hang_timeout{0};
+  // gdb for a stalled native worker's stacks (found on PATH once, by the caller); empty: the
+  // kernel's view only (/proc/PID/task/*/stack).
+  std::string gdb_path;
   // A budget that knows progress (docs/hangs.md; 0: off): sent in the Join, applied by the
   // server from the progress reports.
   int max_restarts_without_progress = 0;

@@ -66,8 +66,10 @@ class HangWatch {
 // they were taken ("gdb", "/proc"). At most `budget` (gdb is then killed; what it wrote stays).
 class StackDump {
  public:
+  // `gdb`: its path (found once by the caller), or empty: the kernel's view only.
   static std::unique_ptr<StackDump> start(boost::asio::io_context& io, pid_t pid,
                                           const std::string& path, std::chrono::milliseconds budget,
+                                          const std::string& gdb,
                                           std::function<void(const std::string&)> done);
   ~StackDump();
 

@@ -30,6 +30,9 @@ struct ProcState {
 // parentheses, so the state is the field after the LAST ')'. nullopt: not a stat line.
 std::optional<ProcState> parse_proc_state(std::string_view stat, std::string_view wchan);
 
+// A small /proc file (at most a few KiB), whole; nullopt when it cannot be opened.
+std::optional<std::string> read_proc_file(const std::string& path);
+
 // /proc/PID/stat and /proc/PID/wchan of `pid`; nullopt when it cannot be read (gone).
 std::optional<ProcState> read_proc_state(pid_t pid);
 

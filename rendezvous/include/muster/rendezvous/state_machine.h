@@ -186,6 +186,15 @@ class StateMachine {
   // Nodes that joined a run and have not left it (their stream is open).
   std::size_t num_sessions() const { return session_run_.size(); }
 
+  // Counts over every run, for metrics: cheaper than status(), which builds each run's
+  // members and failures.
+  struct Counts {
+    std::int64_t joining = 0, running = 0, finished = 0;
+    std::int64_t members = 0;  // in running rounds
+    std::int64_t waiting = 0;  // waiting for a next round (spares included), unfinished runs
+  };
+  Counts counts() const;
+
   // What is held for `run_id`, or for every run when it is empty. With `now`, the ages
   // (phase_age_ms, last_failure.age_ms) are filled in; without, they are 0.
   std::vector<v1::RunStatus> status(const std::string& run_id,
@@ -281,7 +290,6 @@ class StateMachine {
     TimePoint phase_since;
     std::optional<v1::FailureStatus> last_failure;
     TimePoint last_failure_at;
-    bool failed = false;
   };
 
   std::vector<Outgoing> on_join(SessionId session, const v1::Join& join, TimePoint now);
