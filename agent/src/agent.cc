@@ -447,6 +447,9 @@ class Agent::Impl {
       AgentEvent e = event(AgentEvent::Kind::kLostServer);
       e.reason = absl::StrCat("re-attaching: ", why);
       emit(e);
+      // With several endpoints the one whose stream just ended is the least likely to serve
+      // next (replicas: the leader died; a standby takes over): the next one first.
+      endpoints_.next();
     } else if (now >= *reattach_deadline_) {
       reattach_deadline_.reset();
       attached_ = true;

@@ -17,6 +17,9 @@
 #include "muster/ops/metrics.h"
 #include "muster/ops/status_format.h"
 #include "muster/rendezvous/credentials.h"
+#include "muster/rendezvous/etcd.h"
+#include "muster/rendezvous/resolve.h"
+#include "absl/strings/str_cat.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/server.h"
 #include "muster/rendezvous/tls.h"
@@ -73,6 +76,20 @@ int main(int argc, char** argv) {
                  "Seconds a restarted rdzvd holds a running run's places for its nodes to "
                  "re-attach, for runs whose agents set none (rdzv_conf reattach_timeout)")
       ->check(CLI::PositiveNumber & seconds_up_to(limits::kMaxReattachTimeout));
+  std::string etcd_endpoints, etcd_prefix = muster::rendezvous::EtcdOptions{}.prefix, advertise;
+  double lease_ttl = std::chrono::duration<double>(limits::kDefaultEtcdLeaseTtl).count();
+  app.add_option("--etcd", etcd_endpoints,
+                 "HOST:PORT,...: etcd's client endpoints. Replicated mode: several rdzvd on one "
+                 "etcd, one leads, the others stand by and take over (docs/rendezvous.md)");
+  app.add_option("--etcd_prefix,--etcd-prefix", etcd_prefix,
+                 "Key prefix of this group of replicas in etcd");
+  app.add_option("--etcd_lease_ttl,--etcd-lease-ttl", lease_ttl,
+                 "Seconds: the lease of a replica's leadership (a dead leader is replaced after "
+                 "about this long; etcd may raise it to its floor)")
+      ->check(CLI::Range(1.0, std::chrono::duration<double>(limits::kMaxEtcdLeaseTtl).count()));
+  app.add_option("--advertise", advertise,
+                 "HOST:PORT other replicas and agents know this one by (default: this host's "
+                 "name and the port it listens on)");
   std::string event_log_path;
   int http_port = -1;
   app.add_option("--event_log,--event-log", event_log_path,
@@ -101,6 +118,15 @@ int main(int argc, char** argv) {
     auto loaded = muster::rendezvous::load_token_file(token_file);
     if (!loaded.ok()) return usage(loaded.status());
     run_tokens = std::move(*loaded);
+  }
+  if (!etcd_endpoints.empty() && !state_dir.empty()) {
+    std::fprintf(stderr, "rdzvd: error: --etcd and --state_dir exclude each other (with --etcd the "
+                         "runs are kept in etcd)\n");
+    return 2;
+  }
+  if (etcd_endpoints.empty() && (!advertise.empty())) {
+    std::fprintf(stderr, "rdzvd: error: --advertise needs --etcd\n");
+    return 2;
   }
   ::signal(SIGPIPE, SIG_IGN);
   // Large buffers (store values, big requests) straight from the kernel and back to it when
@@ -159,6 +185,36 @@ int main(int argc, char** argv) {
       log->write_line(muster::ops::event_json(e, muster::ops::wall_time_of(e)));
     });
   }
+  // Replicated mode: a lease first (etcd must answer), then the server as a standby; it
+  // leads once its campaign is won (below).
+  std::unique_ptr<muster::rendezvous::EtcdReplica> replica;
+  if (!etcd_endpoints.empty()) {
+    muster::rendezvous::EtcdOptions eo;
+    eo.endpoints = etcd_endpoints;
+    eo.prefix = etcd_prefix;
+    eo.lease_ttl = std::chrono::milliseconds(static_cast<long long>(lease_ttl * 1000));
+    // Another replica may lead from the moment this one's lease is gone: stop at once, so
+    // that this one's agents move to it (a service manager starts this one again, as a
+    // standby).
+    auto lost = [](const std::string& why) {
+      std::fprintf(stderr, "rdzvd: error: no longer fit to lead: %s; exiting\n", why.c_str());
+      std::fflush(stderr);
+      std::_Exit(1);
+    };
+    auto connected = muster::rendezvous::EtcdReplica::connect(eo, lost);
+    if (!connected.ok()) {
+      std::fprintf(stderr, "rdzvd: error: %s\n", std::string(connected.status().message()).c_str());
+      return 1;
+    }
+    replica = std::move(*connected);
+    opts.standby = true;
+    opts.standby_hold = replica->lease_ttl() + limits::kStandbyHoldMargin;
+    opts.on_store_lost = [](const absl::Status& st) {
+      std::fprintf(stderr, "rdzvd: error: %s; exiting\n", std::string(st.message()).c_str());
+      std::fflush(stderr);
+      std::_Exit(1);
+    };
+  }
   auto feed = std::make_shared<muster::rdzvd::EventFeed>();
   if (http_port >= 0) opts.event_sinks.push_back([feed](const auto& e) { feed->add(e); });
   auto server = muster::rendezvous::RendezvousServer::start(io, opts);
@@ -170,6 +226,44 @@ int main(int argc, char** argv) {
   std::printf("rdzvd listening on port %d (store for this machine: %s)\n", (*server)->port(),
               (*server)->local_store_target().empty() ? "-" : (*server)->local_store_target().c_str());
   if (metrics_http) std::printf("rdzvd metrics on port %d\n", metrics_http->port());
+  std::thread campaigner;
+  if (replica) {
+    if (advertise.empty()) {
+      advertise = absl::StrCat(muster::rendezvous::fully_qualified_hostname(), ":", (*server)->port());
+    }
+    std::printf("rdzvd: standby in etcd group %s (lease %lld ms), campaigning to lead as %s\n",
+                etcd_prefix.c_str(), static_cast<long long>(replica->lease_ttl().count()),
+                advertise.c_str());
+    muster::rendezvous::RendezvousServer* srv = server->get();
+    replica->observe([srv, self = advertise](const std::string& leader) {
+      if (leader == self) return;
+      std::printf("rdzvd: %s leads\n", leader.c_str());
+      std::fflush(stdout);
+      srv->set_leader(leader);
+    });
+    campaigner = std::thread([srv, r = replica.get(), self = advertise] {
+      const auto t0 = std::chrono::steady_clock::now();
+      absl::Status st = r->campaign(self);
+      if (absl::IsCancelled(st)) return;  // stopping
+      if (!st.ok()) {
+        std::fprintf(stderr, "rdzvd: error: %s\n", std::string(st.message()).c_str());
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
+      const auto won = std::chrono::steady_clock::now();
+      srv->lead(r->run_store(), [t0, won](const muster::rendezvous::RestoreSummary& s) {
+        for (const std::string& line : s.skipped) std::printf("rdzvd: etcd: skipped %s\n", line.c_str());
+        const auto ms = [](auto d) {
+          return static_cast<long long>(
+              std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+        };
+        std::printf("rdzvd: leading after %lld ms of standby; restored %d runs from etcd in %lld ms "
+                    "(%d running, their places held for re-attach)\n",
+                    ms(won - t0), s.runs, ms(std::chrono::steady_clock::now() - won), s.running);
+        std::fflush(stdout);
+      });
+    });
+  }
   if (!state_dir.empty()) {
     const auto& r = (*server)->restored();
     for (const std::string& line : r.skipped) {
@@ -205,6 +299,8 @@ int main(int argc, char** argv) {
         stopper = std::thread([&] {
           if (page) page->stop();  // first: its handlers wait for the io thread
           (*server)->shutdown();
+          // Then the leadership: a standby takes over at once, not after the lease.
+          if (replica) replica->resign();
           io.stop();
         });
       }
@@ -239,6 +335,7 @@ int main(int argc, char** argv) {
   auto guard = boost::asio::make_work_guard(io);
   io.run();
   if (stopper.joinable()) stopper.join();
+  if (campaigner.joinable()) campaigner.join();
   if (metrics_http) metrics_http->stop();  // before the server: scrapes sample it
   (*server)->shutdown();
   boost::system::error_code ignored;

@@ -11,6 +11,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <deque>
+#include <map>
 #include <unordered_map>
 
 #include "absl/base/thread_annotations.h"
@@ -63,6 +64,14 @@ class Core : public std::enable_shared_from_this<Core> {
   void on_message(SessionId id, const v1::AgentMsg& msg);
   void on_closed(SessionId id);
   void apply(std::vector<Outgoing> out);
+  // io thread: replicated mode (ServerOptions::standby). Until lead(), a session's messages
+  // are held (its keep-alives answered), not decided; lead() restores from `store` and then
+  // decides what was held, in order. set_leader(): another replica leads, so the held
+  // sessions are told to go there.
+  bool standby() const { return standby_; }
+  const std::string& leader_hint() const { return leader_hint_; }
+  RestoreSummary lead(std::shared_ptr<RunStore> store);
+  void set_leader(const std::string& name);
   // io thread: what GetStatus answers for `run_id` (every run when empty).
   void fill_status(const std::string& run_id, v1::StatusReply& reply) const {
     for (auto& run : machine_.status(run_id, Clock::now())) *reply.add_runs() = std::move(run);
@@ -102,9 +111,17 @@ class Core : public std::enable_shared_from_this<Core> {
 
  private:
   void arm_timer();
-  // Write-ahead: the records the last decision changed go to the run store before its
-  // messages are sent.
-  void persist();
+  // Write-ahead: the records the decisions since the last flush changed go to the run store
+  // before any of their messages is sent (false: the store is lost, nothing may be sent).
+  bool persist();
+  // Group commit: with a run store, apply() queues a decision's messages and one flush per
+  // turn of the loop writes what every decision queued so far changed, then sends them all.
+  void flush();
+  void deliver(std::vector<Outgoing> out);
+  void hold(SessionId id, const v1::AgentMsg& msg);
+  void arm_hold_timer();
+  void end_held(SessionId id, grpc::Status status);
+  void send_to(SessionId id, v1::ServerMsg msg);
 
   boost::asio::io_context& io_;
   ServerOptions opts_;
@@ -126,6 +143,19 @@ class Core : public std::enable_shared_from_this<Core> {
   std::string local_store_target_, host_identity_;
   std::set<std::string> seen_runs_;  // runs that have had a Join, for dropping their tables
   std::set<std::string> not_durable_;  // runs whose last write failed (said once each)
+
+  std::vector<Outgoing> unsent_;  // decided, waiting for the flush that writes them
+  bool flush_posted_ = false;
+  bool store_lost_ = false;       // a write failed with on_store_lost set: nothing more is sent
+
+  bool standby_ = false;
+  struct Held {
+    std::vector<v1::AgentMsg> msgs;
+    TimePoint until;
+  };
+  std::map<SessionId, Held> held_;  // by session id: the order streams came in
+  boost::asio::steady_timer hold_timer_;
+  std::string leader_hint_;
 };
 
 Core::Core(boost::asio::io_context& io, ServerOptions opts,
@@ -135,7 +165,9 @@ Core::Core(boost::asio::io_context& io, ServerOptions opts,
       credentials_(std::move(credentials)),
       machine_(opts_.timeouts),
       timer_(io),
-      trim_timer_(io) {
+      trim_timer_(io),
+      standby_(opts_.standby),
+      hold_timer_(io) {
   if (opts_.run_store) machine_.enable_records();
 }
 
@@ -161,11 +193,15 @@ absl::StatusOr<RestoreSummary> Core::restore() {
   return summary;
 }
 
-void Core::persist() {
-  if (!opts_.run_store) return;
+bool Core::persist() {
+  if (!opts_.run_store) return true;
   StateMachine::RecordChanges changes = machine_.take_record_changes();
   for (const v1::RunRecord& r : changes.put) {
     absl::Status st = opts_.run_store->put(r);
+    if (!st.ok() && opts_.on_store_lost) {
+      opts_.on_store_lost(st);
+      return false;
+    }
     if (st.ok()) {
       if (not_durable_.erase(r.run_id()) > 0) {
         spdlog::info("rendezvous: run '{}' is durable again", printable_utf8(r.run_id(), limits::kMaxIdBytes));
@@ -184,9 +220,14 @@ void Core::persist() {
   for (const std::string& id : changes.erased) {
     not_durable_.erase(id);
     if (absl::Status st = opts_.run_store->erase(id); !st.ok()) {
+      if (opts_.on_store_lost) {
+        opts_.on_store_lost(st);
+        return false;
+      }
       spdlog::error("rendezvous: {}", std::string(st.message()));
     }
   }
+  return true;
 }
 
 void Core::start_housekeeping() {
@@ -369,6 +410,15 @@ class Service final : public v1::Rendezvous::CallbackService {
       core->remove_pending(pending);
       absl::MutexLock lock(&pending->mu);
       if (pending->reactor == nullptr) return;  // shutdown answered it
+      if (core->standby()) {
+        pending->reactor->Finish(grpc::Status(
+            grpc::StatusCode::UNAVAILABLE,
+            absl::StrCat("rendezvous: this rdzvd is a standby",
+                         core->leader_hint().empty() ? std::string()
+                                                     : absl::StrCat("; ", core->leader_hint(), " leads"))));
+        pending->reactor = nullptr;
+        return;
+      }
       core->fill_status(pending->request->run_id(), *pending->reply);
       pending->reactor->Finish(grpc::Status::OK);
       pending->reactor = nullptr;
@@ -423,7 +473,107 @@ void Core::drop_finished_tables() {
   }
 }
 
+RestoreSummary Core::lead(std::shared_ptr<RunStore> store) {
+  opts_.run_store = std::move(store);
+  machine_.enable_records();
+  RestoreSummary summary;
+  absl::StatusOr<RestoreSummary> restored = restore();
+  if (restored.ok()) {
+    summary = std::move(*restored);
+  } else {
+    summary.skipped.push_back(std::string(restored.status().message()));
+  }
+  standby_ = false;
+  hold_timer_.cancel();
+  std::map<SessionId, Held> held = std::move(held_);
+  held_.clear();
+  apply({});  // the restored runs' events, timers and first write
+  for (auto& [id, h] : held) {
+    for (const v1::AgentMsg& msg : h.msgs) {
+      if (links_.count(id) == 0) break;  // gone meanwhile
+      on_message(id, msg);
+    }
+  }
+  return summary;
+}
+
+void Core::set_leader(const std::string& name) {
+  leader_hint_ = name;
+  if (!standby_) return;
+  std::vector<SessionId> ids;
+  for (const auto& [id, h] : held_) ids.push_back(id);
+  for (SessionId id : ids) {
+    end_held(id, grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                              absl::StrCat("rendezvous: this rdzvd is a standby; ", name,
+                                           " leads now")));
+  }
+}
+
+void Core::send_to(SessionId id, v1::ServerMsg msg) {
+  auto it = links_.find(id);
+  if (it == links_.end()) return;
+  absl::MutexLock lock(&it->second->mu);
+  if (it->second->reactor != nullptr) it->second->reactor->enqueue(std::move(msg));
+}
+
+void Core::end_held(SessionId id, grpc::Status status) {
+  held_.erase(id);
+  auto it = links_.find(id);
+  if (it == links_.end()) return;
+  absl::MutexLock lock(&it->second->mu);
+  if (it->second->reactor != nullptr) it->second->reactor->finish(std::move(status));
+}
+
+void Core::hold(SessionId id, const v1::AgentMsg& msg) {
+  if (msg.has_keep_alive()) {
+    // Answered, as the leader would: the agent keeps this stream while the replica may
+    // come to lead.
+    v1::ServerMsg reply;
+    reply.mutable_keep_alive();
+    send_to(id, std::move(reply));
+    return;
+  }
+  auto [it, fresh] = held_.try_emplace(id);
+  if (fresh) it->second.until = Clock::now() + opts_.standby_hold;
+  if (it->second.msgs.size() >= limits::kStandbyMaxHeldMessages) {
+    end_held(id, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                              "rendezvous: too many messages to a standby rdzvd"));
+    return;
+  }
+  it->second.msgs.push_back(msg);
+  if (fresh) arm_hold_timer();
+}
+
+void Core::arm_hold_timer() {
+  if (held_.empty()) return;
+  TimePoint first = held_.begin()->second.until;
+  for (const auto& [id, h] : held_) first = std::min(first, h.until);
+  hold_timer_.expires_at(first);
+  hold_timer_.async_wait([self = weak_from_this()](const boost::system::error_code& ec) {
+    auto core = self.lock();
+    if (ec || !core || !core->standby_) return;
+    const TimePoint now = Clock::now();
+    std::vector<SessionId> due;
+    for (const auto& [id, h] : core->held_) {
+      if (h.until <= now) due.push_back(id);
+    }
+    for (SessionId id : due) {
+      core->end_held(
+          id, grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                           absl::StrCat("rendezvous: this rdzvd is a standby",
+                                        core->leader_hint_.empty()
+                                            ? std::string()
+                                            : absl::StrCat("; ", core->leader_hint_, " leads"))));
+    }
+    core->arm_hold_timer();
+  });
+}
+
 void Core::on_message(SessionId id, const v1::AgentMsg& msg) {
+  if (standby_) {
+    hold(id, msg);
+    return;
+  }
   std::vector<Outgoing> out = machine_.on_message(id, msg, Clock::now());
   // The store serves only runs the state machine holds, so a run's table exists before its
   // first Assignment is sent and goes when the run goes (drop_finished_tables).
@@ -438,12 +588,41 @@ void Core::on_message(SessionId id, const v1::AgentMsg& msg) {
 
 void Core::on_closed(SessionId id) {
   links_.erase(id);
+  if (standby_) {
+    held_.erase(id);
+    return;
+  }
   apply(machine_.on_stream_closed(id, Clock::now()));
 }
 
 void Core::apply(std::vector<Outgoing> out) {
   // Every call into the machine ends here (message, closed stream, tick).
-  persist();  // before any of the decision's messages leaves
+  if (store_lost_) return;
+  if (!opts_.run_store) {
+    deliver(std::move(out));
+    return;
+  }
+  for (Outgoing& o : out) unsent_.push_back(std::move(o));
+  if (flush_posted_) return;
+  flush_posted_ = true;
+  // After what the loop already holds: a burst of joins is written once, not once each.
+  boost::asio::post(io_, [self = weak_from_this()] {
+    if (auto core = self.lock()) core->flush();
+  });
+}
+
+void Core::flush() {
+  flush_posted_ = false;
+  if (store_lost_) return;
+  if (!persist()) {  // before any of the decisions' messages leaves
+    store_lost_ = true;
+    unsent_.clear();
+    return;
+  }
+  deliver(std::exchange(unsent_, {}));
+}
+
+void Core::deliver(std::vector<Outgoing> out) {
   for (const RunEvent& e : machine_.take_events()) {
     for (const auto& sink : opts_.event_sinks) sink(e);
   }
@@ -516,7 +695,7 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   impl->service = std::make_unique<Service>(impl->core);
   impl->core->set_store(impl->store.get());
   enable_health_service();
-  {
+  if (!impl->core->standby()) {  // a standby restores when it comes to lead
     absl::StatusOr<RestoreSummary> restored = impl->core->restore();
     if (!restored.ok()) return restored.status();
     impl->restored = std::move(*restored);
@@ -589,6 +768,24 @@ void RendezvousServer::set_run_tokens(RunTokens tokens) {
   impl_->credentials->set_run_tokens(std::move(tokens));
 }
 const RestoreSummary& RendezvousServer::restored() const { return impl_->restored; }
+
+void RendezvousServer::lead(std::shared_ptr<RunStore> store,
+                            std::function<void(const RestoreSummary&)> done) {
+  boost::asio::post(impl_->core->io(), [core = std::weak_ptr<Core>(impl_->core),
+                                        store = std::move(store), done = std::move(done)] {
+    auto c = core.lock();
+    if (!c || !c->standby()) return;
+    RestoreSummary summary = c->lead(store);
+    if (done) done(summary);
+  });
+}
+
+void RendezvousServer::set_leader(std::string name) {
+  boost::asio::post(impl_->core->io(), [core = std::weak_ptr<Core>(impl_->core),
+                                        name = std::move(name)] {
+    if (auto c = core.lock()) c->set_leader(name);
+  });
+}
 
 const std::string& RendezvousServer::local_store_target() const { return impl_->local_target; }
 

@@ -156,4 +156,24 @@ inline constexpr int kMaxRestartsWithoutProgress = 1000000;
 // (agent/proc_state.h), so that a worker stuck in the kernel cannot hold the job forever.
 inline constexpr milliseconds kUnkillableWait = std::chrono::seconds(5);
 
+// rdzvd --etcd (docs/rendezvous.md, "Replicated rdzvd on etcd"). The lease that holds a
+// replica's leadership (etcd's floor is about 2 s with its default timing): a dead leader is
+// replaced about this long after it died.
+inline constexpr milliseconds kDefaultEtcdLeaseTtl = std::chrono::seconds(2);
+inline constexpr milliseconds kMaxEtcdLeaseTtl = std::chrono::minutes(1);
+// How long one etcd call (and its retries through another member) may take; a write that has
+// not succeeded by then ends the leader (it may no longer lead).
+inline constexpr milliseconds kEtcdRequestTimeout = std::chrono::seconds(5);
+// Within etcd's defaults (--max-txn-ops 128, --max-request-bytes 1.5 MiB): the most operations
+// and bytes one transaction of ours holds. A round's node keys take as many as they need.
+inline constexpr int kEtcdMaxOpsPerTxn = 120;
+inline constexpr std::size_t kEtcdMaxTxnBytes = 1 << 20;
+// A range read's page (keys per call), so a reply stays far below gRPC's 4 MiB.
+inline constexpr int kEtcdRangePage = 1000;
+// A standby holds an agent's stream (answering its keep-alives) for up to this long past the
+// lease, waiting to lead, before it tells the agent to try the next endpoint.
+inline constexpr milliseconds kStandbyHoldMargin = std::chrono::seconds(1);
+// Messages a standby keeps per held stream (a Join and what follows it) before it ends it.
+inline constexpr std::size_t kStandbyMaxHeldMessages = 16;
+
 }  // namespace muster::rendezvous::limits

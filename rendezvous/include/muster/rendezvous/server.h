@@ -60,6 +60,18 @@ struct ServerOptions {
   // run's old record is erased (a restart then forgets the run rather than go back to a
   // stale state); the server goes on serving.
   std::shared_ptr<RunStore> run_store;
+  // Replicated mode (rdzvd --etcd; docs/rendezvous.md, "Replicated rdzvd on etcd"): the
+  // server starts as a standby. It listens, holds every session it gets (answering its
+  // keep-alives, keeping its messages) for up to `standby_hold`, and decides nothing, until
+  // lead() gives it the run store: it restores the runs and then decides what it held, in
+  // order. A held session is ended (UNAVAILABLE, naming the leader) when its time is up or
+  // when set_leader() says another replica leads, so its agent tries its next endpoint.
+  bool standby = false;
+  std::chrono::milliseconds standby_hold{0};
+  // When set, a write to run_store that fails is not outlived: `on_store_lost` is called (on
+  // the io thread) and no message of that decision, or of any later one, is sent. For a store
+  // whose failed write means another server may lead (etcd): the caller ends the process.
+  std::function<void(const absl::Status&)> on_store_lost;
 };
 
 // What start() restored from ServerOptions::run_store.
@@ -85,6 +97,12 @@ class RendezvousServer {
   void set_run_tokens(RunTokens tokens);
   // What start() restored (empty without a run store).
   const RestoreSummary& restored() const;
+  // Any thread, replicated mode: this replica leads from now on with `store` (see
+  // ServerOptions::standby); `done` is called on the io thread with what was restored, before
+  // the held sessions are decided. Nothing when the server is not a standby.
+  void lead(std::shared_ptr<RunStore> store, std::function<void(const RestoreSummary&)> done);
+  // Any thread, replicated mode: `name` leads (another replica).
+  void set_leader(std::string name);
   // The store's gRPC target on an abstract Unix-domain socket ("unix-abstract:NAME"), for
   // clients with this process's host_identity(); empty when there is none.
   const std::string& local_store_target() const;
