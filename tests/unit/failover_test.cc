@@ -302,9 +302,9 @@ class World {
       if (a.session == 0 && a.st != St::kOffline) continue;
       const bool had_workers =
           a.st == St::kRunning || a.st == St::kAttaching || (a.st == St::kOffline && a.workers);
-      // Still trying since an earlier loss: its window counts from that one.
-      if (a.st == St::kRunning) a.lost_at = lost;
-      if (a.st != St::kOffline && a.st != St::kAttaching && !had_workers) a.lost_at = lost;
+      // One still trying since an earlier loss (offline, or its re-attach unanswered) keeps
+      // that one: its window counts from there.
+      if (a.st != St::kOffline && a.st != St::kAttaching) a.lost_at = lost;
       a.session = 0;
       a.reattached = false;
       if (rng_() % 6 == 0) {
