@@ -203,6 +203,7 @@ int main(int argc, char** argv) {
     };
     auto connected = muster::rendezvous::EtcdReplica::connect(eo, lost);
     if (!connected.ok()) {
+      if (absl::IsInvalidArgument(connected.status())) return usage(connected.status());
       std::fprintf(stderr, "rdzvd: error: %s\n", std::string(connected.status().message()).c_str());
       return 1;
     }

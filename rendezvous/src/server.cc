@@ -10,6 +10,7 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <atomic>
 #include <deque>
 #include <map>
 #include <unordered_map>
@@ -69,6 +70,10 @@ class Core : public std::enable_shared_from_this<Core> {
   // decides what was held, in order. set_leader(): another replica leads, so the held
   // sessions are told to go there.
   bool standby() const { return standby_; }
+  // Any thread, at the start of a shutdown: with a run store, nothing is decided from now on,
+  // so the streams the shutdown ends are not losses, and the runs stay in the store as they
+  // were for whoever serves them next (a restarted server, or the replica that takes over).
+  void freeze() { frozen_ = true; }
   const std::string& leader_hint() const { return leader_hint_; }
   RestoreSummary lead(std::shared_ptr<RunStore> store);
   void set_leader(const std::string& name);
@@ -147,6 +152,9 @@ class Core : public std::enable_shared_from_this<Core> {
   std::vector<Outgoing> unsent_;  // decided, waiting for the flush that writes them
   bool flush_posted_ = false;
   bool store_lost_ = false;       // a write failed with on_store_lost set: nothing more is sent
+
+  std::atomic<bool> frozen_{false};
+  bool decides() const { return !(frozen_ && opts_.run_store); }
 
   bool standby_ = false;
   struct Held {
@@ -574,6 +582,7 @@ void Core::on_message(SessionId id, const v1::AgentMsg& msg) {
     hold(id, msg);
     return;
   }
+  if (!decides()) return;
   std::vector<Outgoing> out = machine_.on_message(id, msg, Clock::now());
   // The store serves only runs the state machine holds, so a run's table exists before its
   // first Assignment is sent and goes when the run goes (drop_finished_tables).
@@ -592,6 +601,7 @@ void Core::on_closed(SessionId id) {
     held_.erase(id);
     return;
   }
+  if (!decides()) return;
   apply(machine_.on_stream_closed(id, Clock::now()));
 }
 
@@ -613,7 +623,7 @@ void Core::apply(std::vector<Outgoing> out) {
 
 void Core::flush() {
   flush_posted_ = false;
-  if (store_lost_) return;
+  if (store_lost_ || !decides()) return;
   if (!persist()) {  // before any of the decisions' messages leaves
     store_lost_ = true;
     unsent_.clear();
@@ -655,7 +665,7 @@ void Core::arm_timer() {
   timer_.expires_at(*when);
   timer_.async_wait([self = weak_from_this(), when](const boost::system::error_code& ec) {
     auto core = self.lock();
-    if (ec || !core || core->armed_for_ != when) return;
+    if (ec || !core || core->armed_for_ != when || !core->decides()) return;
     core->armed_for_.reset();
     core->apply(core->machine_.on_tick(Clock::now()));
   });
@@ -804,6 +814,7 @@ void RendezvousServer::post_status(const std::string& run_id,
 void RendezvousServer::shutdown(std::chrono::milliseconds grace) {
   if (impl_->stopped) return;
   impl_->stopped = true;
+  impl_->core->freeze();
   set_serving(*impl_->server, false);  // probes see it go first
   if (impl_->metrics_collector != 0) {
     impl_->metrics_registry->remove_collector(impl_->metrics_collector);

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -60,5 +61,24 @@ inline auto has_ready(int n, const std::string& what = "") {
   };
 }
 
+
+// The pids in "ready <pid> ... restart <n>" lines of `out`.
+inline std::vector<pid_t> ready_with(const std::string& out, const std::string& restart) {
+  std::vector<pid_t> pids;
+  static const std::regex re(R"(\]:ready (\d+) world \d+ round \d+ restart (\d+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it) {
+    if ((*it)[2].str() == restart) pids.push_back(static_cast<pid_t>(std::stoi((*it)[1])));
+  }
+  return pids;
+}
+
+// Each rank's start records (test_worker `signals` writes them to DIR/starts.<rank>) ("<pid> <restart count>" per start).
+inline std::vector<std::string> starts(const TempDir& dir, int rank) {
+  std::vector<std::string> lines;
+  std::istringstream in(read_file(dir.file("starts." + std::to_string(rank))));
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
 
 }  // namespace muster::testing

@@ -49,25 +49,6 @@ struct Daemon {
   }
 };
 
-// The pids in "ready <pid> ... restart <n>" lines of `out`.
-std::vector<pid_t> ready_with(const std::string& out, const std::string& restart) {
-  std::vector<pid_t> pids;
-  static const std::regex re(R"(\]:ready (\d+) world \d+ round \d+ restart (\d+))");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
-       ++it) {
-    if ((*it)[2].str() == restart) pids.push_back(static_cast<pid_t>(std::stoi((*it)[1])));
-  }
-  return pids;
-}
-
-// Each rank's start records ("<pid> <restart count>" per start).
-std::vector<std::string> starts(const TempDir& dir, int rank) {
-  std::vector<std::string> lines;
-  std::istringstream in(read_file(dir.file("starts." + std::to_string(rank))));
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
 }  // namespace
 
 TEST_CASE("reattach: kill -9 of rdzvd while workers run: no worker restarts; a failure after "

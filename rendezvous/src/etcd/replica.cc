@@ -148,19 +148,29 @@ absl::Status EtcdReplica::campaign(const std::string& name) {
   req.set_lease(m.lease);
   req.set_value(name);
   v3electionpb::CampaignResponse resp;
-  grpc::ClientContext ctx;  // no deadline: a standby waits as long as another leads
-  {
-    std::lock_guard<std::mutex> lock(m.mu);
-    if (m.stopping || m.lost) return absl::CancelledError("rdzvd is stopping");
-    m.campaign_ctx = &ctx;
-  }
-  grpc::Status st = m.stubs->election->Campaign(&ctx, req, &resp);
-  {
-    std::lock_guard<std::mutex> lock(m.mu);
+  for (;;) {
+    grpc::ClientContext ctx;  // no deadline: a standby waits as long as another leads
+    ctx.set_wait_for_ready(true);
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      if (m.stopping || m.lost) return absl::CancelledError("rdzvd is stopping");
+      m.campaign_ctx = &ctx;
+    }
+    grpc::Status st = m.stubs->election->Campaign(&ctx, req, &resp);
+    std::unique_lock<std::mutex> lock(m.mu);
     m.campaign_ctx = nullptr;
     if (m.stopping || m.lost) return absl::CancelledError("rdzvd is stopping");
+    if (st.ok()) break;
+    // The member that held the call went away (or etcd is electing its own leader): the
+    // same campaign again on another one. It holds no state but this replica's key, which
+    // etcd keeps under the lease, so asking again is safe; only the lease's end stops it.
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      return etcd::error(*m.stubs, "campaigning to lead", st);
+    }
+    if (m.cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return m.stopping || m.lost; })) {
+      return absl::CancelledError("rdzvd is stopping");
+    }
   }
-  if (!st.ok()) return etcd::error(*m.stubs, "campaigning to lead", st);
   m.store = etcd::make_run_store(m.stubs, m.opts.prefix, m.opts.request_timeout,
                                  resp.leader().key(), resp.leader().rev());
   return absl::OkStatus();

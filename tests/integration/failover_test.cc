@@ -1,0 +1,234 @@
+// Replicated rdzvd on a real 3-member etcd cluster (support/etcd_cluster.h): two replicas, one
+// leads; kill -9 of the leader while a two-agent job runs restarts no worker and spends no
+// budget; etcd's own leader member may die too. Real processes on 127.0.0.1, each ended by
+// its pid. Without etcd these tests report SKIPPED.
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <regex>
+
+#include "etcd_cluster.h"
+#include "helpers.h"
+#include "rdzvd_proc.h"
+#include "muster/rendezvous/client.h"
+
+using namespace muster::testing;
+
+namespace {
+
+std::unique_ptr<EtcdCluster> etcd_or_skip() {
+  if (const std::string why = EtcdCluster::missing(); !why.empty()) {
+    WARN("SKIPPED: " << why << "; scripts/setup installs it");
+    return nullptr;
+  }
+  return EtcdCluster::start();
+}
+
+auto says(const std::string& text) {
+  return [text](const std::string& out, const std::string& err) {
+    return out.find(text) != std::string::npos || err.find(text) != std::string::npos;
+  };
+}
+
+// One rdzvd replica on 127.0.0.1, port 0, in etcd group `prefix`.
+struct Replica {
+  std::unique_ptr<Proc> proc;
+  std::string endpoint;
+  bool ended = false;
+  Replica(const EtcdCluster& etcd, const std::string& prefix) {
+    proc = std::make_unique<Proc>(std::vector<std::string>{
+        kRdzvd, "--listen", "127.0.0.1:0", "--etcd", etcd.endpoints(), "--etcd_prefix", prefix});
+    REQUIRE(proc->wait_output(says("campaigning to lead as"), 30s));
+    std::smatch m;
+    const std::string out = proc->out();
+    REQUIRE(std::regex_search(out, m, std::regex(R"(listening on port (\d+))")));
+    endpoint = "127.0.0.1:" + m[1].str();
+  }
+  ~Replica() {
+    if (ended) return;
+    ::kill(proc->pid(), SIGTERM);
+    CHECK(proc->wait(30s) == 0);
+  }
+  bool leads(std::chrono::milliseconds timeout) {
+    return proc->wait_output(says("rdzvd: leading after"), timeout);
+  }
+  void kill9() {
+    ::kill(proc->pid(), SIGKILL);
+    REQUIRE(proc->wait(10s) == 128 + SIGKILL);
+    ended = true;
+  }
+};
+
+std::string group_prefix(const char* test) {
+  return "/muster-test/" + std::to_string(::getpid()) + "/" + test + "/";
+}
+
+// Both agents' workers run in round 1; returns pidfds of them, to see they outlive what follows.
+std::vector<int> running_workers(Proc& a, Proc& b) {
+  REQUIRE(a.wait_output(has_ready(2, "world 4 round 1 restart 0"), 30s));
+  REQUIRE(b.wait_output(has_ready(2, "world 4 round 1 restart 0"), 30s));
+  std::vector<int> fds;
+  for (Proc* p : {&a, &b}) {
+    for (pid_t pid : ready_pids(p->out())) fds.push_back(open_pidfd(pid));
+  }
+  return fds;
+}
+
+void still_running(const std::vector<int>& fds) {
+  for (int fd : fds) {
+    CHECK_FALSE(wait_pidfd(fd, 0ms));
+    ::close(fd);
+  }
+}
+
+void check_run(const std::string& endpoint, int round, int restarts) {
+  auto st = muster::rendezvous::get_status(endpoint, "job", "", 10s);
+  REQUIRE(st.ok());
+  REQUIRE(st->runs_size() == 1);
+  CHECK(st->runs(0).phase() == "running");
+  CHECK(st->runs(0).round() == round);
+  CHECK(st->runs(0).restart_count() == restarts);
+  CHECK(st->runs(0).members_size() == 2);
+}
+
+// A worker failure: exactly one counted restart; then every worker exits 0 and so do both
+// agents. Each of the 4 ranks started exactly twice (restart 0, then 1).
+void fail_once_then_finish(Proc& a, Proc& b, const TempDir& work) {
+  const std::vector<pid_t> first = ready_with(a.out(), "0");
+  REQUIRE(first.size() == 2);
+  ::kill(first[0], SIGUSR2);  // exits 3
+  REQUIRE(a.wait_output(has_ready(2, "round 2 restart 1"), 30s));
+  REQUIRE(b.wait_output(has_ready(2, "round 2 restart 1"), 30s));
+  for (Proc* p : {&a, &b}) {
+    for (pid_t pid : ready_with(p->out(), "1")) ::kill(pid, SIGUSR1);  // exit 0
+  }
+  CHECK(a.wait(30s) == 0);
+  CHECK(b.wait(30s) == 0);
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    auto s = starts(work, r);
+    REQUIRE(s.size() == 2);
+    CHECK_THAT(s[0], Catch::EndsWith(" 0"));
+    CHECK_THAT(s[1], Catch::EndsWith(" 1"));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("failover: kill -9 of the leading rdzvd restarts no worker and spends no budget; a "
+          "failure after costs exactly one restart",
+          "[etcd][failover]") {
+  auto etcd = etcd_or_skip();
+  if (!etcd) return;
+  const std::string prefix = group_prefix("kill-leader");
+  auto leader = std::make_unique<Replica>(*etcd, prefix);
+  REQUIRE(leader->leads(30s));
+  Replica standby(*etcd, prefix);
+  CHECK_FALSE(standby.leads(0ms));
+  const std::string list = leader->endpoint + "," + standby.endpoint;
+  TempDir work;
+  const std::vector<std::string> conf{"--max_restarts=2", "--rdzv_conf=reattach_timeout=20"};
+  Proc a(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
+  Proc b(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
+  std::vector<int> fds = running_workers(a, b);
+  // A standby answers status calls with who leads, not with runs of its own.
+  auto from_standby = muster::rendezvous::get_status(standby.endpoint, "job", "", 10s);
+  CHECK(from_standby.status().code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(from_standby.status().message()), Catch::Contains("standby"));
+
+  leader->kill9();
+  REQUIRE(standby.leads(30s));
+  CHECK_THAT(standby.proc->out(), Catch::Contains("restored 1 runs from etcd"));
+  for (Proc* p : {&a, &b}) {
+    REQUIRE(p->wait_output(says("re-attached to run job round 1 at " + standby.endpoint), 30s));
+  }
+  still_running(fds);
+  check_run(standby.endpoint, 1, 0);  // the budget untouched
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    REQUIRE(starts(work, r).size() == 1);  // started once: the failover restarted no worker
+  }
+  fail_once_then_finish(a, b, work);
+}
+
+TEST_CASE("failover: kill -9 of etcd's leader member: the runs go on, and are written through "
+          "the other two",
+          "[etcd][failover]") {
+  auto etcd = etcd_or_skip();
+  if (!etcd) return;
+  const std::string prefix = group_prefix("kill-etcd");
+  Replica leader(*etcd, prefix);
+  REQUIRE(leader.leads(30s));
+  Replica standby(*etcd, prefix);
+  const std::string list = leader.endpoint + "," + standby.endpoint;
+  TempDir work;
+  const std::vector<std::string> conf{"--max_restarts=2", "--rdzv_conf=reattach_timeout=20"};
+  Proc a(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
+  Proc b(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
+  std::vector<int> fds = running_workers(a, b);
+  const int member = etcd->leader();
+  REQUIRE(member >= 0);
+  etcd->kill(member);
+  REQUIRE(etcd->healthy(30s));  // the other two elect a leader among them
+  // The replica rode the etcd election out: it still leads (its lease was kept), and the
+  // restart below is decided and written through the remaining quorum.
+  check_run(leader.endpoint, 1, 0);
+  still_running(fds);
+  CHECK_FALSE(standby.leads(0ms));
+  fail_once_then_finish(a, b, work);
+  CHECK(leader.proc->err().find("error") == std::string::npos);
+}
+
+TEST_CASE("failover: SIGTERM of the leader hands over (its lease revoked), no worker restarts",
+          "[etcd][failover]") {
+  auto etcd = etcd_or_skip();
+  if (!etcd) return;
+  const std::string prefix = group_prefix("stop-leader");
+  auto leader = std::make_unique<Replica>(*etcd, prefix);
+  REQUIRE(leader->leads(30s));
+  Replica standby(*etcd, prefix);
+  const std::string list = leader->endpoint + "," + standby.endpoint;
+  TempDir work;
+  const std::vector<std::string> conf{"--max_restarts=2", "--rdzv_conf=reattach_timeout=20"};
+  Proc a(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
+  Proc b(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
+  std::vector<int> fds = running_workers(a, b);
+  leader.reset();  // SIGTERM, exit 0
+  REQUIRE(standby.leads(30s));
+  for (Proc* p : {&a, &b}) {
+    REQUIRE(p->wait_output(says("re-attached to run job round 1 at " + standby.endpoint), 30s));
+  }
+  still_running(fds);
+  check_run(standby.endpoint, 1, 0);
+  for (Proc* p : {&a, &b}) {
+    for (pid_t pid : ready_pids(p->out())) ::kill(pid, SIGUSR1);
+  }
+  CHECK(a.wait(30s) == 0);
+  CHECK(b.wait(30s) == 0);
+  for (int r = 0; r < 4; ++r) CHECK(starts(work, r).size() == 1);
+}
+
+TEST_CASE("failover: rdzvd --etcd refuses --state_dir, and an etcd it cannot reach, in one line",
+          "[etcd][failover]") {
+  {
+    TempDir dir;
+    Proc p({kRdzvd, "--listen", "127.0.0.1:0", "--etcd", "127.0.0.1:1", "--state_dir", dir.path()});
+    CHECK(p.wait(30s) == 2);
+    CHECK_THAT(p.err(), Catch::StartsWith("rdzvd: error: --etcd and --state_dir exclude"));
+  }
+  {
+    Proc p({kRdzvd, "--listen", "127.0.0.1:0", "--etcd", "not a endpoint"});
+    CHECK(p.wait(30s) == 2);
+    CHECK_THAT(p.err(), Catch::StartsWith("rdzvd: error: --etcd: "));
+    CHECK(std::count(p.err().begin(), p.err().end(), '\n') == 1);
+  }
+  {
+    const int port = free_port();  // nothing listens there
+    Proc p({kRdzvd, "--listen", "127.0.0.1:0", "--etcd", "127.0.0.1:" + std::to_string(port)});
+    CHECK(p.wait(30s) == 1);
+    CHECK_THAT(p.err(), Catch::StartsWith("rdzvd: error: etcd at 127.0.0.1:"));
+    CHECK(std::count(p.err().begin(), p.err().end(), '\n') == 1);
+  }
+}
