@@ -43,6 +43,7 @@ LAUNCH = f"{BUILD}/launcher/launch"
 RDZVD = f"{BUILD}/rendezvous/rdzvd"
 WORKER = f"{BUILD}/tests/test_worker"
 SIM = f"{BUILD}/bench/rdzv_sim"
+STREAMS_PER_CHANNEL = 60  # as bench/run's simulate()
 LEADING = r"rdzvd: leading after (\d+) ms of standby; restored (\d+) runs from etcd in (\d+) ms"
 
 
@@ -154,11 +155,13 @@ def sim_trial(etcd, agents, nprocs):
     try:
         eps = replicas(procs, etcd)
         sims = [f"sim{k}" for k in range(nprocs)]
+        # rdzvd allows 64 streams per connection (limits::kMaxConcurrentStreamsPerConnection).
+        channels = max(4, -(-(agents // nprocs) // STREAMS_PER_CHANNEL))
         for k, name in enumerate(sims):
             procs.start_fed(name, [SIM, "--target", eps[0], "--reattach", ",".join(eps),
                                    "--run_id", "simfail", "--agents", str(agents // nprocs),
                                    "--max_nodes", str(agents), "--node_prefix", f"p{k}",
-                                   "--channels", "4", "--timeout", "30"])
+                                   "--channels", str(channels), "--timeout", "30"])
         procs.pump(lambda: all(procs.first(s, "^ready$") for s in sims))
         for s in sims:
             procs.procs[s].stdin.write(b"go\n")
