@@ -597,6 +597,13 @@ class Agent::Impl {
       spec.store_addr = store_target_for_workers(
           a.store_local_target(), a.server_host_identity(), host_identity_,
           opts_.store_addr == opts_.rdzv_target ? endpoints_.current().target : opts_.store_addr);
+      // Several endpoints (replicas): the others too, in the order this agent would try them,
+      // so a worker's store calls follow a failover (GrpcStoreOptions::target).
+      if (opts_.store_addr == opts_.rdzv_target) {
+        for (std::size_t k = 1; k < endpoints_.size(); ++k) {
+          absl::StrAppend(&spec.store_addr, ";", endpoints_.after(k).target);
+        }
+      }
       spec.round = a.round();
       spec.node_addr = opts_.host;
       spec.token = opts_.token;

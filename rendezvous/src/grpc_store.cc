@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -106,8 +107,16 @@ class GrpcStore::Impl {
     // every call would fail with UNAVAILABLE.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    stub = v1::Store::NewStub(
-        grpc::CreateCustomChannel(opts.target, channel_credentials(opts.tls), args));
+    for (absl::string_view t : absl::StrSplit(opts.target, ';', absl::SkipEmpty())) {
+      targets.emplace_back(t);
+      stubs.push_back(v1::Store::NewStub(
+          grpc::CreateCustomChannel(targets.back(), channel_credentials(opts.tls), args)));
+    }
+    if (stubs.empty()) {
+      targets.push_back(opts.target);
+      stubs.push_back(v1::Store::NewStub(
+          grpc::CreateCustomChannel(opts.target, channel_credentials(opts.tls), args)));
+    }
   }
 
   // An open stream. Requests on one stream are served in order, so a set may be written
@@ -120,6 +129,7 @@ class GrpcStore::Impl {
     std::uint64_t watch = 0;       // the watchdog's entry for the call using it, if any
     std::atomic<bool> timed_out{false};
     std::vector<std::string> owed;  // keys of sets whose acks are still to be read
+    std::size_t target = 0;         // which of `targets` it was opened to
   };
 
   absl::StatusOr<v1::StoreReply> call(Op op, std::vector<std::string> keys,
@@ -198,11 +208,15 @@ class GrpcStore::Impl {
     s.finished = true;
     if (s.timed_out) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "store: no answer from ", opts.target, " within ", opts.timeout.count(),
+          "store: no answer from ", targets[s.target], " within ", opts.timeout.count(),
           " ms (beyond the call's own wait)"));
     }
+    // Replicas (several targets): the server this stream had is gone, so later streams go to
+    // the next one (the replica that takes over), round the list.
+    std::size_t expected = s.target;
+    at.compare_exchange_strong(expected, (s.target + 1) % stubs.size());
     return absl::UnavailableError(absl::StrCat(
-        "store: lost the connection to ", opts.target,
+        "store: lost the connection to ", targets[s.target],
         st.ok() ? std::string() : absl::StrCat(": ", st.error_message())));
   }
 
@@ -238,7 +252,8 @@ class GrpcStore::Impl {
       }
     }
     auto s = std::make_unique<Stream>();
-    s->rw = stub->Stream(&s->ctx);
+    s->target = at.load();
+    s->rw = stubs[s->target]->Stream(&s->ctx);
     return s;
   }
 
@@ -271,7 +286,9 @@ class GrpcStore::Impl {
   static constexpr std::size_t kMaxOwed = 64;
   GrpcStoreOptions opts;
   Watchdog watchdog;  // before the streams: destroyed after them
-  std::unique_ptr<v1::Store::Stub> stub;
+  std::vector<std::string> targets;  // opts.target's list, in order
+  std::vector<std::unique_ptr<v1::Store::Stub>> stubs;
+  std::atomic<std::size_t> at{0};    // where new streams go
   absl::Mutex mu;
   std::vector<std::unique_ptr<Stream>> free ABSL_GUARDED_BY(mu);
   Stream* behind ABSL_GUARDED_BY(mu) = nullptr;  // the stream with sets written behind, if any

@@ -22,6 +22,8 @@ class Endpoints {
   explicit Endpoints(std::vector<RdzvEndpoint> list);
 
   const RdzvEndpoint& current() const { return list_[at_]; }
+  // The k-th after current(), round the list (current() itself for k = 0 or size()).
+  const RdzvEndpoint& after(std::size_t k) const { return list_[(at_ + k) % list_.size()]; }
   std::size_t index() const { return at_; }
   std::size_t size() const { return list_.size(); }
   // After a failed attempt on current(): the next one, round the list.

@@ -28,7 +28,11 @@
 namespace muster::rendezvous {
 
 struct GrpcStoreOptions {
-  std::string target;  // the server's gRPC target (host:port, or unix-abstract:NAME)
+  // The server's gRPC target (host:port, or unix-abstract:NAME). Replicas: several, separated
+  // by ';' (MUSTER_STORE_ADDR holds them so): a call whose server is lost fails with
+  // UNAVAILABLE and later calls go to the next target, round the list (docs/rendezvous.md,
+  // "Replicated rdzvd on etcd").
+  std::string target;
   std::string run_id;
   std::string token;
   // A call the server has not answered this long after its own wait (get/wait/multi_get's
