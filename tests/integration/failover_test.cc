@@ -270,3 +270,38 @@ TEST_CASE("failover: a worker's store client follows the failover to the new lea
   for (pid_t pid : ready_pids(a.out())) ::kill(pid, SIGUSR1);
   CHECK(a.wait(30s) == 0);
 }
+
+TEST_CASE("failover: three replicas: agents held by a standby that does not win move to the one "
+          "that does",
+          "[etcd][failover]") {
+  auto etcd = etcd_or_skip();
+  if (!etcd) return;
+  const std::string prefix = group_prefix("three");
+  auto leader = std::make_unique<Replica>(*etcd, prefix);
+  REQUIRE(leader->leads(30s));
+  Replica first(*etcd, prefix);   // campaigns first: wins when the leader goes
+  Replica second(*etcd, prefix);  // the agents' next endpoint: holds them, then sends them on
+  const std::string list = leader->endpoint + "," + second.endpoint + "," + first.endpoint;
+  TempDir work;
+  const std::vector<std::string> conf{"--max_restarts=2", "--rdzv_conf=reattach_timeout=20"};
+  Proc a(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
+  Proc b(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
+  std::vector<int> fds = running_workers(a, b);
+  leader->kill9();
+  REQUIRE(first.leads(30s));
+  for (Proc* p : {&a, &b}) {
+    REQUIRE(p->wait_output(says("re-attached to run job round 1 at " + first.endpoint), 30s));
+  }
+  CHECK_FALSE(second.leads(0ms));
+  // The second replica saw the first lead (and so ended the streams it held).
+  const std::string port = first.endpoint.substr(first.endpoint.rfind(':') + 1);
+  CHECK(second.proc->wait_output(says(":" + port + " leads"), 10s));
+  still_running(fds);
+  check_run(first.endpoint, 1, 0);
+  for (Proc* p : {&a, &b}) {
+    for (pid_t pid : ready_pids(p->out())) ::kill(pid, SIGUSR1);
+  }
+  CHECK(a.wait(30s) == 0);
+  CHECK(b.wait(30s) == 0);
+  for (int r = 0; r < 4; ++r) CHECK(starts(work, r).size() == 1);
+}
