@@ -66,23 +66,52 @@ std::string group_prefix(const char* test) {
   return "/muster-test/" + std::to_string(::getpid()) + "/" + test + "/";
 }
 
-// Both agents' workers run in round 1; returns pidfds of them, to see they outlive what follows.
-std::vector<int> running_workers(Proc& a, Proc& b) {
-  REQUIRE(a.wait_output(has_ready(2, "world 4 round 1 restart 0"), 30s));
-  REQUIRE(b.wait_output(has_ready(2, "world 4 round 1 restart 0"), 30s));
+// Two agents of run "job", 2 workers each (test_worker `signals`), on the replicas `list`;
+// `running()` waits for round 1 and keeps pidfds of the workers, to see they outlive what
+// follows.
+struct TwoAgents {
+  TempDir work;
+  Proc a, b;
   std::vector<int> fds;
-  for (Proc* p : {&a, &b}) {
-    for (pid_t pid : ready_pids(p->out())) fds.push_back(open_pidfd(pid));
+  explicit TwoAgents(const std::string& list)
+      : a(launch_args(c10d(list, "2", 2, "job", conf()), {"signals", work.path()})),
+        b(launch_args(c10d(list, "2", 2, "job", conf()), {"signals", work.path()})) {}
+  static std::vector<std::string> conf() {
+    return {"--max_restarts=2", "--rdzv_conf=reattach_timeout=20"};
   }
-  return fds;
-}
-
-void still_running(const std::vector<int>& fds) {
-  for (int fd : fds) {
-    CHECK_FALSE(wait_pidfd(fd, 0ms));
-    ::close(fd);
+  void running() {
+    REQUIRE(a.wait_output(has_ready(2, "world 4 round 1 restart 0"), 30s));
+    REQUIRE(b.wait_output(has_ready(2, "world 4 round 1 restart 0"), 30s));
+    for (Proc* p : {&a, &b}) {
+      for (pid_t pid : ready_pids(p->out())) fds.push_back(open_pidfd(pid));
+    }
   }
-}
+  void reattached_to(const std::string& endpoint) {
+    for (Proc* p : {&a, &b}) {
+      REQUIRE(p->wait_output(says("re-attached to run job round 1 at " + endpoint), 30s));
+    }
+  }
+  // The workers of round 1 still run, each started once: nothing restarted them.
+  void never_restarted() {
+    for (int fd : fds) {
+      CHECK_FALSE(wait_pidfd(fd, 0ms));
+      ::close(fd);
+    }
+    fds.clear();
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r);
+      REQUIRE(starts(work, r).size() == 1);
+    }
+  }
+  // Every worker exits 0, and so do both agents.
+  void finish() {
+    for (Proc* p : {&a, &b}) {
+      for (pid_t pid : ready_pids(p->out())) ::kill(pid, SIGUSR1);
+    }
+    CHECK(a.wait(30s) == 0);
+    CHECK(b.wait(30s) == 0);
+  }
+};
 
 void check_run(const std::string& endpoint, int round, int restarts) {
   auto st = muster::rendezvous::get_status(endpoint, "job", "", 10s);
@@ -92,28 +121,6 @@ void check_run(const std::string& endpoint, int round, int restarts) {
   CHECK(st->runs(0).round() == round);
   CHECK(st->runs(0).restart_count() == restarts);
   CHECK(st->runs(0).members_size() == 2);
-}
-
-// A worker failure: exactly one counted restart; then every worker exits 0 and so do both
-// agents. Each of the 4 ranks started exactly twice (restart 0, then 1).
-void fail_once_then_finish(Proc& a, Proc& b, const TempDir& work) {
-  const std::vector<pid_t> first = ready_with(a.out(), "0");
-  REQUIRE(first.size() == 2);
-  ::kill(first[0], SIGUSR2);  // exits 3
-  REQUIRE(a.wait_output(has_ready(2, "round 2 restart 1"), 30s));
-  REQUIRE(b.wait_output(has_ready(2, "round 2 restart 1"), 30s));
-  for (Proc* p : {&a, &b}) {
-    for (pid_t pid : ready_with(p->out(), "1")) ::kill(pid, SIGUSR1);  // exit 0
-  }
-  CHECK(a.wait(30s) == 0);
-  CHECK(b.wait(30s) == 0);
-  for (int r = 0; r < 4; ++r) {
-    INFO("rank " << r);
-    auto s = starts(work, r);
-    REQUIRE(s.size() == 2);
-    CHECK_THAT(s[0], Catch::EndsWith(" 0"));
-    CHECK_THAT(s[1], Catch::EndsWith(" 1"));
-  }
 }
 
 }  // namespace
@@ -128,12 +135,8 @@ TEST_CASE("failover: kill -9 of the leading rdzvd restarts no worker and spends 
   REQUIRE(leader->leads(30s));
   Replica standby(*etcd, prefix);
   CHECK_FALSE(standby.leads(0ms));
-  const std::string list = leader->endpoint + "," + standby.endpoint;
-  TempDir work;
-  const std::vector<std::string> conf{"--max_restarts=2", "--rdzv_conf=reattach_timeout=20"};
-  Proc a(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
-  Proc b(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
-  std::vector<int> fds = running_workers(a, b);
+  TwoAgents job(leader->endpoint + "," + standby.endpoint);
+  job.running();
   // A standby answers status calls with who leads, not with runs of its own.
   auto from_standby = muster::rendezvous::get_status(standby.endpoint, "job", "", 10s);
   CHECK(from_standby.status().code() == absl::StatusCode::kUnavailable);
@@ -142,16 +145,10 @@ TEST_CASE("failover: kill -9 of the leading rdzvd restarts no worker and spends 
   leader->kill9();
   REQUIRE(standby.leads(30s));
   CHECK_THAT(standby.proc->out(), Catch::Contains("restored 1 runs from etcd"));
-  for (Proc* p : {&a, &b}) {
-    REQUIRE(p->wait_output(says("re-attached to run job round 1 at " + standby.endpoint), 30s));
-  }
-  still_running(fds);
+  job.reattached_to(standby.endpoint);
+  job.never_restarted();
   check_run(standby.endpoint, 1, 0);  // the budget untouched
-  for (int r = 0; r < 4; ++r) {
-    INFO("rank " << r);
-    REQUIRE(starts(work, r).size() == 1);  // started once: the failover restarted no worker
-  }
-  fail_once_then_finish(a, b, work);
+  fail_once_then_finish(job.a, job.b, job.work);
 }
 
 TEST_CASE("failover: kill -9 of etcd's leader member: the runs go on, and are written through "
@@ -163,12 +160,8 @@ TEST_CASE("failover: kill -9 of etcd's leader member: the runs go on, and are wr
   Replica leader(*etcd, prefix);
   REQUIRE(leader.leads(30s));
   Replica standby(*etcd, prefix);
-  const std::string list = leader.endpoint + "," + standby.endpoint;
-  TempDir work;
-  const std::vector<std::string> conf{"--max_restarts=2", "--rdzv_conf=reattach_timeout=20"};
-  Proc a(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
-  Proc b(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
-  std::vector<int> fds = running_workers(a, b);
+  TwoAgents job(leader.endpoint + "," + standby.endpoint);
+  job.running();
   const int member = etcd->leader();
   REQUIRE(member >= 0);
   etcd->kill(member);
@@ -176,9 +169,9 @@ TEST_CASE("failover: kill -9 of etcd's leader member: the runs go on, and are wr
   // The replica rode the etcd election out: it still leads (its lease was kept), and the
   // restart below is decided and written through the remaining quorum.
   check_run(leader.endpoint, 1, 0);
-  still_running(fds);
+  job.never_restarted();
   CHECK_FALSE(standby.leads(0ms));
-  fail_once_then_finish(a, b, work);
+  fail_once_then_finish(job.a, job.b, job.work);
   CHECK(leader.proc->err().find("error") == std::string::npos);
 }
 
@@ -190,48 +183,38 @@ TEST_CASE("failover: SIGTERM of the leader hands over (its lease revoked), no wo
   auto leader = std::make_unique<Replica>(*etcd, prefix);
   REQUIRE(leader->leads(30s));
   Replica standby(*etcd, prefix);
-  const std::string list = leader->endpoint + "," + standby.endpoint;
-  TempDir work;
-  const std::vector<std::string> conf{"--max_restarts=2", "--rdzv_conf=reattach_timeout=20"};
-  Proc a(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
-  Proc b(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
-  std::vector<int> fds = running_workers(a, b);
+  TwoAgents job(leader->endpoint + "," + standby.endpoint);
+  job.running();
   leader.reset();  // SIGTERM, exit 0
   REQUIRE(standby.leads(30s));
-  for (Proc* p : {&a, &b}) {
-    REQUIRE(p->wait_output(says("re-attached to run job round 1 at " + standby.endpoint), 30s));
-  }
-  still_running(fds);
+  job.reattached_to(standby.endpoint);
+  job.never_restarted();
   check_run(standby.endpoint, 1, 0);
-  for (Proc* p : {&a, &b}) {
-    for (pid_t pid : ready_pids(p->out())) ::kill(pid, SIGUSR1);
-  }
-  CHECK(a.wait(30s) == 0);
-  CHECK(b.wait(30s) == 0);
-  for (int r = 0; r < 4; ++r) CHECK(starts(work, r).size() == 1);
+  job.finish();
 }
 
-TEST_CASE("failover: rdzvd --etcd refuses --state_dir, and an etcd it cannot reach, in one line",
+TEST_CASE("failover: three replicas: agents held by a standby that does not win move to the one "
+          "that does",
           "[etcd][failover]") {
-  {
-    TempDir dir;
-    Proc p({kRdzvd, "--listen", "127.0.0.1:0", "--etcd", "127.0.0.1:1", "--state_dir", dir.path()});
-    CHECK(p.wait(30s) == 2);
-    CHECK_THAT(p.err(), Catch::StartsWith("rdzvd: error: --etcd and --state_dir exclude"));
-  }
-  {
-    Proc p({kRdzvd, "--listen", "127.0.0.1:0", "--etcd", "not a endpoint"});
-    CHECK(p.wait(30s) == 2);
-    CHECK_THAT(p.err(), Catch::StartsWith("rdzvd: error: --etcd: "));
-    CHECK(std::count(p.err().begin(), p.err().end(), '\n') == 1);
-  }
-  {
-    const int port = free_port();  // nothing listens there
-    Proc p({kRdzvd, "--listen", "127.0.0.1:0", "--etcd", "127.0.0.1:" + std::to_string(port)});
-    CHECK(p.wait(30s) == 1);
-    CHECK_THAT(p.err(), Catch::StartsWith("rdzvd: error: etcd at 127.0.0.1:"));
-    CHECK(std::count(p.err().begin(), p.err().end(), '\n') == 1);
-  }
+  auto etcd = etcd_or_skip();
+  if (!etcd) return;
+  const std::string prefix = group_prefix("three");
+  auto leader = std::make_unique<Replica>(*etcd, prefix);
+  REQUIRE(leader->leads(30s));
+  Replica first(*etcd, prefix);   // campaigns first: wins when the leader goes
+  Replica second(*etcd, prefix);  // the agents' next endpoint: holds them, then sends them on
+  TwoAgents job(leader->endpoint + "," + second.endpoint + "," + first.endpoint);
+  job.running();
+  leader->kill9();
+  REQUIRE(first.leads(30s));
+  job.reattached_to(first.endpoint);
+  CHECK_FALSE(second.leads(0ms));
+  // The second replica saw the first lead (and so ended the streams it held).
+  const std::string port = first.endpoint.substr(first.endpoint.rfind(':') + 1);
+  CHECK(second.proc->wait_output(says(":" + port + " leads"), 10s));
+  job.never_restarted();
+  check_run(first.endpoint, 1, 0);
+  job.finish();
 }
 
 TEST_CASE("failover: a worker's store client follows the failover to the new leader; the keys "
@@ -271,37 +254,25 @@ TEST_CASE("failover: a worker's store client follows the failover to the new lea
   CHECK(a.wait(30s) == 0);
 }
 
-TEST_CASE("failover: three replicas: agents held by a standby that does not win move to the one "
-          "that does",
+TEST_CASE("failover: rdzvd --etcd refuses --state_dir, and an etcd it cannot reach, in one line",
           "[etcd][failover]") {
-  auto etcd = etcd_or_skip();
-  if (!etcd) return;
-  const std::string prefix = group_prefix("three");
-  auto leader = std::make_unique<Replica>(*etcd, prefix);
-  REQUIRE(leader->leads(30s));
-  Replica first(*etcd, prefix);   // campaigns first: wins when the leader goes
-  Replica second(*etcd, prefix);  // the agents' next endpoint: holds them, then sends them on
-  const std::string list = leader->endpoint + "," + second.endpoint + "," + first.endpoint;
-  TempDir work;
-  const std::vector<std::string> conf{"--max_restarts=2", "--rdzv_conf=reattach_timeout=20"};
-  Proc a(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
-  Proc b(launch_args(c10d(list, "2", 2, "job", conf), {"signals", work.path()}));
-  std::vector<int> fds = running_workers(a, b);
-  leader->kill9();
-  REQUIRE(first.leads(30s));
-  for (Proc* p : {&a, &b}) {
-    REQUIRE(p->wait_output(says("re-attached to run job round 1 at " + first.endpoint), 30s));
+  {
+    TempDir dir;
+    Proc p({kRdzvd, "--listen", "127.0.0.1:0", "--etcd", "127.0.0.1:1", "--state_dir", dir.path()});
+    CHECK(p.wait(30s) == 2);
+    CHECK_THAT(p.err(), Catch::StartsWith("rdzvd: error: --etcd and --state_dir exclude"));
   }
-  CHECK_FALSE(second.leads(0ms));
-  // The second replica saw the first lead (and so ended the streams it held).
-  const std::string port = first.endpoint.substr(first.endpoint.rfind(':') + 1);
-  CHECK(second.proc->wait_output(says(":" + port + " leads"), 10s));
-  still_running(fds);
-  check_run(first.endpoint, 1, 0);
-  for (Proc* p : {&a, &b}) {
-    for (pid_t pid : ready_pids(p->out())) ::kill(pid, SIGUSR1);
+  {
+    Proc p({kRdzvd, "--listen", "127.0.0.1:0", "--etcd", "not a endpoint"});
+    CHECK(p.wait(30s) == 2);
+    CHECK_THAT(p.err(), Catch::StartsWith("rdzvd: error: --etcd: "));
+    CHECK(std::count(p.err().begin(), p.err().end(), '\n') == 1);
   }
-  CHECK(a.wait(30s) == 0);
-  CHECK(b.wait(30s) == 0);
-  for (int r = 0; r < 4; ++r) CHECK(starts(work, r).size() == 1);
+  {
+    const int port = free_port();  // nothing listens there
+    Proc p({kRdzvd, "--listen", "127.0.0.1:0", "--etcd", "127.0.0.1:" + std::to_string(port)});
+    CHECK(p.wait(30s) == 1);
+    CHECK_THAT(p.err(), Catch::StartsWith("rdzvd: error: etcd at 127.0.0.1:"));
+    CHECK(std::count(p.err().begin(), p.err().end(), '\n') == 1);
+  }
 }

@@ -1,7 +1,10 @@
 // Shared by the integration tests: the binaries under test and what workers print.
 #pragma once
 
+#include <signal.h>
 #include <unistd.h>
+
+#include <catch2/catch.hpp>
 
 #include <fstream>
 #include <map>
@@ -79,6 +82,29 @@ inline std::vector<std::string> starts(const TempDir& dir, int rank) {
   std::istringstream in(read_file(dir.file("starts." + std::to_string(rank))));
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
+}
+
+// Two agents `a` and `b` with 2 test_worker `signals` workers each in a round of restart 0:
+// a worker of `a` fails (exit 3), which costs exactly one counted restart; then every worker
+// exits 0, and so do both agents. Each of the 4 ranks started exactly twice (restart 0, then 1).
+inline void fail_once_then_finish(Proc& a, Proc& b, const TempDir& work) {
+  const std::vector<pid_t> first = ready_with(a.out(), "0");
+  REQUIRE(first.size() == 2);
+  ::kill(first[0], SIGUSR2);  // exits 3
+  REQUIRE(a.wait_output(has_ready(2, "round 2 restart 1"), 30s));
+  REQUIRE(b.wait_output(has_ready(2, "round 2 restart 1"), 30s));
+  for (Proc* p : {&a, &b}) {
+    for (pid_t pid : ready_with(p->out(), "1")) ::kill(pid, SIGUSR1);  // exit 0
+  }
+  CHECK(a.wait(30s) == 0);
+  CHECK(b.wait(30s) == 0);
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    auto s = starts(work, r);
+    REQUIRE(s.size() == 2);
+    CHECK_THAT(s[0], Catch::EndsWith(" 0"));
+    CHECK_THAT(s[1], Catch::EndsWith(" 1"));
+  }
 }
 
 }  // namespace muster::testing

@@ -97,23 +97,7 @@ TEST_CASE("reattach: kill -9 of rdzvd while workers run: no worker restarts; a f
   }
 
   // A worker failure after the restart: one counted restart, and the job finishes.
-  const std::vector<pid_t> first = ready_with(a.out(), "0");
-  REQUIRE(first.size() == 2);
-  ::kill(first[0], SIGUSR2);  // exits 3
-  REQUIRE(a.wait_output(has_ready(2, "round 2 restart 1"), 30s));
-  REQUIRE(b.wait_output(has_ready(2, "round 2 restart 1"), 30s));
-  for (Proc* p : {&a, &b}) {
-    for (pid_t pid : ready_with(p->out(), "1")) ::kill(pid, SIGUSR1);  // exit 0
-  }
-  CHECK(a.wait(30s) == 0);
-  CHECK(b.wait(30s) == 0);
-  for (int r = 0; r < 4; ++r) {
-    INFO("rank " << r);
-    auto s = starts(work, r);
-    REQUIRE(s.size() == 2);
-    CHECK_THAT(s[0], Catch::EndsWith(" 0"));
-    CHECK_THAT(s[1], Catch::EndsWith(" 1"));
-  }
+  fail_once_then_finish(a, b, work);
   server->stop();
 }
 
