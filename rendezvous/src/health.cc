@@ -15,4 +15,11 @@ void set_serving(grpc::Server& server, bool serving) {
   health->SetServingStatus(serving);  // "" and every name set so far
 }
 
+void set_leading(grpc::Server& server, bool leading) {
+  grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus("muster.v1.Rendezvous", leading);
+  health->SetServingStatus("muster.v1.Store", leading);
+}
+
 }  // namespace muster::rendezvous

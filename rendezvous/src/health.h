@@ -12,5 +12,8 @@ namespace muster::rendezvous {
 void enable_health_service();
 // After BuildAndStart, and first thing in shutdown.
 void set_serving(grpc::Server& server, bool serving);
+// A standby replica (rdzvd --etcd) is up ("" SERVING) but serves no run: muster.v1.Rendezvous
+// and muster.v1.Store report NOT_SERVING until it leads.
+void set_leading(grpc::Server& server, bool leading);
 
 }  // namespace muster::rendezvous

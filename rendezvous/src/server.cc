@@ -755,6 +755,7 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
     return absl::UnavailableError(absl::StrCat("rendezvous server cannot listen on ", address));
   }
   set_serving(*impl->server, true);
+  if (impl->core->standby()) set_leading(*impl->server, false);
   if (metrics) {
     metrics->attach(*impl->metrics_registry);
     // Removed by shutdown(), before the store goes: the collector reads it.
@@ -781,6 +782,7 @@ const RestoreSummary& RendezvousServer::restored() const { return impl_->restore
 
 void RendezvousServer::lead(std::shared_ptr<RunStore> store,
                             std::function<void(const RestoreSummary&)> done) {
+  if (!impl_->stopped) set_leading(*impl_->server, true);
   boost::asio::post(impl_->core->io(), [core = std::weak_ptr<Core>(impl_->core),
                                         store = std::move(store), done = std::move(done)] {
     auto c = core.lock();

@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "etcd_cluster.h"
+#include "health_check.h"
 #include "helpers.h"
 #include "rdzvd_proc.h"
 #include "muster/rendezvous/client.h"
@@ -137,7 +138,13 @@ TEST_CASE("failover: kill -9 of the leading rdzvd restarts no worker and spends 
   CHECK_FALSE(standby.leads(0ms));
   TwoAgents job(leader->endpoint + "," + standby.endpoint);
   job.running();
-  // A standby answers status calls with who leads, not with runs of its own.
+  // A standby is up but serves no run until it leads (its health says so).
+  using Health = grpc::health::v1::HealthCheckResponse;
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(standby.endpoint, grpc::InsecureChannelCredentials()));
+  CHECK(check(*health, "") == Health::SERVING);
+  CHECK(check(*health, "muster.v1.Rendezvous") == Health::NOT_SERVING);
+  // It answers status calls with who leads, not with runs of its own.
   auto from_standby = muster::rendezvous::get_status(standby.endpoint, "job", "", 10s);
   CHECK(from_standby.status().code() == absl::StatusCode::kUnavailable);
   CHECK_THAT(std::string(from_standby.status().message()), Catch::Contains("standby"));
@@ -145,6 +152,7 @@ TEST_CASE("failover: kill -9 of the leading rdzvd restarts no worker and spends 
   leader->kill9();
   REQUIRE(standby.leads(30s));
   CHECK_THAT(standby.proc->out(), Catch::Contains("restored 1 runs from etcd"));
+  CHECK(check(*health, "muster.v1.Rendezvous") == Health::SERVING);
   job.reattached_to(standby.endpoint);
   job.never_restarted();
   check_run(standby.endpoint, 1, 0);  // the budget untouched

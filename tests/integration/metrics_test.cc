@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "health_check.h"
 #include "helpers.h"
 #include "rdzvd_proc.h"
 #include "muster/rendezvous/grpc_store.h"
@@ -108,18 +109,6 @@ std::vector<std::string> agent(const std::string& endpoint, int nnodes,
   return c10d(endpoint, std::to_string(nnodes), 1, "job", std::move(extra));
 }
 
-health::HealthCheckResponse::ServingStatus check(health::Health::Stub& stub,
-                                                 const std::string& service,
-                                                 grpc::StatusCode* code = nullptr) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
-  health::HealthCheckRequest req;
-  req.set_service(service);
-  health::HealthCheckResponse resp;
-  const grpc::Status st = stub.Check(&ctx, req, &resp);
-  if (code != nullptr) *code = st.error_code();
-  return st.ok() ? resp.status() : health::HealthCheckResponse::UNKNOWN;
-}
 
 }  // namespace
 
