@@ -541,6 +541,15 @@ void Core::hold(SessionId id, const v1::AgentMsg& msg) {
     send_to(id, std::move(reply));
     return;
   }
+  // A node that joins afresh while another replica is known to lead goes there at once; one
+  // that re-attaches is held: the leader it knew may be the one that just died.
+  if (msg.has_join() && msg.join().reattach_round() == 0 && !leader_hint_.empty() &&
+      held_.count(id) == 0) {
+    end_held(id, grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                              absl::StrCat("rendezvous: this rdzvd is a standby; ", leader_hint_,
+                                           " leads")));
+    return;
+  }
   auto [it, fresh] = held_.try_emplace(id);
   if (fresh) it->second.until = Clock::now() + opts_.standby_hold;
   if (it->second.msgs.size() >= limits::kStandbyMaxHeldMessages) {

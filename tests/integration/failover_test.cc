@@ -168,7 +168,8 @@ TEST_CASE("failover: kill -9 of etcd's leader member: the runs go on, and are wr
   Replica leader(*etcd, prefix);
   REQUIRE(leader.leads(30s));
   Replica standby(*etcd, prefix);
-  TwoAgents job(leader.endpoint + "," + standby.endpoint);
+  // The standby first: a node joining afresh is sent on to the leader it names.
+  TwoAgents job(standby.endpoint + "," + leader.endpoint);
   job.running();
   const int member = etcd->leader();
   REQUIRE(member >= 0);
