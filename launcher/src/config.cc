@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -608,6 +609,36 @@ absl::Status resolve_output(LaunchConfig& c) {
   return absl::OkStatus();
 }
 
+// torchrun's `${hostname}` prefix macro (torch's socket.gethostname(): the short name; the
+// same for every worker of this node, so it is put in here, before the agent expands the
+// per-worker macros). As Template.safe_substitute: `$hostname` too, `$$` stays for the agent
+// to turn into `$`, and a longer name (`$hostnames`) is not this macro.
+std::string substitute_hostname(const std::string& tmpl) {
+  if (tmpl.find('$') == std::string::npos) return tmpl;
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) name[0] = '\0';
+  constexpr absl::string_view kBraced = "${hostname}", kBare = "$hostname";
+  auto ident = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; };
+  std::string out;
+  for (std::size_t i = 0; i < tmpl.size();) {
+    const absl::string_view rest = absl::string_view(tmpl).substr(i);
+    if (absl::StartsWith(rest, "$$")) {
+      out += "$$";
+      i += 2;
+    } else if (absl::StartsWith(rest, kBraced)) {
+      out += name;
+      i += kBraced.size();
+    } else if (absl::StartsWith(rest, kBare) &&
+               (rest.size() == kBare.size() || !ident(rest[kBare.size()]))) {
+      out += name;
+      i += kBare.size();
+    } else {
+      out += tmpl[i++];
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 ParseResult parse_launch_args(const std::vector<std::string>& args, const HostInfo& host) {
@@ -717,7 +748,8 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   pet(app.add_flag("--no_python,--no-python", c.no_python, "Run PROGRAM directly, not via python"),
       kProgram);
   pet(app.add_flag("--run_path,--run-path", c.run_path,
-                   "Run PROGRAM as a Python script whatever its name (python3 -u PROGRAM)"),
+                   "Run PROGRAM as a Python script whatever its name (python3 -u PROGRAM); takes "
+                   "precedence over --no_python and -m, as in torchrun"),
       kProgram);
   const char* kLegacy = "torch.distributed.launch (legacy)";
   pet(app.add_flag("--legacy_launch,--legacy-launch", c.legacy_launch,
@@ -738,6 +770,12 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
       kLogs);
   pet(app.add_option("-t,--tee", c.tee,
                      "Copy worker output to the log files too, same values as --redirects"),
+      kLogs);
+  std::string prefix_flag;
+  pet(app.add_option("--log_line_prefix_template,--log-line-prefix-template", prefix_flag,
+                     "Prefix of each worker line on the console, torchrun's macros ${role_name}, "
+                     "${rank}, ${local_rank}, ${hostname} (default "
+                     "$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else [${role_name}${rank}]:)"),
       kLogs);
   pet(app.add_option("--local_ranks_filter,--local-ranks-filter", c.local_ranks_filter,
                      "Only these local ranks reach the console, e.g. 0 or 0,2"),
@@ -927,10 +965,18 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
     }
     c.hang_timeout = *d;
   }
-  if (static_cast<int>(c.module) + c.no_python + c.run_path > 1) {
-    result.error = absl::InvalidArgumentError(
-        "-m/--module, --no_python and --run_path cannot be combined");
+  // torchrun: --run_path takes precedence over --no_python (and -m); only -m with
+  // --no_python is an error.
+  if (c.run_path) c.module = c.no_python = false;
+  if (c.module && c.no_python) {
+    result.error = absl::InvalidArgumentError("-m/--module and --no_python cannot be combined");
     return result;
+  }
+  // torchrun: the flag when given non-empty, else the variable.
+  if (!prefix_flag.empty()) {
+    c.log_line_prefix_template = substitute_hostname(prefix_flag);
+  } else if (auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); it != env.end()) {
+    c.log_line_prefix_template = substitute_hostname(it->second);
   }
   if (absl::Status s = resolve_output(c); !s.ok()) {
     result.error = s;

@@ -377,9 +377,7 @@ int main(int argc, char** argv) {
         named != env.end() && !named->second.empty() ? named->second : tmpl + "/watchdog_timer";
     env["TORCHELASTIC_TIMER_FILE"] = opts.file_timer_path;
   }
-  if (auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); it != env.end()) {
-    opts.prefix_template = it->second;
-  }
+  opts.prefix_template = cfg.log_line_prefix_template;
   if (cfg.nproc_per_node > 1 && env.count("OMP_NUM_THREADS") == 0) {
     spdlog::info("setting OMP_NUM_THREADS=1 for each worker (it was unset)");
   }

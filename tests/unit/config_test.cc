@@ -291,7 +291,7 @@ std::string describe(const LaunchConfig& c) {
      << " run_path=" << c.run_path << " log_dir=" << c.log_dir << " r=" << c.redirects
      << " t=" << c.tee << " filter=" << c.local_ranks_filter << " events=" << c.event_log_handler
      << " signals=" << c.signals_to_handle << " shutdown=" << c.shutdown_timeout.count()
-     << " program=" << c.program;
+     << " prefix=" << c.log_line_prefix_template << " program=" << c.program;
   return os.str();
 }
 
@@ -320,7 +320,7 @@ TEST_CASE("flags: every flag by underscore, by dash and by PET_* parses the same
       {"redirects", "0:1,1:2"}, {"tee", "3"}, {"local_ranks_filter", "0,2"},
       {"event_log_handler", "null"}, {"signals_to_handle", "SIGTERM,SIGUSR1"},
       {"shutdown_timeout", "7"}, {"node_rank", "1"}, {"master_addr", "m0"},
-      {"master_port", "2222"}};
+      {"master_port", "2222"}, {"log_line_prefix_template", "<${rank}>"}};
   std::vector<std::string> underscore, dash;
   std::map<std::string, std::string> pet;
   for (const auto& [name, value] : flags) {
@@ -391,8 +391,65 @@ TEST_CASE("flags: output and signal options", "[config]") {
              Catch::Contains("Python plug-in"));
   CHECK_THAT(parse_err({"--standalone", "--event_log_handler=kafka", "p"}),
              Catch::Contains("event_log_handler"));
-  CHECK_THAT(parse_err({"--standalone", "--run_path", "--no_python", "p"}),
+  CHECK_THAT(parse_err({"--standalone", "--no_python", "--module", "p"}),
              Catch::Contains("cannot be combined"));
+}
+
+TEST_CASE("flags: --run_path takes precedence over --no_python and -m, as torchrun's",
+          "[config]") {
+  for (const char* other : {"--no_python", "-m"}) {
+    INFO(other);
+    LaunchConfig c = parse_ok({"--standalone", "--run_path", other, "job"});
+    CHECK(c.run_path);
+    CHECK_FALSE(c.no_python);
+    CHECK_FALSE(c.module);
+    muster::testing::TempDir dir;
+    const std::string job = dir.file("job");
+    std::ofstream(job) << "print('hi')\n";
+    const std::string py = dir.file("python3");
+    std::ofstream(py) << "#!/bin/sh\n";
+    ::chmod(py.c_str(), 0755);
+    c.program = job;
+    auto e = muster::launcher::resolve_entrypoint(c, {{"PATH", dir.path()}});
+    REQUIRE(e.ok());
+    CHECK(e->argv == std::vector<std::string>{py, "-u", job});  // a script, never -m or direct
+  }
+}
+
+TEST_CASE("flags: --log_line_prefix_template (torchrun 2.x), over the variable; ${hostname}",
+          "[config]") {
+  auto prefix = [](const std::vector<std::string>& args,
+                   const std::map<std::string, std::string>& env) {
+    auto r = parse_launch_args(args, fake_host(8, 0), env);
+    INFO(r.error.message());
+    REQUIRE(r.config.has_value());
+    return r.config->log_line_prefix_template;
+  };
+  const std::map<std::string, std::string> var{
+      {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[v${rank}]"}};
+  CHECK(prefix({"--standalone", "p"}, {}).empty());  // the default prefix
+  CHECK(prefix({"--standalone", "p"}, var) == "[v${rank}]");
+  CHECK(prefix({"--standalone", "--log_line_prefix_template=<${local_rank}>", "p"}, var) ==
+        "<${local_rank}>");
+  CHECK(prefix({"--standalone", "--log-line-prefix-template", "<${rank}>", "p"}, {}) ==
+        "<${rank}>");
+  // Given empty, the flag leaves the variable's (torchrun's `flag or getenv(...)`).
+  CHECK(prefix({"--standalone", "--log_line_prefix_template=", "p"}, var) == "[v${rank}]");
+  // ${hostname} and $hostname: this host's short name, for every worker of the node; `$$` and
+  // other names are left for the agent's per-worker expansion.
+  char name[256] = {};
+  REQUIRE(::gethostname(name, sizeof name - 1) == 0);
+  const std::string host = name;
+  CHECK(prefix({"--standalone", "--log_line_prefix_template=${hostname}:${rank}: ", "p"}, {}) ==
+        host + ":${rank}: ");
+  CHECK(prefix({"--standalone", "p"},
+               {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "$hostname|$$hostname|$hostnames|"}}) ==
+        host + "|$$hostname|$hostnames|");
+  // A flag of torchrun's takes part in argparse's prefixes: --log_ is now ambiguous, as there,
+  // and --log_d still names --log_dir.
+  CHECK(parse_err({"--standalone", "--log_=x", "p"}) ==
+        "ambiguous option '--log_' could match --log_dir, --log_line_prefix_template");
+  CHECK(parse_ok({"--standalone", "--log_d=/tmp/x", "p"}).log_dir == "/tmp/x");
 }
 
 TEST_CASE("rendezvous flags: durations above their bound are usage errors naming it",
@@ -703,6 +760,10 @@ TEST_CASE("flags: --help shows the torchrun 2.x flags in their groups", "[config
   CHECK(in_group("--numa_binding", workers));
   CHECK(in_group("--duplicate_stdout_filters", logs));
   CHECK(in_group("--duplicate_stderr_filters", logs));
+  CHECK(in_group("--log_line_prefix_template", logs));
+  CHECK(in_group("--local_ranks_filter", logs));
+  CHECK(in_group("--shutdown_timeout", workers));
+  CHECK(in_group("--signals_to_handle", workers));
 }
 
 TEST_CASE("flags: --legacy_launch gives the program --local-rank=N unless --use_env",

@@ -149,3 +149,25 @@ TEST_CASE("worker args: torchrun's ${local_rank} macro, as string.Template subst
   CHECK(substitute_local_rank("${local_rank", 2) == "${local_rank");
   CHECK(substitute_local_rank("plain", 2) == "plain");
 }
+
+TEST_CASE("worker env: torchrun's variables from launch's environment reach workers as given",
+          "[env]") {
+  // torchrun's workers inherit its environment (subprocess_handler: os.environ, then the
+  // worker's own); the timer's variables and the device list are passed on, and an empty
+  // TORCH_NCCL_ASYNC_ERROR_HANDLING stays empty (torch's os.getenv(name, "1")).
+  const std::map<std::string, std::string> base{
+      {"TORCHELASTIC_ENABLE_FILE_TIMER", "1"},
+      {"TORCHELASTIC_TIMER_FILE", "/tmp/job/watchdog_timer"},
+      {"CUDA_VISIBLE_DEVICES", "3,1"},
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", ""},
+      {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${rank}]"}};
+  WorkerEnvSpec s;
+  s.local_world_size = 2;
+  auto env = build_worker_env(base, s);
+  for (const auto& [k, v] : base) {
+    INFO(k);
+    REQUIRE(env.count(k) == 1);
+    CHECK(env.at(k) == v);
+  }
+  CHECK(env.count("NCCL_ASYNC_ERROR_HANDLING") == 0);  // torch 1.x's name: torchrun 2.x sets none
+}

@@ -120,6 +120,11 @@ struct LaunchConfig {
   std::string redirects = "0";
   std::string tee = "0";
   std::string local_ranks_filter;
+  // The console prefix's template (torchrun's macros, docs/launch.md "Output"): the
+  // --log_line_prefix_template flag (torchrun main; PET_LOG_LINE_PREFIX_TEMPLATE) when given
+  // non-empty, else $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, with `${hostname}` (this host's
+  // short name) already substituted; empty: the default prefix.
+  std::string log_line_prefix_template;
   // --duplicate_stdout_filters / --duplicate_stderr_filters (torchrun 2.x) as given, and split
   // by parse_filter_list.
   std::string duplicate_stdout_text, duplicate_stderr_text;
