@@ -153,7 +153,7 @@ TEST_CASE("cluster: a 3-host job from a hostfile, this machine among the hosts",
   CHECK(d->err().find("restart 1 of 1") != std::string::npos);
 }
 
-TEST_CASE("cluster: with --rdzv_endpoint the agents meet at an rdzvd; the driver hosts none",
+TEST_CASE("cluster: with --rdzv_endpoint the agents meet at an rdzvd, the driver hosts none",
           "[cluster]") {
   Cluster k(3);
   TempDir out;
@@ -206,7 +206,7 @@ TEST_CASE("cluster: kill -9 of the launching command stops every host too", "[cl
   for (pid_t w : workers) CHECK(::kill(w, 0) != 0);
 }
 
-TEST_CASE("cluster: a killed ssh session stops that host; with MIN:MAX the job goes on",
+TEST_CASE("cluster: a killed ssh session stops that host, with MIN:MAX the job goes on",
           "[cluster]") {
   Cluster k(3);
   auto d = k.driver({"--hosts", "node1,node2", "--nnodes=1:2",
@@ -226,7 +226,7 @@ TEST_CASE("cluster: a killed ssh session stops that host; with MIN:MAX the job g
   CHECK(k.quiet(1, 10s));
 }
 
-TEST_CASE("cluster: a host that cannot be reached is named; too few hosts stop the job",
+TEST_CASE("cluster: a host that cannot be reached is named, too few hosts stop the job",
           "[cluster]") {
   Cluster k(4, {1, 2});  // node3 runs no sshd: its port 22 refuses
   SECTION("with MIN:MAX the others run the job") {

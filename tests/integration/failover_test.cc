@@ -126,7 +126,7 @@ void check_run(const std::string& endpoint, int round, int restarts) {
 
 }  // namespace
 
-TEST_CASE("failover: kill -9 of the leading rdzvd restarts no worker and spends no budget; a "
+TEST_CASE("failover: kill -9 of the leading rdzvd restarts no worker and spends no budget, a "
           "failure after costs exactly one restart",
           "[etcd][failover]") {
   auto etcd = etcd_or_skip();
@@ -226,7 +226,7 @@ TEST_CASE("failover: three replicas: agents held by a standby that does not win 
   job.finish();
 }
 
-TEST_CASE("failover: a worker's store client follows the failover to the new leader; the keys "
+TEST_CASE("failover: a worker's store client follows the failover to the new leader, the keys "
           "set before are gone",
           "[etcd][failover]") {
   auto etcd = etcd_or_skip();

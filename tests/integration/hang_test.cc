@@ -7,7 +7,7 @@
 
 using namespace muster::testing;
 
-TEST_CASE("hang: a Python worker stuck in time.sleep is named; its traceback is in the dump",
+TEST_CASE("hang: a Python worker stuck in time.sleep is named, its traceback is in the dump",
           "[hang]") {
   TempDir logs;
   Proc p({kLaunch, "--standalone", "--nproc_per_node=3", "--hang_timeout=1", "--log_dir",

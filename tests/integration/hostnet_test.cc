@@ -223,7 +223,7 @@ long ms(Clock::duration d) {
 
 }  // namespace
 
-TEST_CASE("hosts have their names, addresses and hosts files; wrapped pids are the program's") {
+TEST_CASE("hosts have their names, addresses and hosts files, wrapped pids are the program's") {
   auto net = make_net(2);
   REQUIRE(net->addr(0) != net->addr(1));
   REQUIRE(net->addr(0).rfind("198.1", 0) == 0);
@@ -301,7 +301,7 @@ TEST_CASE("cut drops a host's packets silently and heal restores it") {
   CHECK(probe(*net, 0, net->addr(2), other, 5000) == 4);
 }
 
-TEST_CASE("rate_limit slows a host's link both ways; clear_limits lifts it") {
+TEST_CASE("rate_limit slows a host's link both ways, clear_limits lifts it") {
   auto net = make_net(1);
   Proc server(net->wrap(0, {self_exe(), "--serve"}));
   int port = port_of(server);

@@ -146,7 +146,7 @@ TEST_CASE("hosts: an IPv6 endpoint and --local_addr over IPv6", "[hosts]") {
   CHECK((*masters.begin() == net->addr6(0) || *masters.begin() == net->addr6(1)));
 }
 
-TEST_CASE("hosts: a silently partitioned host is out within the window; it rejoins when healed",
+TEST_CASE("hosts: a silently partitioned host is out within the window, it rejoins when healed",
           "[hosts]") {
   auto net = make_hosts(3);
   const std::string ep = net->hostname(0) + ":" + std::to_string(free_port());
@@ -250,7 +250,7 @@ TEST_CASE("hosts: the hosting host cut off from both others trains alone (nnodes
   stop(a);
 }
 
-TEST_CASE("hosts: rdzvd silent within the window costs nothing; past it the job forms again",
+TEST_CASE("hosts: rdzvd silent within the window costs nothing, past it the job forms again",
           "[hosts]") {
   auto net = make_hosts(3);
   HostRdzvd rdzvd(*net, 0);

@@ -83,7 +83,7 @@ TEST_CASE("launch: a user's OMP_NUM_THREADS is kept", "[launch]") {
   CHECK(read_env_file(dir.file("env.1"))["OMP_NUM_THREADS"] == "3");
 }
 
-TEST_CASE("launch: a failing worker stops the group; launch exits 1 with the root cause",
+TEST_CASE("launch: a failing worker stops the group, launch exits 1 with the root cause",
           "[launch]") {
   Proc p(launch_args({"--standalone", "--nproc_per_node=3"}, {"exit", "3", "1"}));
   REQUIRE(p.wait() == 1);
@@ -131,7 +131,7 @@ TEST_CASE("launch: restarts count up to --max_restarts", "[launch]") {
   }
 }
 
-TEST_CASE("launch: SIGTERM is forwarded to every worker; launch exits 143", "[launch]") {
+TEST_CASE("launch: SIGTERM is forwarded to every worker, launch exits 143", "[launch]") {
   TempDir dir;
   Proc p(launch_args({"--standalone", "--nproc_per_node=3"}, {"term", dir.path(), "handle"}));
   REQUIRE(p.wait_output(has_ready(3), 30s));
@@ -328,7 +328,7 @@ std::string run_log_dir(const std::string& log_dir) {
 }
 }  // namespace
 
-TEST_CASE("launch: --log_dir keeps torchrun's layout; --tee, --redirects, --local_ranks_filter",
+TEST_CASE("launch: --log_dir keeps torchrun's layout, --tee, --redirects, --local_ranks_filter",
           "[launch][logs]") {
   TempDir logs;
   Proc p(launch_args({"--standalone", "--nproc_per_node=3", "--log_dir=" + logs.path(),
@@ -650,7 +650,7 @@ TEST_CASE("launch: --flag= is an empty value, not the next argument", "[launch][
   CHECK(p.out() == "[default0]:HI\n");
 }
 
-TEST_CASE("launch: prefixes of long flags work; an ambiguous one names the candidates",
+TEST_CASE("launch: prefixes of long flags work, an ambiguous one names the candidates",
           "[launch][compat]") {
   Proc p({kLaunch, "--stand", "--nproc", "2", "/bin/echo", "HI"});
   REQUIRE(p.wait() == 0);
@@ -716,7 +716,7 @@ TEST_CASE("launch: --rdzv_conf takes torchrun's pass-through keys and quotes, wa
                    "ignored\n");
 }
 
-TEST_CASE("launch: --rdzv_endpoint=localhost:0 picks a free port; two such jobs run together",
+TEST_CASE("launch: --rdzv_endpoint=localhost:0 picks a free port, two such jobs run together",
           "[launch][compat]") {
   TempDir a, b;
   const std::vector<std::string> flags{"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0",
@@ -742,7 +742,7 @@ TEST_CASE("launch: --rdzv_endpoint=localhost:0 picks a free port; two such jobs 
   CHECK_THAT(many.err(), Catch::StartsWith("launch: error: --rdzv_endpoint: port 0"));
 }
 
-TEST_CASE("launch: TORCH_ELASTIC_SHUTDOWN_TIMEOUT sets the grace; the flag wins",
+TEST_CASE("launch: TORCH_ELASTIC_SHUTDOWN_TIMEOUT sets the grace, the flag wins",
           "[launch][compat]") {
   TempDir dir;
   auto stop_after = [&](const std::vector<std::string>& flags, const std::string& env_value) {
@@ -767,7 +767,7 @@ TEST_CASE("launch: TORCH_ELASTIC_SHUTDOWN_TIMEOUT sets the grace; the flag wins"
   }
 }
 
-TEST_CASE("launch: LOGLEVEL sets launch's log level; MUSTER_LOG_LEVEL wins", "[launch][compat]") {
+TEST_CASE("launch: LOGLEVEL sets launch's log level, MUSTER_LOG_LEVEL wins", "[launch][compat]") {
   Proc info({kLaunch, "--standalone", "/bin/true"},
             Env{{"LOGLEVEL", "INFO"}, {"MUSTER_LOG_LEVEL", std::nullopt}});
   REQUIRE(info.wait() == 0);
@@ -796,7 +796,7 @@ TEST_CASE("launch: TORCHELASTIC_SIGNALS_TO_HANDLE is --signals_to_handle as give
   CHECK(read_env_file(b.file("env.0"))["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGUSR1");
 }
 
-TEST_CASE("launch: --event-log-handler=dynamic_rendezvous runs; --nproc-per-node=xpu is refused",
+TEST_CASE("launch: --event-log-handler=dynamic_rendezvous runs, --nproc-per-node=xpu is refused",
           "[launch][compat]") {
   Proc ok({kLaunch, "--standalone", "--event-log-handler=dynamic_rendezvous", "/bin/echo", "HI"});
   REQUIRE(ok.wait() == 0);

@@ -89,7 +89,7 @@ TEST_CASE("multinode: an external rdzvd serves two runs apart and drops them whe
   CHECK(status->runs().empty());
 }
 
-TEST_CASE("multinode: a worker crash on one node restarts every node; the budget is the run's",
+TEST_CASE("multinode: a worker crash on one node restarts every node, the budget is the run's",
           "[multinode]") {
   SECTION("restart succeeds") {
     TempDir dir;

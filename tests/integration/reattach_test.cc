@@ -51,7 +51,7 @@ struct Daemon {
 
 }  // namespace
 
-TEST_CASE("reattach: kill -9 of rdzvd while workers run: no worker restarts; a failure after "
+TEST_CASE("reattach: kill -9 of rdzvd while workers run: no worker restarts, a failure after "
           "costs exactly one restart",
           "[reattach]") {
   TempDir state, work;
@@ -144,7 +144,7 @@ TEST_CASE("reattach: a list of endpoints: the agent moves to the next when one i
   }
 }
 
-TEST_CASE("reattach: a worker's store client reaches the restarted rdzvd on its next call; the "
+TEST_CASE("reattach: a worker's store client reaches the restarted rdzvd on its next call, the "
           "keys set before are gone",
           "[reattach]") {
   TempDir state, work;

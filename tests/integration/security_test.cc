@@ -68,7 +68,7 @@ std::string tls_conf(const TestCerts& c, bool client_cert) {
 
 }  // namespace
 
-TEST_CASE("security: a TLS rdzvd refuses plaintext, a wrong CA and a wrong name; its CA is accepted",
+TEST_CASE("security: a TLS rdzvd refuses plaintext, a wrong CA and a wrong name, its CA is accepted",
           "[security][tls]") {
   auto c = certs();
   if (!c) return;
@@ -289,7 +289,7 @@ TEST_CASE("security: per-run tokens: one run's token joins, reads and watches no
   CHECK(other.wait() == 0);
 }
 
-TEST_CASE("security: a token file without a shared token; SIGHUP adds a run, a bad file is kept out",
+TEST_CASE("security: a token file without a shared token, SIGHUP adds a run, a bad file is kept out",
           "[security][tokens]") {
   TempDir dir;
   const std::string file = dir.file("tokens");

@@ -117,7 +117,7 @@ TEST_CASE("hosts: flags that cannot go with --hosts, and node counts", "[cluster
   CHECK(parse_err({"--nproc_per_node=gpu", "p"}).find("no CUDA device") != std::string::npos);
 }
 
-TEST_CASE("hosts: --hostfile is read; a missing one is named", "[cluster]") {
+TEST_CASE("hosts: --hostfile is read, a missing one is named", "[cluster]") {
   char path[] = "/tmp/muster_hostfile_XXXXXX";
   const int fd = ::mkstemp(path);
   REQUIRE(fd >= 0);

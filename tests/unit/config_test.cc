@@ -416,7 +416,7 @@ TEST_CASE("flags: --run_path takes precedence over --no_python and -m, as torchr
   }
 }
 
-TEST_CASE("flags: --log_line_prefix_template (torchrun 2.x), over the variable; ${hostname}",
+TEST_CASE("flags: --log_line_prefix_template (torchrun 2.x), over the variable, ${hostname}",
           "[config]") {
   auto prefix = [](const std::vector<std::string>& args,
                    const std::map<std::string, std::string>& env) {
@@ -571,7 +571,7 @@ TEST_CASE("flags: a stream both redirected and teed is teed (torchrun's rule)", 
   CHECK(ranks.tee_of == std::vector<int>{2, 0});
 }
 
-TEST_CASE("flags: --log_dir=/dev/null writes no files; every stream stays on the console",
+TEST_CASE("flags: --log_dir=/dev/null writes no files, every stream stays on the console",
           "[config]") {
   LaunchConfig c = parse_ok({"--standalone", "--nproc_per_node=2", "--log_dir=/dev/null", "-r",
                              "3", "-t", "1", "--local_ranks_filter=1", "p"});

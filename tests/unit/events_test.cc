@@ -96,7 +96,7 @@ TEST_CASE("events: a run's life, in order, with what each decision carried", "[r
   CHECK(ev[0].nodes == 0);  // waiting, not a member
 }
 
-TEST_CASE("events: a spent budget fails the run; success finishes it", "[rdzv][events]") {
+TEST_CASE("events: a spent budget fails the run, success finishes it", "[rdzv][events]") {
   StateMachine sm;
   TimePoint now{};
   sm.on_message(1, join_msg("a", 1, 1, 0), now);
@@ -116,7 +116,7 @@ TEST_CASE("events: a spent budget fails the run; success finishes it", "[rdzv][e
         std::vector<std::string>{"node_joined", "round_formed", "succeeded"});
 }
 
-TEST_CASE("events: a join timeout fails the run; a newcomer scales up", "[rdzv][events]") {
+TEST_CASE("events: a join timeout fails the run, a newcomer scales up", "[rdzv][events]") {
   muster::rendezvous::RendezvousTimeouts t;
   t.join_timeout = 1s;
   t.keep_alive_interval = std::chrono::hours(1);

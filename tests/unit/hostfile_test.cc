@@ -210,7 +210,7 @@ TEST_CASE("hostfile: at most kMaxHosts hosts") {
             "hosts.txt:" + std::to_string(max + 1) + ": more than " + std::to_string(max)));
 }
 
-TEST_CASE("select_hosts: neither, --include, --exclude; the order of the list is kept") {
+TEST_CASE("select_hosts: neither, --include, --exclude, the order of the list is kept") {
   CHECK(select_ok("", "") == flat(kFour));
   CHECK(select_ok("  ", "") == flat(kFour));
   CHECK(select_ok("b,a", "") == Strings{"a=2", "b=0"});

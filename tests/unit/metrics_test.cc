@@ -45,7 +45,7 @@ TEST_CASE("metrics: a family with labels but no series yet renders only its HELP
   CHECK(r.render() == "# HELP a_total help\n# TYPE a_total counter\n");
 }
 
-TEST_CASE("metrics: label values and HELP are escaped; several labels keep their order",
+TEST_CASE("metrics: label values and HELP are escaped, several labels keep their order",
           "[metrics]") {
   Registry r;
   r.counter("e_total", "a \\ back\nslash", {"b", "a"}).with({"q\"uote", "back\\slash\nnl"}).inc();
@@ -125,7 +125,7 @@ TEST_CASE("metrics: long label values are cut at a character boundary", "[metric
                         "\"} 1\n") != std::string::npos);
 }
 
-TEST_CASE("metrics: the same family twice is one family; a clash is refused", "[metrics]") {
+TEST_CASE("metrics: the same family twice is one family, a clash is refused", "[metrics]") {
   Registry r;
   auto& a = r.counter("x_total", "h", {"k"});
   CHECK(&r.counter("x_total", "h", {"k"}) == &a);

@@ -93,7 +93,7 @@ TEST_CASE("numa: with GPUs, local rank r follows GPU r's node", "[numa]") {
         "--numa_binding=node: local rank 4 has no GPU (4 visible)");
 }
 
-TEST_CASE("numa: only CPUs launch may use; exclusive needs a CPU per rank", "[numa]") {
+TEST_CASE("numa: only CPUs launch may use, exclusive needs a CPU per rank", "[numa]") {
   CpuTopology t = fake(1, 2, 1, 2);  // CPUs 0-3, cores {0,2} {1,3}
   CHECK(cpus_of(NumaMode::kExclusive, t, 2) == V{"0,2@0", "1,3@0"});
   // More ranks than cores: the logical CPUs are shared out instead.
@@ -108,7 +108,7 @@ TEST_CASE("numa: only CPUs launch may use; exclusive needs a CPU per rank", "[nu
   CHECK(cpus_of(NumaMode::kExclusive, t, 2) == V{"1@0", "3@0"});
 }
 
-TEST_CASE("numa: core-complex prefers larger cache groups; no cache info is one group", "[numa]") {
+TEST_CASE("numa: core-complex prefers larger cache groups, no cache info is one group", "[numa]") {
   CpuTopology t;
   t.node_cpus[0] = {0, 1, 2, 3, 4, 5};
   t.allowed = t.node_cpus[0];

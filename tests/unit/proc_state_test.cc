@@ -43,7 +43,7 @@ TEST_CASE("proc_state: a name that ends in ') R' does not fool it (the last ')')
   CHECK(s->wchan == "do_sys_poll");  // the trailing newline trimmed
 }
 
-TEST_CASE("proc_state: S, Z, R; wchan 0 or empty is none", "[proc_state]") {
+TEST_CASE("proc_state: S, Z, R, wchan 0 or empty is none", "[proc_state]") {
   auto sleeping = parse_proc_state("4242 (train) S 1 4242 4242 0 -1 4194560 9 0", "hrtimer_nanosleep");
   REQUIRE(sleeping);
   CHECK(sleeping->state == 'S');

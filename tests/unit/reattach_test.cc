@@ -167,7 +167,7 @@ struct Running {
 
 }  // namespace
 
-TEST_CASE("records: the record holds what the run needs; keep-alives write nothing",
+TEST_CASE("records: the record holds what the run needs, keep-alives write nothing",
           "[rdzv][reattach]") {
   Running r;
   const v1::RunRecord& rec = r.srv.store.at("run");
@@ -192,7 +192,7 @@ TEST_CASE("records: the record holds what the run needs; keep-alives write nothi
   CHECK(plain.take_record_changes().put.empty());
 }
 
-TEST_CASE("restore: members re-attach with their ranks; no restart, no budget spent",
+TEST_CASE("restore: members re-attach with their ranks, no restart, no budget spent",
           "[rdzv][reattach]") {
   Running r;
   r.now += 1h;  // a long outage: timers start at the restore, nobody is dropped for it
@@ -247,7 +247,7 @@ TEST_CASE("restore: members re-attach with their ranks; no restart, no budget sp
   CHECK(r.srv.store.at("run").phase() == v1::RunRecord::FINISHED);
 }
 
-TEST_CASE("restore: a member not back in the window is lost; the others restart for free",
+TEST_CASE("restore: a member not back in the window is lost, the others restart for free",
           "[rdzv][reattach]") {
   Running r;
   r.srv.restart(r.now);
@@ -347,7 +347,7 @@ TEST_CASE("re-attach: a newer stream of a member takes over its still-open old o
   CHECK(r.srv.to(11, v1::ServerMsg::kDone).size() == 1);
 }
 
-TEST_CASE("restore: a finished run tells a member that missed the end; others are refused",
+TEST_CASE("restore: a finished run tells a member that missed the end, others are refused",
           "[rdzv][reattach]") {
   Running r;
   r.srv.succeed(1, 2, r.now);

@@ -88,7 +88,7 @@ TEST_CASE("run store: a second server on the folder, a missing folder, a file ar
   CHECK_THAT(std::string(not_dir.status().message()), Catch::Contains("Not a directory"));
 }
 
-TEST_CASE("run store: unreadable files are skipped and moved aside; leftovers removed",
+TEST_CASE("run store: unreadable files are skipped and moved aside, leftovers removed",
           "[rdzv][run_store]") {
   TempDir dir;
   auto store = open_file_run_store({dir.path(), false});
@@ -141,7 +141,7 @@ TEST_CASE("run store: a record over the size limit is not written", "[rdzv][run_
   CHECK(files(dir.path()) == std::vector<std::string>{"lock"});
 }
 
-TEST_CASE("endpoints: one gets all the time; several take turns, a window each",
+TEST_CASE("endpoints: one gets all the time, several take turns, a window each",
           "[agent][endpoints]") {
   using muster::agent::Endpoints;
   using muster::agent::RdzvEndpoint;

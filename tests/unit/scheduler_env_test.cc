@@ -392,7 +392,7 @@ TEST_CASE("slurm: GPUs and CPUs on the node", "[scheduler]") {
   CHECK_FALSE(derive_ok(e).cpus_on_node.has_value());
 }
 
-TEST_CASE("slurm: MASTER_ADDR and MASTER_PORT win; the port follows the job id", "[scheduler]") {
+TEST_CASE("slurm: MASTER_ADDR and MASTER_PORT win, the port follows the job id", "[scheduler]") {
   Env e = srun_step();
   e["MASTER_ADDR"] = "10.1.1.1";
   e["MASTER_PORT"] = "12345";
@@ -626,7 +626,7 @@ TEST_CASE("launch under srun: --standalone and MUSTER_SCHEDULER_ENV=0 ignore it"
   CHECK(b.scheduler_summary.empty());
 }
 
-TEST_CASE("launch under mpirun: ranks from MPI; errors are usage errors", "[scheduler]") {
+TEST_CASE("launch under mpirun: ranks from MPI, errors are usage errors", "[scheduler]") {
   LaunchConfig c = parse_ok({"--nproc_per_node=1", "w"}, ompi_one_host());
   CHECK(c.max_nodes == 2);
   CHECK(c.node_rank == 1);

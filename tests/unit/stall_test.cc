@@ -79,7 +79,7 @@ TEST_CASE("stall: a rank that never reported while the others did counts from th
   CHECK(s->describe("h").find("stuck before its first step for 2.0 s") != std::string::npos);
 }
 
-TEST_CASE("stall: progress resets the clock; the furthest behind is named first", "[stall]") {
+TEST_CASE("stall: progress resets the clock, the furthest behind is named first", "[stall]") {
   ProgressTracker t = tracker(3);
   all_at(t, 3, 5, t0 + 1s);
   t.update(0, 7, 6, "", t0 + 2s);

@@ -249,7 +249,7 @@ TEST_CASE("rendezvous: a requested node rank is honoured", "[rdzv][state_machine
   CHECK(h.assignment(1).master_addr() == "host-b");
 }
 
-TEST_CASE("rendezvous: a newcomer scales a running round up; beyond max it waits", "[rdzv][state_machine]") {
+TEST_CASE("rendezvous: a newcomer scales a running round up, beyond max it waits", "[rdzv][state_machine]") {
   Harness h;
   h.join(1, "a", 1, 2);
   h.advance(Harness::quiet().last_call_timeout);
@@ -786,7 +786,7 @@ TEST_CASE("holding: a run whose last node leaves is dropped at once, whatever it
   }
 }
 
-TEST_CASE("holding: at most kMaxRuns runs; one more is refused", "[rdzv][state_machine]") {
+TEST_CASE("holding: at most kMaxRuns runs, one more is refused", "[rdzv][state_machine]") {
   Harness h;
   auto join_run = [&](SessionId s, const std::string& run) {
     return h.join_with(s, "n" + std::to_string(s), 2, 2, [&](v1::Join& j) { j.set_run_id(run); });
@@ -818,7 +818,7 @@ TEST_CASE("join: a message larger than the agent bound is refused", "[rdzv][stat
   CHECK(h.sm.num_runs() == 0);
 }
 
-TEST_CASE("session: a stream serves one run; joining another leaves no ghost behind",
+TEST_CASE("session: a stream serves one run, joining another leaves no ghost behind",
           "[rdzv][state_machine]") {
   SECTION("a member of a running round") {
     Harness h;
@@ -1311,7 +1311,7 @@ TEST_CASE("budget: rounds in which no rank made a step stop the job, do not requ
   CHECK(h.sm.check_invariants().ok());
 }
 
-TEST_CASE("budget: a round with a step resets the count in a row; long progress gets the "
+TEST_CASE("budget: a round with a step resets the count in a row, long progress gets the "
           "budget back", "[state_machine][hang]") {
   Harness h;
   auto conf = [](v1::Join& j) {

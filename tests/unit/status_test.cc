@@ -111,7 +111,7 @@ TEST_CASE("status: the last failure, with the restart's reason, then the Fail's"
   CHECK(st[0].last_failure().reason() == "a worker failed and all 1 restarts are spent");
 }
 
-TEST_CASE("json: arrays of JSON items; what is not UTF-8 becomes U+FFFD", "[status][json]") {
+TEST_CASE("json: arrays of JSON items, what is not UTF-8 becomes U+FFFD", "[status][json]") {
   CHECK(ops::json_array({}) == "[]");
   CHECK(ops::json_array({"1", ops::JsonObject().add("k", "v").str(), "null"}) ==
         "[1,{\"k\":\"v\"},null]");

@@ -391,7 +391,7 @@ TEST_CASE("store: a request for a run the rendezvous never opened is refused", "
   CHECK(other->check({"k"}).status().code() == absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_CASE("store: a run id that is not UTF-8 is refused; keys may be any bytes",
+TEST_CASE("store: a run id that is not UTF-8 is refused, keys may be any bytes",
           "[store][runs]") {
   GrpcFixture f;
   RawStream raw(f.port);

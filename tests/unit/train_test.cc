@@ -94,7 +94,7 @@ TEST_CASE("train: bf16 and fp16 compute stay close to fp32 and round differently
   CHECK(std::sqrt(diff_bf16 / norm) < 0.05);
 }
 
-TEST_CASE("train: fp16 overflows where the loss scale is too big; bf16 does not", "[train]") {
+TEST_CASE("train: fp16 overflows where the loss scale is too big, bf16 does not", "[train]") {
   const Shape s;
   const std::vector<float> p = initial_params(s, 3), zero(s.num_params(), 0.0f);
   auto f16 = make_cpu_engine(s, Precision::kF16, 3, 16);

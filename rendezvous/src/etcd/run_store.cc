@@ -1,7 +1,9 @@
 // The leader's RunStore on etcd: the layout of etcd_layout.h, every write fenced on the
 // leader's election key (client.h).
 #include <algorithm>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "client.h"
@@ -67,16 +69,14 @@ class EtcdRunStore final : public RunStore {
       // many transactions of node keys as it takes; the head comes last.
       generation = next_generation_++;
       const std::string gen = layout::generation_prefix(prefix_, id, generation);
+      std::vector<std::vector<etcdserverpb::RequestOp>> batches;
       std::size_t bytes = 0;
       for (std::size_t i = 0; i < split.nodes.size(); ++i) {
         std::string key = layout::node_key(prefix_, id, generation, static_cast<int>(i));
         const std::size_t size = key.size() + split.nodes[i].size() + 16;
         if (static_cast<int>(ops.size()) >= limits::kEtcdMaxOpsPerTxn ||
             bytes + size > limits::kEtcdMaxTxnBytes) {
-          if (absl::Status st = commit(ops, "writing a round's node keys"); !st.ok()) {
-            written_.erase(id);
-            return st;
-          }
+          batches.push_back(std::move(ops));
           ops.clear();
           bytes = 0;
         }
@@ -84,11 +84,14 @@ class EtcdRunStore final : public RunStore {
         ops.push_back(put_op(std::move(key), split.nodes[i]));
       }
       if (static_cast<int>(ops.size()) + 3 > limits::kEtcdMaxOpsPerTxn) {
-        if (absl::Status st = commit(ops, "writing a round's node keys"); !st.ok()) {
-          written_.erase(id);
-          return st;
-        }
+        batches.push_back(std::move(ops));
         ops.clear();
+      }
+      // The node keys' transactions touch keys no reader looks at yet (the head does not
+      // name their generation): they go together, and the head after all of them.
+      if (absl::Status st = commit_all(batches, "writing a round's node keys"); !st.ok()) {
+        written_.erase(id);
+        return st;
       }
       // Every other generation of the run goes with the head that stops naming it.
       const std::string run = layout::run_prefix(prefix_, id);
@@ -130,8 +133,9 @@ class EtcdRunStore final : public RunStore {
     return op;
   }
 
-  // One transaction, if this replica still leads: its election key is the one it created.
-  absl::Status commit(const std::vector<etcdserverpb::RequestOp>& ops, const char* what) {
+  // A transaction of `ops` that applies only while this replica leads: its election key is
+  // the one it created.
+  etcdserverpb::TxnRequest fenced(const std::vector<etcdserverpb::RequestOp>& ops) const {
     etcdserverpb::TxnRequest req;
     etcdserverpb::Compare* c = req.add_compare();
     c->set_key(fence_key_);
@@ -139,15 +143,72 @@ class EtcdRunStore final : public RunStore {
     c->set_result(etcdserverpb::Compare::EQUAL);
     c->set_create_revision(fence_rev_);
     for (const auto& op : ops) *req.add_success() = op;
-    etcdserverpb::TxnResponse resp;
-    grpc::Status st = call_with_retry(
-        std::chrono::system_clock::now() + timeout_,
-        [&](grpc::ClientContext& ctx) { return s_->kv->Txn(&ctx, req, &resp); });
+    return req;
+  }
+
+  absl::Status outcome(const grpc::Status& st, const etcdserverpb::TxnResponse& resp,
+                       const char* what) const {
     if (!st.ok()) return error(*s_, what, st);
     if (!resp.succeeded()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "etcd at ", s_->endpoints, ": ", what,
           ": this rdzvd no longer leads (its election key is gone: its lease expired)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // One fenced transaction, retried on another member (client.h).
+  absl::Status commit(const std::vector<etcdserverpb::RequestOp>& ops, const char* what) {
+    const etcdserverpb::TxnRequest req = fenced(ops);
+    etcdserverpb::TxnResponse resp;
+    grpc::Status st = call_with_retry(
+        std::chrono::system_clock::now() + timeout_,
+        [&](grpc::ClientContext& ctx) { return s_->kv->Txn(&ctx, req, &resp); });
+    return outcome(st, resp, what);
+  }
+
+  // Independent fenced transactions, up to limits::kEtcdConcurrentTxns in flight at once (etcd
+  // batches concurrent proposals into one raft round and one WAL sync); one that could not
+  // reach etcd is tried again alone.
+  absl::Status commit_all(const std::vector<std::vector<etcdserverpb::RequestOp>>& batches,
+                          const char* what) {
+    struct Call {
+      grpc::ClientContext ctx;
+      etcdserverpb::TxnRequest req;
+      etcdserverpb::TxnResponse resp;
+      grpc::Status st;
+    };
+    const auto deadline = std::chrono::system_clock::now() + timeout_;
+    for (std::size_t from = 0; from < batches.size(); from += limits::kEtcdConcurrentTxns) {
+      const std::size_t to = std::min(batches.size(), from + limits::kEtcdConcurrentTxns);
+      std::vector<std::unique_ptr<Call>> calls;
+      std::mutex mu;
+      std::condition_variable cv;
+      std::size_t done = 0;
+      for (std::size_t i = from; i < to; ++i) {
+        calls.push_back(std::make_unique<Call>());
+        Call* c = calls.back().get();
+        c->req = fenced(batches[i]);
+        c->ctx.set_deadline(deadline);
+        s_->kv->async()->Txn(&c->ctx, &c->req, &c->resp, [&, c](grpc::Status st) {
+          std::lock_guard<std::mutex> lock(mu);
+          c->st = std::move(st);
+          ++done;
+          cv.notify_all();
+        });
+      }
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return done == calls.size(); });
+      }
+      for (auto& c : calls) {
+        if (c->st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+          c->st = call_with_retry(deadline, [&](grpc::ClientContext& ctx) {
+            return s_->kv->Txn(&ctx, c->req, &c->resp);
+          });
+        }
+        if (absl::Status st = outcome(c->st, c->resp, what); !st.ok()) return st;
+      }
     }
     return absl::OkStatus();
   }

@@ -168,6 +168,8 @@ inline constexpr milliseconds kEtcdRequestTimeout = std::chrono::seconds(5);
 // and bytes one transaction of ours holds. A round's node keys take as many as they need.
 inline constexpr int kEtcdMaxOpsPerTxn = 120;
 inline constexpr std::size_t kEtcdMaxTxnBytes = 1 << 20;
+// How many of a round's node-key transactions are in flight at once.
+inline constexpr std::size_t kEtcdConcurrentTxns = 16;
 // A range read's page (keys per call), so a reply stays far below gRPC's 4 MiB.
 inline constexpr int kEtcdRangePage = 1000;
 // A standby holds an agent's stream (answering its keep-alives) for up to this long past the
