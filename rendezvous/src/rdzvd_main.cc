@@ -17,12 +17,10 @@
 #include "muster/ops/metrics.h"
 #include "muster/ops/status_format.h"
 #include "muster/rendezvous/credentials.h"
-#include "muster/rendezvous/etcd.h"
-#include "muster/rendezvous/resolve.h"
-#include "absl/strings/str_cat.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/server.h"
 #include "muster/rendezvous/tls.h"
+#include "rdzvd_replica.h"
 #include "rdzvd_status.h"
 
 int main(int argc, char** argv) {
@@ -186,35 +184,20 @@ int main(int argc, char** argv) {
     });
   }
   // Replicated mode: a lease first (etcd must answer), then the server as a standby; it
-  // leads once its campaign is won (below).
-  std::unique_ptr<muster::rendezvous::EtcdReplica> replica;
+  // leads once its campaign is won (rdzvd_replica.h).
+  std::unique_ptr<muster::rdzvd::ReplicaRole> replica;
   if (!etcd_endpoints.empty()) {
     muster::rendezvous::EtcdOptions eo;
     eo.endpoints = etcd_endpoints;
     eo.prefix = etcd_prefix;
     eo.lease_ttl = std::chrono::milliseconds(static_cast<long long>(lease_ttl * 1000));
-    // Another replica may lead from the moment this one's lease is gone: stop at once, so
-    // that this one's agents move to it (a service manager starts this one again, as a
-    // standby).
-    auto lost = [](const std::string& why) {
-      std::fprintf(stderr, "rdzvd: error: no longer fit to lead: %s; exiting\n", why.c_str());
-      std::fflush(stderr);
-      std::_Exit(1);
-    };
-    auto connected = muster::rendezvous::EtcdReplica::connect(eo, lost);
+    auto connected = muster::rdzvd::ReplicaRole::connect(eo, opts);
     if (!connected.ok()) {
       if (absl::IsInvalidArgument(connected.status())) return usage(connected.status());
       std::fprintf(stderr, "rdzvd: error: %s\n", std::string(connected.status().message()).c_str());
       return 1;
     }
     replica = std::move(*connected);
-    opts.standby = true;
-    opts.standby_hold = replica->lease_ttl() + limits::kStandbyHoldMargin;
-    opts.on_store_lost = [](const absl::Status& st) {
-      std::fprintf(stderr, "rdzvd: error: %s; exiting\n", std::string(st.message()).c_str());
-      std::fflush(stderr);
-      std::_Exit(1);
-    };
   }
   auto feed = std::make_shared<muster::rdzvd::EventFeed>();
   if (http_port >= 0) opts.event_sinks.push_back([feed](const auto& e) { feed->add(e); });
@@ -227,44 +210,7 @@ int main(int argc, char** argv) {
   std::printf("rdzvd listening on port %d (store for this machine: %s)\n", (*server)->port(),
               (*server)->local_store_target().empty() ? "-" : (*server)->local_store_target().c_str());
   if (metrics_http) std::printf("rdzvd metrics on port %d\n", metrics_http->port());
-  std::thread campaigner;
-  if (replica) {
-    if (advertise.empty()) {
-      advertise = absl::StrCat(muster::rendezvous::fully_qualified_hostname(), ":", (*server)->port());
-    }
-    std::printf("rdzvd: standby in etcd group %s (lease %lld ms), campaigning to lead as %s\n",
-                etcd_prefix.c_str(), static_cast<long long>(replica->lease_ttl().count()),
-                advertise.c_str());
-    muster::rendezvous::RendezvousServer* srv = server->get();
-    replica->observe([srv, self = advertise](const std::string& leader) {
-      if (leader == self) return;
-      std::printf("rdzvd: %s leads\n", leader.c_str());
-      std::fflush(stdout);
-      srv->set_leader(leader);
-    });
-    campaigner = std::thread([srv, r = replica.get(), self = advertise] {
-      const auto t0 = std::chrono::steady_clock::now();
-      absl::Status st = r->campaign(self);
-      if (absl::IsCancelled(st)) return;  // stopping
-      if (!st.ok()) {
-        std::fprintf(stderr, "rdzvd: error: %s\n", std::string(st.message()).c_str());
-        std::fflush(stderr);
-        std::_Exit(1);
-      }
-      const auto won = std::chrono::steady_clock::now();
-      srv->lead(r->run_store(), [t0, won](const muster::rendezvous::RestoreSummary& s) {
-        for (const std::string& line : s.skipped) std::printf("rdzvd: etcd: skipped %s\n", line.c_str());
-        const auto ms = [](auto d) {
-          return static_cast<long long>(
-              std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
-        };
-        std::printf("rdzvd: leading after %lld ms of standby; restored %d runs from etcd in %lld ms "
-                    "(%d running, their places held for re-attach)\n",
-                    ms(won - t0), s.runs, ms(std::chrono::steady_clock::now() - won), s.running);
-        std::fflush(stdout);
-      });
-    });
-  }
+  if (replica) replica->start(**server, advertise);
   if (!state_dir.empty()) {
     const auto& r = (*server)->restored();
     for (const std::string& line : r.skipped) {
@@ -281,6 +227,8 @@ int main(int argc, char** argv) {
         muster::rdzvd::live_page_routes(feed, muster::rdzvd::status_source_of(**server)));
     if (!started.ok()) {
       std::fprintf(stderr, "rdzvd: error: %s\n", std::string(started.status().message()).c_str());
+      (*server)->shutdown();
+      if (replica) replica->resign();
       return 1;
     }
     page = std::move(*started);
@@ -336,7 +284,6 @@ int main(int argc, char** argv) {
   auto guard = boost::asio::make_work_guard(io);
   io.run();
   if (stopper.joinable()) stopper.join();
-  if (campaigner.joinable()) campaigner.join();
   if (metrics_http) metrics_http->stop();  // before the server: scrapes sample it
   (*server)->shutdown();
   boost::system::error_code ignored;
