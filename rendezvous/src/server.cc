@@ -486,11 +486,13 @@ RestoreSummary Core::lead(std::shared_ptr<RunStore> store) {
   machine_.enable_records();
   RestoreSummary summary;
   absl::StatusOr<RestoreSummary> restored = restore();
-  if (restored.ok()) {
-    summary = std::move(*restored);
-  } else {
-    summary.skipped.push_back(std::string(restored.status().message()));
+  if (!restored.ok()) {
+    // Leading without the runs would tell their nodes the runs are gone: better not lead.
+    store_lost_ = true;
+    if (opts_.on_store_lost) opts_.on_store_lost(restored.status());
+    return summary;
   }
+  summary = std::move(*restored);
   standby_ = false;
   hold_timer_.cancel();
   std::map<SessionId, Held> held = std::move(held_);
@@ -797,7 +799,7 @@ void RendezvousServer::lead(std::shared_ptr<RunStore> store,
     auto c = core.lock();
     if (!c || !c->standby()) return;
     RestoreSummary summary = c->lead(store);
-    if (done) done(summary);
+    if (done && !c->standby()) done(summary);
   });
 }
 

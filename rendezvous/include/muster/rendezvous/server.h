@@ -98,8 +98,9 @@ class RendezvousServer {
   // What start() restored (empty without a run store).
   const RestoreSummary& restored() const;
   // Any thread, replicated mode: this replica leads from now on with `store` (see
-  // ServerOptions::standby); `done` is called on the io thread with what was restored, before
-  // the held sessions are decided. Nothing when the server is not a standby.
+  // ServerOptions::standby); `done` is called on the io thread with what was restored, once
+  // the held sessions have been decided. A store that cannot be read is a lost store
+  // (on_store_lost; `done` is not called). Nothing when the server is not a standby.
   void lead(std::shared_ptr<RunStore> store, std::function<void(const RestoreSummary&)> done);
   // Any thread, replicated mode: `name` leads (another replica).
   void set_leader(std::string name);
