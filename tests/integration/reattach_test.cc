@@ -101,6 +101,32 @@ TEST_CASE("reattach: kill -9 of rdzvd while workers run: no worker restarts, a f
   server->stop();
 }
 
+TEST_CASE("reattach: SIGTERM of rdzvd keeps its runs: restarted on the same folder, its agents "
+          "re-attach and no worker restarts",
+          "[reattach]") {
+  TempDir state, work;
+  auto server = std::make_unique<Daemon>("127.0.0.1:0", state.path());
+  const std::string ep = server->endpoint();
+  const int port = server->port;
+  const std::vector<std::string> conf{"--rdzv_conf=is_host=false,reattach_timeout=20"};
+  Proc a(launch_args(c10d(ep, "2", 1, "kept", conf), {"signals", work.path()}));
+  Proc b(launch_args(c10d(ep, "2", 1, "kept", conf), {"signals", work.path()}));
+  REQUIRE(a.wait_output(has_ready(1, "round 1 restart 0"), 30s));
+  REQUIRE(b.wait_output(has_ready(1, "round 1 restart 0"), 30s));
+  server->stop();  // SIGTERM, exit 0: the streams it ends are not losses
+  server = std::make_unique<Daemon>("127.0.0.1:" + std::to_string(port), state.path());
+  CHECK_THAT(server->proc->out(), Catch::Contains("restored 1 runs"));
+  for (Proc* p : {&a, &b}) REQUIRE(p->wait_output(has("re-attached to run kept round 1"), 30s));
+  for (Proc* p : {&a, &b}) {
+    for (pid_t pid : ready_pids(p->out())) ::kill(pid, SIGUSR1);
+  }
+  CHECK(a.wait(30s) == 0);
+  CHECK(b.wait(30s) == 0);
+  CHECK(starts(work, 0).size() == 1);
+  CHECK(starts(work, 1).size() == 1);
+  server->stop();
+}
+
 TEST_CASE("reattach: a list of endpoints: the agent moves to the next when one is dead",
           "[reattach]") {
   SECTION("the first endpoint is dead from the start") {
