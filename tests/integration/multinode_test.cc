@@ -181,7 +181,8 @@ TEST_CASE("multinode: below min the survivor waits for a replacement", "[multino
 
 TEST_CASE("multinode: static mode with fixed node ranks and master", "[multinode]") {
   TempDir dir;
-  const int master_port = free_port();
+  const int master_port = free_port_pair();  // the server listens on the next port
+  REQUIRE(master_port != 0);
   auto flags = [&](int node_rank, int nproc) {
     return std::vector<std::string>{"--rdzv_backend=static",
                                     "--nnodes=2",
