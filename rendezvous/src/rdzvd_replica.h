@@ -4,6 +4,7 @@
 // replica may lead by then, and this one's agents must move to it.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -31,11 +32,12 @@ class ReplicaRole {
   void resign();
 
  private:
-  explicit ReplicaRole(std::unique_ptr<rendezvous::EtcdReplica> replica, std::string prefix);
+  ReplicaRole(std::unique_ptr<rendezvous::EtcdReplica> replica, std::string prefix,
+              std::shared_ptr<std::atomic<bool>> resigned);
   std::unique_ptr<rendezvous::EtcdReplica> replica_;
   std::string prefix_;
   std::thread campaigner_;
-  bool resigned_ = false;
+  std::shared_ptr<std::atomic<bool>> resigned_;  // shared with the server's on_store_lost
 };
 
 }  // namespace muster::rdzvd

@@ -51,7 +51,9 @@ struct Replica {
   ~Replica() {
     if (ended) return;
     ::kill(proc->pid(), SIGTERM);
-    CHECK(proc->wait(30s) == 0);
+    const int rc = proc->wait(30s).value_or(-1);
+    INFO("rdzvd's stderr: " << proc->err());
+    CHECK(rc == 0);
   }
   bool leads(std::chrono::milliseconds timeout) {
     return proc->wait_output(says("rdzvd: leading after"), timeout);
