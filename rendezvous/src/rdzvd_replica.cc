@@ -23,9 +23,8 @@ long long ms(std::chrono::steady_clock::duration d) {
 
 }  // namespace
 
-ReplicaRole::ReplicaRole(std::unique_ptr<rendezvous::EtcdReplica> replica, std::string prefix,
-                         std::shared_ptr<std::atomic<bool>> resigned)
-    : replica_(std::move(replica)), prefix_(std::move(prefix)), resigned_(std::move(resigned)) {}
+ReplicaRole::ReplicaRole(std::unique_ptr<rendezvous::EtcdReplica> replica, std::string prefix)
+    : replica_(std::move(replica)), prefix_(std::move(prefix)) {}
 
 absl::StatusOr<std::unique_ptr<ReplicaRole>> ReplicaRole::connect(
     const rendezvous::EtcdOptions& etcd, rendezvous::ServerOptions& server) {
@@ -33,17 +32,12 @@ absl::StatusOr<std::unique_ptr<ReplicaRole>> ReplicaRole::connect(
     exit_now(absl::StrCat("no longer fit to lead: ", why, "; exiting"));
   });
   if (!replica.ok()) return replica.status();
-  auto resigned = std::make_shared<std::atomic<bool>>(false);
   server.standby = true;
   server.standby_hold = (*replica)->lease_ttl() + rendezvous::limits::kStandbyHoldMargin;
-  server.on_store_lost = [resigned](const absl::Status& st) {
-    // A write the io thread began before the shutdown froze the server may end after the
-    // lease was revoked: it is fenced, and nothing of it is sent. That is the stop, not a loss.
-    if (*resigned) return;
+  server.on_store_lost = [](const absl::Status& st) {
     exit_now(absl::StrCat(st.message(), "; exiting"));
   };
-  return std::unique_ptr<ReplicaRole>(
-      new ReplicaRole(std::move(*replica), etcd.prefix, std::move(resigned)));
+  return std::unique_ptr<ReplicaRole>(new ReplicaRole(std::move(*replica), etcd.prefix));
 }
 
 ReplicaRole::~ReplicaRole() {
@@ -87,7 +81,8 @@ void ReplicaRole::start(rendezvous::RendezvousServer& server, std::string name) 
 }
 
 void ReplicaRole::resign() {
-  if (resigned_->exchange(true)) return;
+  if (resigned_) return;
+  resigned_ = true;
   replica_->resign();
 }
 

@@ -4,7 +4,6 @@
 // replica may lead by then, and this one's agents must move to it.
 #pragma once
 
-#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -32,12 +31,11 @@ class ReplicaRole {
   void resign();
 
  private:
-  ReplicaRole(std::unique_ptr<rendezvous::EtcdReplica> replica, std::string prefix,
-              std::shared_ptr<std::atomic<bool>> resigned);
+  ReplicaRole(std::unique_ptr<rendezvous::EtcdReplica> replica, std::string prefix);
   std::unique_ptr<rendezvous::EtcdReplica> replica_;
   std::string prefix_;
   std::thread campaigner_;
-  std::shared_ptr<std::atomic<bool>> resigned_;  // shared with the server's on_store_lost
+  bool resigned_ = false;
 };
 
 }  // namespace muster::rdzvd

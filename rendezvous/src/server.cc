@@ -73,7 +73,12 @@ class Core : public std::enable_shared_from_this<Core> {
   // Any thread, at the start of a shutdown: with a run store, nothing is decided from now on,
   // so the streams the shutdown ends are not losses, and the runs stay in the store as they
   // were for whoever serves them next (a restarted server, or the replica that takes over).
-  void freeze() { frozen_ = true; }
+  // Returns once no write is in flight: the store is not written after it (a replica may then
+  // give its leadership up).
+  void freeze() {
+    frozen_ = true;
+    absl::MutexLock lock(&write_mu_);  // waits for a write the io thread has begun
+  }
   const std::string& leader_hint() const { return leader_hint_; }
   RestoreSummary lead(std::shared_ptr<RunStore> store);
   void set_leader(const std::string& name);
@@ -154,6 +159,7 @@ class Core : public std::enable_shared_from_this<Core> {
   bool store_lost_ = false;       // a write failed with on_store_lost set: nothing more is sent
 
   std::atomic<bool> frozen_{false};
+  absl::Mutex write_mu_;  // held by the io thread while it writes the run store
   bool decides() const { return !(frozen_ && opts_.run_store); }
 
   bool standby_ = false;
@@ -634,11 +640,14 @@ void Core::apply(std::vector<Outgoing> out) {
 
 void Core::flush() {
   flush_posted_ = false;
-  if (store_lost_ || !decides()) return;
-  if (!persist()) {  // before any of the decisions' messages leaves
-    store_lost_ = true;
-    unsent_.clear();
-    return;
+  {
+    absl::MutexLock lock(&write_mu_);
+    if (store_lost_ || !decides()) return;
+    if (!persist()) {  // before any of the decisions' messages leaves
+      store_lost_ = true;
+      unsent_.clear();
+      return;
+    }
   }
   deliver(std::exchange(unsent_, {}));
 }

@@ -108,11 +108,7 @@ struct TwoAgents {
   }
   // Every worker exits 0, and so do both agents.
   void finish() {
-    for (Proc* p : {&a, &b}) {
-      for (pid_t pid : ready_pids(p->out())) ::kill(pid, SIGUSR1);
-    }
-    CHECK(a.wait(30s) == 0);
-    CHECK(b.wait(30s) == 0);
+    release_workers({&a, &b});
   }
 };
 
@@ -261,8 +257,7 @@ TEST_CASE("failover: a worker's store client follows the failover to the new lea
   REQUIRE(st.ok());
   CHECK(store.get("after", 1s).value() == "2");
   CHECK(store.get("before", 100ms).status().code() == absl::StatusCode::kDeadlineExceeded);
-  for (pid_t pid : ready_pids(a.out())) ::kill(pid, SIGUSR1);
-  CHECK(a.wait(30s) == 0);
+  release_workers({&a});
 }
 
 TEST_CASE("failover: rdzvd --etcd refuses --state_dir, and an etcd it cannot reach, in one line",

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -82,6 +83,15 @@ inline std::vector<std::string> starts(const TempDir& dir, int rank) {
   std::istringstream in(read_file(dir.file("starts." + std::to_string(rank))));
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
+}
+
+// test_worker `signals`: each agent's workers are told to exit 0 (SIGUSR1), and every agent
+// then exits 0.
+inline void release_workers(std::initializer_list<Proc*> agents) {
+  for (Proc* p : agents) {
+    for (pid_t pid : ready_pids(p->out())) ::kill(pid, SIGUSR1);
+  }
+  for (Proc* p : agents) CHECK(p->wait(30s) == 0);
 }
 
 // Two agents `a` and `b` with 2 test_worker `signals` workers each in a round of restart 0:

@@ -117,11 +117,7 @@ TEST_CASE("reattach: SIGTERM of rdzvd keeps its runs: restarted on the same fold
   server = std::make_unique<Daemon>("127.0.0.1:" + std::to_string(port), state.path());
   CHECK_THAT(server->proc->out(), Catch::Contains("restored 1 runs"));
   for (Proc* p : {&a, &b}) REQUIRE(p->wait_output(has("re-attached to run kept round 1"), 30s));
-  for (Proc* p : {&a, &b}) {
-    for (pid_t pid : ready_pids(p->out())) ::kill(pid, SIGUSR1);
-  }
-  CHECK(a.wait(30s) == 0);
-  CHECK(b.wait(30s) == 0);
+  release_workers({&a, &b});
   CHECK(starts(work, 0).size() == 1);
   CHECK(starts(work, 1).size() == 1);
   server->stop();
@@ -159,11 +155,7 @@ TEST_CASE("reattach: a list of endpoints: the agent moves to the next when one i
     for (Proc* p : {&a, &b}) {
       REQUIRE(p->wait_output(has("re-attached to run moved round 1 " + at), 30s));
     }
-    for (Proc* p : {&a, &b}) {
-      for (pid_t pid : ready_pids(p->out())) ::kill(pid, SIGUSR1);
-    }
-    CHECK(a.wait(30s) == 0);
-    CHECK(b.wait(30s) == 0);
+    release_workers({&a, &b});
     CHECK(starts(work, 0).size() == 1);
     CHECK(starts(work, 1).size() == 1);
     server->stop();
@@ -199,8 +191,7 @@ TEST_CASE("reattach: a worker's store client reaches the restarted rdzvd on its 
   REQUIRE(st.ok());
   CHECK(store.get("after", 1s).value() == "2");
   CHECK(store.get("before", 100ms).status().code() == absl::StatusCode::kDeadlineExceeded);
-  for (pid_t pid : ready_pids(a.out())) ::kill(pid, SIGUSR1);
-  CHECK(a.wait(30s) == 0);
+  release_workers({&a});
   server->stop();
 }
 

@@ -114,7 +114,9 @@ class RendezvousServer {
   // caller on another thread waits for it with a timeout (the live page does).
   void post_status(const std::string& run_id, std::function<void(v1::StatusReply)> done);
 
-  // Ends every stream and stops listening; waits at most `grace` for in-flight calls. Parked
+  // Ends every stream and stops listening; waits at most `grace` for in-flight calls. With a
+  // run store, nothing is decided from its start (the streams it ends are not losses), and
+  // the store is not written after it returns. Parked
   // store waits and status calls end at once (UNAVAILABLE); sessions may finish within the
   // grace (members reading Done or Fail). Does not need the io_context to run. Safe to call
   // twice. Must not be called from a gRPC callback thread.
