@@ -19,7 +19,11 @@ absl::Status MemoryStore::wait_locked(const std::vector<std::string>& keys, Dura
   };
   // A negative timeout is 0; a huge one waits at most max_wait (no overflow).
   const Duration wait = std::clamp(timeout, Duration(0), table_.limits().max_wait);
-  if (!mu_.AwaitWithTimeout(absl::Condition(&present), absl::FromChrono(wait))) {
+  if (present()) return absl::OkStatus();
+  waiting_.fetch_add(1, std::memory_order_relaxed);
+  const bool woken = mu_.AwaitWithTimeout(absl::Condition(&present), absl::FromChrono(wait));
+  waiting_.fetch_sub(1, std::memory_order_relaxed);
+  if (!woken) {
     return absl::DeadlineExceededError(absl::StrCat("store: timed out after ", wait.count(),
                                                     " ms waiting for ", keys.size(), " key(s)"));
   }

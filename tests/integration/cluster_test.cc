@@ -269,12 +269,12 @@ int main(int argc, char** argv) {
     auto probe = HostNet::create(1);
     if (!probe.ok()) {
       std::printf("skipped: %s\n", std::string(probe.status().message()).c_str());
-      return 77;
+      return kSkipExit;
     }
   }
   if (::access("/usr/sbin/sshd", X_OK) != 0 || ::access("/usr/bin/ssh", X_OK) != 0) {
     std::printf("skipped: no /usr/sbin/sshd or /usr/bin/ssh (openssh-server, openssh-client)\n");
-    return 77;
+    return kSkipExit;
   }
-  return Catch::Session().run(argc, argv);
+  return catch_exit(Catch::Session().run(argc, argv));
 }

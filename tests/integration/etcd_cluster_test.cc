@@ -20,7 +20,7 @@ namespace {
 // A started cluster, or null with a SKIPPED warning where etcd is missing (the caller returns).
 std::unique_ptr<EtcdCluster> etcd_cluster_or_skip(EtcdOptions o = {}) {
   if (const std::string why = EtcdCluster::missing(); !why.empty()) {
-    WARN("SKIPPED: " << why << "; scripts/setup installs it");
+    report_skip(why + "; scripts/setup installs it");
     return nullptr;
   }
   return EtcdCluster::start(o);
@@ -127,8 +127,7 @@ TEST_CASE("etcd harness: the destructor ends every member by its pid and removes
 
 TEST_CASE("etcd harness: a member that cannot start is reported in etcd's own words", "[etcd]") {
   if (const std::string why = EtcdCluster::missing(); !why.empty()) {
-    WARN("SKIPPED: " << why);
-    return;
+    MUSTER_SKIP(why);
   }
   // etcd refuses an election timeout under 5 heartbeats, and exits at once.
   EtcdOptions o;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "proc.h"
+#include "skip.h"
 
 namespace muster::testing {
 

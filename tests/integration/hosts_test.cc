@@ -366,8 +366,8 @@ int main(int argc, char** argv) {
     auto probe = HostNet::create(1);
     if (!probe.ok()) {
       std::printf("skipped: %s\n", std::string(probe.status().message()).c_str());
-      return 77;
+      return kSkipExit;
     }
   }
-  return Catch::Session().run(argc, argv);
+  return catch_exit(Catch::Session().run(argc, argv));
 }

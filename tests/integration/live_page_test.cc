@@ -130,8 +130,8 @@ int main(int argc, char** argv) {
   for (const std::string& bin : {kChromium, kPython}) {
     if (::access(bin.c_str(), X_OK) != 0) {
       std::printf("SKIPPED: %s is missing (scripts/setup installs chromium)\n", bin.c_str());
-      return 77;
+      return kSkipExit;
     }
   }
-  return Catch::Session().run(argc, argv);
+  return catch_exit(Catch::Session().run(argc, argv));
 }

@@ -263,11 +263,8 @@ TEST_CASE("health: a Watch sees NOT_SERVING as soon as the server's shutdown sta
 
 TEST_CASE("metrics: a real Prometheus scrapes rdzvd and launch and answers a query",
           "[metrics][prometheus]") {
-  const std::string prometheus = "/usr/bin/prometheus";
-  if (::access(prometheus.c_str(), X_OK) != 0) {
-    WARN("SKIPPED: no " << prometheus << " (Debian's prometheus package)");
-    return;
-  }
+  const std::string prometheus = find_on_path("prometheus");
+  if (prometheus.empty()) MUSTER_SKIP("no prometheus on PATH (Debian's prometheus package)");
   RdzvdProc server({"--metrics_port", "0"});
   Proc node(launch_args(agent(server.endpoint, 1), {"wait"}), kInfoLog);
   const int agent_port = launch_metrics_port(node);

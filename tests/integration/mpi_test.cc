@@ -23,22 +23,6 @@ using namespace muster::testing;
 
 namespace {
 
-std::string find_on_path(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  std::string rest = path != nullptr ? path : "";
-  std::size_t start = 0;
-  while (start <= rest.size()) {
-    std::size_t colon = rest.find(':', start);
-    std::string dir = rest.substr(start, colon == std::string::npos ? std::string::npos
-                                                                    : colon - start);
-    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-    if (colon == std::string::npos) break;
-    start = colon + 1;
-  }
-  return "";
-}
-
 // What each worker prints: its place in the job.
 const char* kReport =
     "echo \"worker RANK=$RANK WORLD_SIZE=$WORLD_SIZE GROUP_RANK=$GROUP_RANK "
@@ -174,7 +158,7 @@ int main(int argc, char** argv) {
   if (find_on_path("mpirun").empty()) {
     std::fprintf(stderr, "mpi_tests: no mpirun on PATH (Open MPI: apt-get install openmpi-bin); "
                          "skipped\n");
-    return 77;
+    return kSkipExit;
   }
-  return Catch::Session().run(argc, argv);
+  return catch_exit(Catch::Session().run(argc, argv));
 }

@@ -125,7 +125,10 @@ TEST_CASE("multinode: a worker crash on one node restarts every node, the budget
 
 TEST_CASE("multinode: kill -9 of an agent: the survivor goes on alone at once", "[multinode]") {
   RdzvdProc server;
-  const std::vector<std::string> conf{"--rdzv_conf=last_call_timeout=0.5"};
+  // A liveness window of 90 s: the new round within the 10 s below is the closed stream's
+  // doing, not the keep-alive timer's.
+  const std::vector<std::string> conf{
+      "--rdzv_conf=last_call_timeout=0.5,keep_alive_interval=30,keep_alive_max_attempt=3"};
   Proc a(launch_args(c10d(server.endpoint, "1:2", 2, "job", conf), {"wait"}));
   Proc b(launch_args(c10d(server.endpoint, "1:2", 2, "job", conf), {"wait"}));
   REQUIRE(a.wait_output(has_ready(2, "world 4 round 1"), 30s));

@@ -47,7 +47,8 @@ namespace {
 
 std::string self_exe;  // this binary, for the namespace's init
 
-std::string find_on_path(const std::string& name) {
+// Slurm's daemons are in sbin, which a user's PATH may lack: the system folders, PATH aside.
+std::string find_in_system_dirs(const std::string& name) {
   for (const char* dir :
        {"/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/sbin", "/usr/local/bin"}) {
     std::string candidate = std::string(dir) + "/" + name;
@@ -132,14 +133,14 @@ int slurm_init(const std::string& dir) {
   const std::string host = short_hostname();
   std::vector<Daemon> daemons{
       {"munged",
-       {find_on_path("munged"), "-F", "--key-file=" + dir + "/munge/key",
+       {find_in_system_dirs("munged"), "-F", "--key-file=" + dir + "/munge/key",
         "--socket=" + dir + "/run/munge.sock", "--pid-file=" + dir + "/munge/pid",
         "--log-file=" + dir + "/munged.log", "--seed-file=" + dir + "/munge/seed"},
        "Created socket"},
       {"slurmctld",
-       {find_on_path("slurmctld"), "-D", "-i", "-f", conf},
+       {find_in_system_dirs("slurmctld"), "-D", "-i", "-f", conf},
        "Running as primary controller"},
-      {"slurmd", {find_on_path("slurmd"), "-D", "-f", conf, "-N", host}, "slurmd started on"},
+      {"slurmd", {find_in_system_dirs("slurmd"), "-D", "-f", conf, "-N", host}, "slurmd started on"},
   };
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   for (Daemon& d : daemons) {
@@ -286,7 +287,7 @@ class Cluster {
                          << "PartitionName=p Nodes=" << host_
                          << " Default=YES State=UP MaxTime=INFINITE\n";
     init_ = std::make_unique<Proc>(
-        std::vector<std::string>{find_on_path("unshare"), "--pid", "--fork", "--mount-proc",
+        std::vector<std::string>{find_in_system_dirs("unshare"), "--pid", "--fork", "--mount-proc",
                                  "--kill-child", "--", self_exe, "--slurm-init", d});
     bool up = init_->wait_output(
         [](const std::string& out, const std::string&) {
@@ -374,7 +375,7 @@ TEST_CASE("srun -N1 --ntasks-per-node=1 launch: the job from Slurm's environment
     REQUIRE(master_port > 0);
     auto env = c.env();
     env["MASTER_PORT"] = std::to_string(master_port);
-    Proc p({find_on_path("srun"), "-N1", "--ntasks-per-node=1", kLaunch, "--nproc_per_node=2",
+    Proc p({find_in_system_dirs("srun"), "-N1", "--ntasks-per-node=1", kLaunch, "--nproc_per_node=2",
             kWorker, "env", c.out_dir()},
            env);
     auto rc = p.wait(120s);
@@ -415,7 +416,7 @@ TEST_CASE("srun -N1 --ntasks-per-node=1 launch: the job from Slurm's environment
 TEST_CASE("srun -N1 -n2 launch: two tasks on one node are refused", "[slurm]") {
   Cluster c;
   {
-    Proc p({find_on_path("srun"), "-N1", "-n2", kLaunch, "--nproc_per_node=2", kWorker, "env",
+    Proc p({find_in_system_dirs("srun"), "-N1", "-n2", kLaunch, "--nproc_per_node=2", kWorker, "env",
             c.out_dir()},
            c.env());
     auto rc = p.wait(120s);
@@ -443,18 +444,18 @@ int main(int argc, char** argv) {
   ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n <= 0) {
     std::printf("skipped: cannot read /proc/self/exe\n");
-    return 77;
+    return kSkipExit;
   }
   self_exe.assign(exe, static_cast<std::size_t>(n));
   for (const char* tool : {"munged", "slurmctld", "slurmd", "srun", "unshare"}) {
-    if (find_on_path(tool).empty()) {
+    if (find_in_system_dirs(tool).empty()) {
       std::printf("skipped: no %s (apt-get install slurmctld slurmd slurm-client munge)\n", tool);
-      return 77;
+      return kSkipExit;
     }
   }
   if (::geteuid() != 0) {
     std::printf("skipped: needs root (slurmd starts steps as root; a PID namespace)\n");
-    return 77;
+    return kSkipExit;
   }
-  return Catch::Session().run(argc, argv);
+  return catch_exit(Catch::Session().run(argc, argv));
 }

@@ -16,6 +16,7 @@
 
 #include "hostnet.h"
 #include "proc.h"
+#include "skip.h"
 #include "sshd.h"
 
 using namespace muster::testing;
@@ -257,18 +258,18 @@ TEST_CASE("ssh: killing the client (-9) leaves a remote command that ignores std
 int main(int argc, char** argv) {
   if (::geteuid() != 0) {
     std::printf("skipped: needs root\n");
-    return 77;
+    return kSkipExit;
   }
   if (::access("/usr/sbin/sshd", X_OK) != 0) {
     std::printf("skipped: no /usr/sbin/sshd\n");
-    return 77;
+    return kSkipExit;
   }
   {
     auto probe = HostNet::create(1);
     if (!probe.ok()) {
       std::printf("skipped: %s\n", std::string(probe.status().message()).c_str());
-      return 77;
+      return kSkipExit;
     }
   }
-  return Catch::Session().run(argc, argv);
+  return catch_exit(Catch::Session().run(argc, argv));
 }

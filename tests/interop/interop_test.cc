@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
   Proc probe({"/usr/bin/python3", "-c", "import torch.distributed"});
   if (probe.wait(120s) != 0) {
     std::printf("SKIPPED: /usr/bin/python3 cannot import torch (install python3-torch)\n");
-    return 77;
+    return kSkipExit;
   }
-  return Catch::Session().run(argc, argv);
+  return catch_exit(Catch::Session().run(argc, argv));
 }

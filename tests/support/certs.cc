@@ -97,12 +97,7 @@ class Maker {
 
 }  // namespace
 
-std::string find_openssl() {
-  for (const char* p : {"/usr/bin/openssl", "/bin/openssl"}) {
-    if (::access(p, X_OK) == 0) return p;
-  }
-  return "";
-}
+std::string find_openssl() { return find_on_path("openssl"); }
 
 std::unique_ptr<TestCerts> make_test_certs(const std::string& openssl) {
   auto c = std::make_unique<TestCerts>();

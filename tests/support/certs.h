@@ -9,6 +9,7 @@
 #include <string>
 
 #include "proc.h"
+#include "skip.h"
 
 namespace muster::testing {
 
@@ -34,7 +35,7 @@ std::unique_ptr<TestCerts> make_test_certs(const std::string& openssl);
 inline std::unique_ptr<TestCerts> test_certs_or_skip() {
   const std::string openssl = find_openssl();
   if (openssl.empty()) {
-    WARN("SKIPPED: no openssl command here (Debian's openssl package)");
+    report_skip("no openssl command on PATH (Debian's openssl package)");
     return nullptr;
   }
   return make_test_certs(openssl);

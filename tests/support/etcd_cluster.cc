@@ -27,8 +27,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr const char* kEtcd = "/usr/bin/etcd";
-constexpr const char* kEtcdctl = "/usr/bin/etcdctl";
+// etcd and etcdctl as found on PATH ("" where missing: the tests then skip).
+const std::string& etcd_bin() {
+  static const std::string p = find_on_path("etcd");
+  return p;
+}
+const std::string& etcdctl_bin() {
+  static const std::string p = find_on_path("etcdctl");
+  return p;
+}
 constexpr auto kKillBound = std::chrono::seconds(10);     // kill -9 until the member is gone
 constexpr auto kCtlTimeout = std::chrono::seconds(5);     // ctl(): etcdctl's dial and command
 constexpr auto kStatusTimeout = std::chrono::seconds(1);  // leader(): per member
@@ -67,7 +74,7 @@ struct CtlResult {
 
 CtlResult run_etcdctl(const std::string& endpoints, milliseconds timeout,
                       const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {kEtcdctl, "--endpoints=" + endpoints,
+  std::vector<std::string> argv = {etcdctl_bin(), "--endpoints=" + endpoints,
                                    "--dial-timeout=" + ms_flag(timeout),
                                    "--command-timeout=" + ms_flag(timeout)};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -101,9 +108,8 @@ std::vector<std::string> split(const std::string& s, const std::string& sep) {
 }  // namespace
 
 std::string EtcdCluster::missing() {
-  if (::access(kEtcd, X_OK) != 0) return std::string("no ") + kEtcd + " (Debian's etcd-server)";
-  if (::access(kEtcdctl, X_OK) != 0)
-    return std::string("no ") + kEtcdctl + " (Debian's etcd-client)";
+  if (etcd_bin().empty()) return "no etcd on PATH (Debian's etcd-server)";
+  if (etcdctl_bin().empty()) return "no etcdctl on PATH (Debian's etcd-client)";
   return "";
 }
 
@@ -179,7 +185,7 @@ void EtcdCluster::spawn(int i, bool existing) {
   for (const Member& x : members_)
     cluster += (cluster.empty() ? "" : ",") + x.name + "=" + peer_url(x);
   const std::vector<std::string> argv = {
-      kEtcd,
+      etcd_bin(),
       "--name=" + m.name,
       "--data-dir=" + dir_.file(m.name),
       "--listen-peer-urls=" + peer_url(m),
@@ -231,8 +237,8 @@ void EtcdCluster::spawn(int i, bool existing) {
     ::dup2(log, 1);
     ::dup2(log, 2);
     ::syscall(SYS_close_range, 3U, ~0U, 0U);  // no fd of the test's (sockets, pipes) leaks in
-    ::execve(kEtcd, cargv.data(), cenv.data());
-    static const char msg[] = "EtcdCluster: cannot exec /usr/bin/etcd\n";
+    ::execve(etcd_bin().c_str(), cargv.data(), cenv.data());
+    static const char msg[] = "EtcdCluster: cannot exec etcd\n";
     (void)!::write(2, msg, sizeof msg - 1);
     ::_exit(127);
   }

@@ -1,5 +1,5 @@
-// A real etcd cluster for tests: Debian's etcd-server 3.4 (/usr/bin/etcd) members on
-// 127.0.0.1, and etcd-client's etcdctl (/usr/bin/etcdctl, ETCDCTL_API=3) for the tests' own
+// A real etcd cluster for tests: Debian's etcd-server 3.4 (etcd, found on PATH) members on
+// 127.0.0.1, and etcd-client's etcdctl (on PATH, ETCDCTL_API=3) for the tests' own
 // checks. start() starts it, the destructor ends it.
 //
 // Each member i is named m<i> and gets a client port and a peer port from free_port() (all
@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "proc.h"
+#include "skip.h"
 
 namespace muster::testing {
 
@@ -44,8 +45,8 @@ struct EtcdOptions {
 
 class EtcdCluster {
  public:
-  // Why etcd cannot be run here ("no /usr/bin/etcd (Debian's etcd-server)"), or "" when it
-  // can. Tests skip when this is not empty: WARN("SKIPPED: " << why) and return, or exit 77.
+  // Why etcd cannot be run here ("no etcd on PATH (Debian's etcd-server)"), or "" when it
+  // can. Tests skip when this is not empty: report_skip(why) and return (skip.h), or exit 77.
   static std::string missing();
 
   // Starts o.members members and returns once every one is ready, within o.ready. Throws

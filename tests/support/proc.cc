@@ -4,17 +4,22 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <mutex>
 #include <stdexcept>
+#include <utility>
 
 extern char** environ;
 
@@ -170,34 +175,129 @@ int count_lines_with(const std::string& text, const std::string& needle) {
   return n;
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
+namespace {
+
+// free_port()'s ports: a range the kernel never hands out by itself (below, or else above,
+// net.ipv4.ip_local_port_range, where bind(0) and connect() pick), so no socket of any
+// process takes one between the check and the program's bind. Each port handed out is held
+// by an flock on kPortLockDir/<port> for as long as this process lives (released by the
+// kernel when it exits, however it ends; the fd is not inherited), so no other test process
+// running beside it (ctest -j) is given the same one.
+constexpr const char* kPortLockDir = "/tmp/muster-test-ports";
+constexpr int kPortSpan = 8000;
+
+std::pair<int, int> reserved_range() {
+  int lo = 32768, hi = 60999;
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  in >> lo >> hi;
+  if (lo - 1024 >= 2000) return {std::max(1024, lo - kPortSpan), lo - 1};
+  return {hi + 1, std::min(65535, hi + kPortSpan)};
 }
 
-int free_port_pair() {
-  auto can_bind = [](int port) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+bool can_bind(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+std::mutex g_ports_mu;
+std::vector<int> g_port_locks;  // fds holding this process's ports, open until it exits
+
+// Takes `port` for this process: its lock (not held by any other process, nor by this one
+// before) and a bind that works now. False, holding nothing, otherwise.
+bool reserve(int port) {
+  ::mkdir(kPortLockDir, 01777);
+  const std::string path = std::string(kPortLockDir) + "/" + std::to_string(port);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) return false;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || !can_bind(port)) {
     ::close(fd);
-    return ok;
-  };
-  for (int i = 0; i < 100; ++i) {
-    const int p = free_port();
-    if (p < 65535 && can_bind(p + 1)) return p;
+    return false;
+  }
+  g_port_locks.push_back(fd);
+  return true;
+}
+
+void release(int port) {
+  const std::string path = std::string(kPortLockDir) + "/" + std::to_string(port);
+  struct stat want {};
+  if (::stat(path.c_str(), &want) != 0) return;
+  for (auto it = g_port_locks.begin(); it != g_port_locks.end(); ++it) {
+    struct stat got {};
+    if (::fstat(*it, &got) == 0 && got.st_ino == want.st_ino && got.st_dev == want.st_dev) {
+      ::close(*it);
+      g_port_locks.erase(it);
+      return;
+    }
+  }
+}
+
+// The first free port (or pair) from a starting point of this process's own, 0 when none.
+int take(int count) {
+  std::lock_guard<std::mutex> lock(g_ports_mu);
+  const auto [lo, hi] = reserved_range();
+  const int span = hi - lo + 1 - (count - 1);
+  if (span <= 0) return 0;
+  static int next = static_cast<int>(::getpid() * 7919 % span);
+  for (int i = 0; i < span; ++i) {
+    const int p = lo + (next + i) % span;
+    if (!reserve(p)) continue;
+    if (count == 2 && !reserve(p + 1)) {
+      release(p);
+      continue;
+    }
+    next = (next + i + count) % span;
+    return p;
   }
   return 0;
+}
+
+}  // namespace
+
+int free_port() {
+  const int p = take(1);
+  if (p == 0) throw std::runtime_error("free_port: no free port in the test range");
+  return p;
+}
+
+int free_port_pair() { return take(2); }
+
+std::string find_on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path != nullptr ? path : "");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    if (dir.empty()) continue;
+    const std::string p = dir + "/" + name;
+    struct stat st {};
+    if (::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0)
+      return p;
+  }
+  return "";
+}
+
+}  // namespace muster::testing
+
+namespace muster::testing {
+
+std::chrono::milliseconds scaled(std::chrono::milliseconds bound) {
+  static const double factor = [] {
+    const char* v = std::getenv("MUSTER_TEST_TIME_FACTOR");
+    if (v == nullptr || *v == '\0') return 1.0;
+    char* end = nullptr;
+    const double f = std::strtod(v, &end);
+    if (end == v || *end != '\0' || !(f >= 1.0) || f > 1000.0) {
+      throw std::invalid_argument(std::string("MUSTER_TEST_TIME_FACTOR: expected a number from 1 "
+                                              "to 1000, got '") + v + "'");
+    }
+    return f;
+  }();
+  return std::chrono::milliseconds(static_cast<std::int64_t>(bound.count() * factor));
 }
 
 }  // namespace muster::testing

@@ -54,12 +54,23 @@ class Proc {
 int open_pidfd(pid_t pid);
 bool wait_pidfd(int pidfd, std::chrono::milliseconds timeout);
 
-// A TCP port free on 127.0.0.1 right now, for tests whose agents must all be told one
-// endpoint in advance (port 0 cannot be shared). The kernel hands out another next time.
+// A TCP port for tests whose processes must all be told one endpoint in advance (port 0
+// cannot be shared). It is this process's until it exits: taken from a range the kernel never
+// picks for bind(0) or connect() (outside net.ipv4.ip_local_port_range) and locked against
+// every other test process (an flock per port), so nothing else binds it before the program
+// does. Where the program can pick (port 0, read back), let it. Throws when none is left.
 int free_port();
-// A free port whose successor is free too (the static rendezvous: MASTER_PORT for torch's
-// TCPStore, the next one for launch's server); 0 when none was found in 100 tries.
+// Two consecutive such ports (the static rendezvous: MASTER_PORT for torch's TCPStore, the
+// next one for launch's server); returns the first, 0 when no pair is free.
 int free_port_pair();
+
+// An upper bound on how long something takes on this machine, times MUSTER_TEST_TIME_FACTOR
+// (a number >= 1, default 1; a slow or loaded CI machine sets it). Only for bounds that say
+// "quickly" in a functional test; what is fast enough is the benchmarks' business (bench/).
+std::chrono::milliseconds scaled(std::chrono::milliseconds bound);
+
+// The path of an executable `name` on PATH, or "" (a test whose tool is missing skips).
+std::string find_on_path(const std::string& name);
 
 // A fresh empty folder under TMPDIR, removed by the destructor.
 class TempDir {

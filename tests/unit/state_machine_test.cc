@@ -1039,13 +1039,25 @@ TEST_CASE("ticks: a steady round is never restarted by time alone", "[rdzv][stat
   h.advance(1s);
   REQUIRE(h.assignment(1).group_world_size() == 2);
   int restarts = 0;
+  int other = 0;  // steps that sent anything but keep-alive answers, or closed a stream
   for (int i = 0; i < 5000; ++i) {
     h.advance(milliseconds(500 + i % 700));
     restarts += static_cast<int>(h.to(1, kRestart).size() + h.to(2, kRestart).size());
+    other += h.only_keep_alive_answers() ? 0 : 1;
     h.keep_alive(1);
+    other += h.only_keep_alive_answers() ? 0 : 1;
     h.keep_alive(2);
+    other += h.only_keep_alive_answers() ? 0 : 1;
   }
   CHECK(restarts == 0);
+  CHECK(other == 0);
+  // And the round is still the one that formed, with both nodes, its budget untouched.
+  const auto runs = h.sm.status("");
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0].phase() == "running");
+  CHECK(runs[0].round() == 1);
+  CHECK(runs[0].members_size() == 2);
+  CHECK(runs[0].restart_count() == 0);
 }
 
 TEST_CASE("restart: two nodes slower than their shutdown timeout do not take turns for ever",

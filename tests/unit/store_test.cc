@@ -14,6 +14,7 @@
 #include "muster/rendezvous/memory_store.h"
 #include "muster/rendezvous/prefix_store.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
+#include "proc.h"
 // The store service itself (private to the rendezvous library; tests drive it directly).
 #include "../../rendezvous/src/store_server.h"
 
@@ -22,6 +23,16 @@ using muster::rendezvous::Store;
 using muster::rendezvous::StoreLimits;
 
 namespace {
+
+// Waits (bounded) until `pred` holds; the store has no event to wait on for these counters.
+template <class P>
+bool eventually(P pred) {
+  for (auto end = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < end;) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return pred();
+}
 
 StoreLimits small_limits() {
   StoreLimits l;
@@ -38,6 +49,7 @@ struct MemoryFixture {
   static constexpr bool kWritesBehind = false;
   muster::rendezvous::MemoryStore store{small_limits()};
   Store& get() { return store; }
+  std::size_t parked() const { return store.waiting(); }
 };
 
 struct PrefixFixture {
@@ -45,6 +57,7 @@ struct PrefixFixture {
   muster::rendezvous::MemoryStore base{small_limits()};
   muster::rendezvous::PrefixStore store{"/run/1/", base};
   Store& get() { return store; }
+  std::size_t parked() const { return base.waiting(); }
 };
 
 // A real Store service on 127.0.0.1:0 (the StoreServer the rendezvous server embeds, on a
@@ -79,6 +92,7 @@ struct GrpcFixture {
     server->Wait();
   }
   Store& get() { return *store; }
+  std::size_t parked() const { return service.parked_waits(); }
 };
 
 }  // namespace
@@ -111,10 +125,14 @@ TEMPLATE_TEST_CASE("store: waiters are woken by the write that completes them", 
   absl::Status waited;
   std::thread getter([&] { got = s.get("k", 30s); });
   std::thread waiter([&] { waited = s.wait({"k", "k2"}, 30s); });
+  CHECK(eventually([&] { return f.parked() == 2; }));  // both wait before any write
   REQUIRE(s.set("k", "v").ok());
-  REQUIRE(s.set("k2", "v2").ok());
   getter.join();
+  // "k" completed the get, not the wait for both: that one is still parked.
+  CHECK(f.parked() == 1);
+  REQUIRE(s.set("k2", "v2").ok());
   waiter.join();
+  CHECK(f.parked() == 0);
   REQUIRE(got.ok());
   CHECK(*got == "v");
   CHECK(waited.ok());
@@ -271,7 +289,7 @@ TEMPLATE_TEST_CASE("store: a huge timeout waits and a negative one does not", "[
   absl::Status waited;
   std::thread getter([&] { got = s.get("late", huge); });
   std::thread waiter([&] { waited = s.wait({"late"}, huge); });
-  std::this_thread::sleep_for(100ms);  // let both park (they must not have returned)
+  CHECK(eventually([&] { return f.parked() == 2; }));  // both parked, neither timed out
   REQUIRE(s.set("late", "v").ok());
   getter.join();
   waiter.join();
@@ -280,7 +298,7 @@ TEMPLATE_TEST_CASE("store: a huge timeout waits and a negative one does not", "[
   CHECK(waited.ok());
   auto t0 = std::chrono::steady_clock::now();
   CHECK(s.get("missing", -5ms).status().code() == absl::StatusCode::kDeadlineExceeded);
-  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  CHECK(std::chrono::steady_clock::now() - t0 < muster::testing::scaled(5s));
   CHECK(*s.get("late", -5ms) == "v");
 }
 
@@ -369,15 +387,6 @@ StoreRequest request(StoreRequest::Op op, const std::string& run, std::vector<st
   return r;
 }
 
-// Waits (bounded) until `pred` holds; the store has no event to wait on for these counters.
-template <class P>
-bool eventually(P pred) {
-  for (auto end = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < end;) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return pred();
-}
 }  // namespace
 
 TEST_CASE("store: a request for a run the rendezvous never opened is refused", "[store][runs]") {

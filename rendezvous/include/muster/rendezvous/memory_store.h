@@ -2,6 +2,9 @@
 // Mutex::AwaitWithTimeout, which re-checks its condition whenever a writer releases the lock.
 #pragma once
 
+#include <atomic>
+#include <cstddef>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
@@ -28,12 +31,16 @@ class MemoryStore final : public Store {
   absl::Status multi_set(const std::vector<std::string>& keys,
                          const std::vector<std::string>& values) override;
 
+  // Calls parked now, waiting for keys (for tests and metrics, as StoreServer::parked_waits).
+  std::size_t waiting() const { return waiting_.load(std::memory_order_relaxed); }
+
  private:
   absl::Status wait_locked(const std::vector<std::string>& keys, Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   KvTable table_ ABSL_GUARDED_BY(mu_);
+  std::atomic<std::size_t> waiting_{0};  // changed under mu_, read without it
 };
 
 }  // namespace muster::rendezvous
