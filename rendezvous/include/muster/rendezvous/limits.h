@@ -131,6 +131,19 @@ inline constexpr std::size_t kMaxStoreMessageBytes = kMaxStoreValueBytes + (64 <
 inline constexpr std::size_t kMaxStoreUnreadReplyBytes = 128 << 20;
 inline constexpr std::size_t kStoreReplyBudgetFrom = 64 << 10;
 
+// --- The TCPStore-protocol store (torch's own client; tcpstore_server.h) -------------------
+// Its keys, values and tables follow the Store limits above. One frame (a query with all its
+// keys and values; a length field that says more is refused when it arrives):
+inline constexpr std::size_t kMaxTcpStoreFrameBytes = kMaxStoreMessageBytes;
+// Connections one run's listener holds; one more is closed at once, with a log line.
+inline constexpr std::size_t kMaxTcpStoreConnections = 20000;
+// WAITs parked at once on one run's listener; a WAIT over it closes its connection.
+inline constexpr std::size_t kMaxTcpStoreWaits = 20000;
+// Replies a client has not read, per connection, before it is closed as not reading.
+inline constexpr std::size_t kMaxTcpStoreUnsentBytes = 2 * kMaxStoreMessageBytes;
+// How long a half-sent frame may sit unfinished before its connection is closed.
+inline constexpr milliseconds kTcpStorePartialFrameTimeout = std::chrono::seconds(30);
+
 // The gRPC receive cap of the server (rendezvous and store share the port): the larger of
 // the two services' messages. The Session reactor applies the tighter agent bound itself.
 inline constexpr std::size_t kMaxServerReceiveBytes = kMaxStoreMessageBytes;

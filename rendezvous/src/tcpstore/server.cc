@@ -1,0 +1,481 @@
+#include "muster/rendezvous/tcpstore_server.h"
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <spdlog/spdlog.h>
+
+#include "muster/rendezvous/kv_table.h"
+#include "protocol.h"
+
+namespace muster::rendezvous {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using tcpstore::Dialect;
+using tcpstore::Op;
+using tcpstore::Parsed;
+using tcpstore::Request;
+
+namespace {
+
+// Bytes one readable event takes from a socket at most (into the server's one buffer; only
+// what is left of a half-received frame is kept per connection).
+constexpr std::size_t kReadChunk = 64 << 10;
+
+struct Conn {
+  explicit Conn(tcp::socket s, asio::io_context& io) : sock(std::move(s)), partial(io) {}
+  tcp::socket sock;
+  asio::steady_timer partial;  // a half-sent frame's deadline
+  std::string peer;
+  Dialect dialect = Dialect::kUnknown;
+  std::string in;         // the unparsed rest of what was read
+  std::string out;        // replies not yet handed to the socket
+  std::string sending;    // replies the socket is writing now
+  bool writing = false;
+  bool reading = false;
+  bool closed = false;
+  bool partial_armed = false;  // `partial` runs for the frame `in` holds the start of
+  // A parked WAIT: the keys still missing (a key named twice counts once per name).
+  std::size_t awaited = 0;
+  std::vector<std::string> wait_keys;
+  std::vector<std::string> watched;  // WATCH_KEY (torch 1.13)
+};
+using ConnPtr = std::shared_ptr<Conn>;
+
+}  // namespace
+
+class TcpStoreServer::Impl {
+ public:
+  explicit Impl(TcpStoreOptions o)
+      : opts_(std::move(o)),
+        table_(opts_.limits),
+        acceptor_(io_),
+        frame_{opts_.limits.max_key_bytes, opts_.limits.max_value_bytes,
+               opts_.limits.max_keys_per_request, opts_.max_frame_bytes},
+        buf_(kReadChunk) {}
+
+  absl::Status listen() {
+    boost::system::error_code ec;
+    const auto addr = asio::ip::make_address(opts_.host, ec);
+    if (ec) return absl::InvalidArgumentError("tcpstore: bad listen address '" + opts_.host + "'");
+    tcp::endpoint ep(addr, static_cast<unsigned short>(opts_.port));
+    acceptor_.open(ep.protocol(), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(ep, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return absl::UnavailableError("tcpstore: cannot listen on " + opts_.host + ":" +
+                                    std::to_string(opts_.port) + ": " + ec.message());
+    }
+    port_ = acceptor_.local_endpoint().port();
+    accept();
+    thread_ = std::thread([this] { io_.run(); });
+    return absl::OkStatus();
+  }
+
+  ~Impl() {
+    asio::post(io_, [this] {
+      boost::system::error_code ec;
+      acceptor_.close(ec);
+      for (auto& c : std::vector<ConnPtr>(conns_.begin(), conns_.end())) drop(c);
+    });
+    if (thread_.joinable()) thread_.join();
+  }
+
+  int port() const { return port_; }
+
+  Stats stats() const {
+    Stats s;
+    s.connections = n_conns_.load();
+    s.keys = n_keys_.load();
+    s.parked_waits = n_waits_.load();
+    s.closed_for_errors = n_closed_.load();
+    s.refused_connections = n_refused_.load();
+    return s;
+  }
+
+ private:
+  void accept() {
+    acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket s) {
+      if (ec == asio::error::operation_aborted) return;
+      if (!ec) on_accept(std::move(s));
+      accept();
+    });
+  }
+
+  void on_accept(tcp::socket s) {
+    boost::system::error_code ec;
+    const auto remote = s.remote_endpoint(ec);
+    const std::string peer = ec ? "?" : remote.address().to_string() + ":" +
+                                            std::to_string(remote.port());
+    if (conns_.size() >= opts_.max_connections) {
+      ++n_refused_;
+      // One line per refusal would be a flood at the limit: the first, then every 1000th.
+      if (n_refused_ % 1000 == 1) {
+        spdlog::warn("tcpstore: refused a connection from {}: at the limit of {} connections "
+                     "({} refused so far)",
+                     peer, opts_.max_connections, n_refused_.load());
+      }
+      s.close(ec);
+      return;
+    }
+    s.set_option(tcp::no_delay(true), ec);
+    s.non_blocking(true, ec);
+    auto c = std::make_shared<Conn>(std::move(s), io_);
+    c->peer = peer;
+    conns_.insert(c);
+    n_conns_ = conns_.size();
+    read(c);
+  }
+
+  void read(const ConnPtr& c) {
+    if (c->closed || c->reading) return;
+    c->reading = true;
+    c->sock.async_wait(tcp::socket::wait_read, [this, c](const boost::system::error_code& ec) {
+      c->reading = false;
+      if (c->closed) return;
+      if (ec) return drop(c);
+      on_readable(c);
+    });
+  }
+
+  void on_readable(const ConnPtr& c) {
+    boost::system::error_code ec;
+    const std::size_t n = c->sock.read_some(asio::buffer(buf_), ec);
+    if (ec == asio::error::would_block) return read(c);
+    if (ec || n == 0) return drop(c);  // EOF or reset: a client that went
+    c->in.append(buf_.data(), n);
+    std::size_t pos = 0;
+    Request req;
+    while (!c->closed && pos < c->in.size()) {
+      const auto r = tcpstore::parse(c->dialect, c->in.data() + pos, c->in.size() - pos, frame_,
+                                     req);
+      if (r.what == Parsed::kNeedMore) break;
+      if (r.what == Parsed::kError) return fail(c, r.error);
+      pos += r.consumed;
+      serve(c, req);
+    }
+    if (c->closed) return;
+    c->in.erase(0, pos);
+    if (c->in.empty() && c->in.capacity() > 4096) std::string().swap(c->in);
+    arm_partial(c, pos > 0);
+    flush(c);
+    read(c);
+  }
+
+  // A half-sent frame must be finished within partial_frame_timeout of its first byte (bytes
+  // that trickle in do not extend it; a frame completed does).
+  void arm_partial(const ConnPtr& c, bool progressed) {
+    if (c->in.empty()) {
+      if (c->partial_armed) c->partial.cancel();
+      c->partial_armed = false;
+      return;
+    }
+    if (c->partial_armed && !progressed) return;
+    c->partial_armed = true;
+    c->partial.expires_after(opts_.partial_frame_timeout);
+    c->partial.async_wait([this, c](const boost::system::error_code& ec) {
+      if (ec || c->closed || c->in.empty()) return;
+      fail(c, "a frame left half-sent for " +
+                  std::to_string(opts_.partial_frame_timeout.count()) + " ms");
+    });
+  }
+
+  void serve(const ConnPtr& c, Request& r) {
+    std::string& o = c->out;
+    switch (r.op) {
+      case Op::kValidate:
+        return;
+      case Op::kPing:
+        tcpstore::put_u32(o, r.number);
+        return;
+      case Op::kSet:
+        return set(c, r.keys[0], std::move(r.values[0]), tcpstore::kWatchUpdated);
+      case Op::kAppend: {
+        const std::string* v = table_.find(r.keys[0]);
+        std::string joined = v != nullptr ? *v + r.values[0] : std::move(r.values[0]);
+        return set(c, r.keys[0], std::move(joined), tcpstore::kWatchAppended);
+      }
+      case Op::kCompareSet: {
+        const std::string* before = table_.find(r.keys[0]);
+        const std::string old = before != nullptr ? *before : std::string();
+        const bool existed = before != nullptr;
+        auto got = table_.compare_set(r.keys[0], r.values[0], r.values[1]);
+        if (!got.ok()) return fail(c, "COMPARE_SET: " + std::string(got.status().message()));
+        n_keys_ = table_.size();
+        tcpstore::put_bytes(o, *got);
+        const std::string* now = table_.find(r.keys[0]);
+        if (now != nullptr && (!existed || *now != old)) {
+          changed(r.keys[0], existed ? tcpstore::kWatchUpdated : tcpstore::kWatchCreated, old,
+                  *now);
+          wake(r.keys[0], false);
+        }
+        return;
+      }
+      case Op::kGet: {
+        const std::string* v = table_.find(r.keys[0]);
+        tcpstore::put_bytes(o, v != nullptr ? *v : std::string());
+        return;
+      }
+      case Op::kAdd: {
+        const std::string* before = table_.find(r.keys[0]);
+        const bool existed = before != nullptr;
+        const std::string old = existed ? *before : std::string();
+        auto sum = table_.add(r.keys[0], r.delta);
+        if (!sum.ok()) return fail(c, "ADD: " + std::string(sum.status().message()));
+        n_keys_ = table_.size();
+        tcpstore::put_i64(o, *sum);
+        wake(r.keys[0], false);
+        changed(r.keys[0], existed ? tcpstore::kWatchUpdated : tcpstore::kWatchCreated, old,
+                *table_.find(r.keys[0]));
+        return;
+      }
+      case Op::kCheck:
+        tcpstore::put_u8(o, present(r.keys) ? tcpstore::kCheckReady : tcpstore::kCheckNotReady);
+        return;
+      case Op::kWait:
+        return wait(c, r.keys);
+      case Op::kNumKeys:
+        tcpstore::put_i64(o, static_cast<std::int64_t>(table_.size()));
+        return;
+      case Op::kDelete: {
+        const std::string* v = table_.find(r.keys[0]);
+        const std::string old = v != nullptr ? *v : std::string();
+        const bool erased = table_.erase(r.keys[0]);
+        n_keys_ = table_.size();
+        tcpstore::put_i64(o, erased ? 1 : 0);
+        if (erased) changed(r.keys[0], tcpstore::kWatchDeleted, old, "");
+        return;
+      }
+      case Op::kWatchKey:
+        watchers_[r.keys[0]].push_back(c);
+        c->watched.push_back(r.keys[0]);
+        tcpstore::put_u8(o, tcpstore::kWatchRegistered);
+        return;
+      case Op::kMultiGet:
+        for (const auto& k : r.keys) {
+          const std::string* v = table_.find(k);
+          tcpstore::put_bytes(o, v != nullptr ? *v : std::string());
+        }
+        return;
+      case Op::kMultiSet: {
+        if (absl::Status s = table_.multi_set(r.keys, r.values); !s.ok()) {
+          return fail(c, "MULTI_SET: " + std::string(s.message()));
+        }
+        n_keys_ = table_.size();
+        for (const auto& k : r.keys) wake(k, false);
+        return;
+      }
+      case Op::kCancelWait:
+        unpark(c);
+        tcpstore::put_u8(o, tcpstore::kWaitCanceled);
+        return;
+      case Op::kQueuePush: {
+        const std::size_t bytes = r.keys[0].size() + r.values[0].size();
+        if (r.values[0].size() > opts_.limits.max_value_bytes ||
+            table_.bytes() + queue_bytes_ + bytes > opts_.limits.max_bytes) {
+          return fail(c, "QUEUE_PUSH: the run's store is full");
+        }
+        queue_bytes_ += bytes;
+        queues_[r.keys[0]].push_back(std::move(r.values[0]));
+        return wake(r.keys[0], true);
+      }
+      case Op::kQueuePop: {
+        auto it = queues_.find(r.keys[0]);
+        const std::size_t n = it == queues_.end() ? 0 : it->second.size();
+        tcpstore::put_i64(o, static_cast<std::int64_t>(n));
+        if (n > 0) {
+          tcpstore::put_bytes(o, it->second.front());
+          queue_bytes_ -= r.keys[0].size() + it->second.front().size();
+          it->second.pop_front();
+          if (it->second.empty()) queues_.erase(it);
+        }
+        return;
+      }
+      case Op::kQueueLen: {
+        auto it = queues_.find(r.keys[0]);
+        tcpstore::put_i64(o, it == queues_.end() ? 0 : static_cast<std::int64_t>(it->second.size()));
+        return;
+      }
+    }
+  }
+
+  void set(const ConnPtr& c, const std::string& key, std::string value, std::uint8_t kind) {
+    const std::string* before = table_.find(key);
+    const bool existed = before != nullptr;
+    const std::string old = existed && watchers_.count(key) != 0 ? *before : std::string();
+    if (absl::Status s = table_.set(key, value); !s.ok()) {
+      return fail(c, std::string(s.message()));
+    }
+    n_keys_ = table_.size();
+    changed(key, existed ? kind : tcpstore::kWatchCreated, old, value);
+    wake(key, false);
+  }
+
+  bool present(const std::vector<std::string>& keys) const {
+    for (const auto& k : keys) {
+      if (table_.find(k) != nullptr) continue;
+      auto q = queues_.find(k);
+      if (q == queues_.end() || q->second.empty()) return false;
+    }
+    return true;
+  }
+
+  void wait(const ConnPtr& c, const std::vector<std::string>& keys) {
+    if (present(keys)) {
+      tcpstore::put_u8(c->out, tcpstore::kStopWaiting);
+      return;
+    }
+    if (c->awaited > 0) return fail(c, "WAIT while its previous WAIT is still parked");
+    if (n_waits_ >= opts_.max_waits) {
+      return fail(c, "WAIT: " + std::to_string(opts_.max_waits) + " waits are parked already");
+    }
+    for (const auto& k : keys) {
+      if (table_.find(k) != nullptr) continue;
+      auto q = queues_.find(k);
+      if (q != queues_.end() && !q->second.empty()) continue;
+      waiters_[k].push_back(c);
+      c->wait_keys.push_back(k);
+      ++c->awaited;
+    }
+    ++n_waits_;
+  }
+
+  // `key` was written: its waiters are one key nearer (one of them only, for a queue push).
+  void wake(const std::string& key, bool one) {
+    auto it = waiters_.find(key);
+    if (it == waiters_.end()) return;
+    auto& list = it->second;
+    while (!list.empty()) {
+      ConnPtr w = list.front().lock();
+      list.pop_front();
+      if (!w || w->closed || w->awaited == 0) continue;
+      if (--w->awaited == 0) {
+        w->wait_keys.clear();
+        --n_waits_;
+        tcpstore::put_u8(w->out, tcpstore::kStopWaiting);
+        flush(w);
+        if (one) break;
+      }
+    }
+    if (list.empty()) waiters_.erase(it);
+  }
+
+  // Takes c's parked WAIT out (CANCEL_WAIT, or the connection went).
+  void unpark(const ConnPtr& c) {
+    if (c->awaited == 0) return;
+    for (const auto& k : c->wait_keys) {
+      auto it = waiters_.find(k);
+      if (it == waiters_.end()) continue;
+      auto& list = it->second;
+      for (auto w = list.begin(); w != list.end();) {
+        auto p = w->lock();
+        w = (!p || p == c) ? list.erase(w) : std::next(w);
+      }
+      if (list.empty()) waiters_.erase(it);
+    }
+    c->wait_keys.clear();
+    c->awaited = 0;
+    --n_waits_;
+  }
+
+  // WATCH_KEY (torch 1.13's callback connection): the change, to every watcher of `key`.
+  void changed(const std::string& key, std::uint8_t kind, const std::string& old,
+               const std::string& now) {
+    auto it = watchers_.find(key);
+    if (it == watchers_.end()) return;
+    for (auto w = it->second.begin(); w != it->second.end();) {
+      ConnPtr p = w->lock();
+      if (!p || p->closed) {
+        w = it->second.erase(w);
+        continue;
+      }
+      tcpstore::put_u8(p->out, kind);
+      tcpstore::put_bytes(p->out, key);
+      tcpstore::put_bytes(p->out, kind == tcpstore::kWatchCreated ? std::string() : old);
+      tcpstore::put_bytes(p->out, now);
+      flush(p);
+      ++w;
+    }
+    if (it->second.empty()) watchers_.erase(it);
+  }
+
+  void flush(const ConnPtr& c) {
+    if (c->closed || c->out.empty()) return;
+    if (c->out.size() + c->sending.size() > opts_.max_unsent_bytes) {
+      return fail(c, "it does not read its replies (" +
+                         std::to_string(c->out.size() + c->sending.size()) + " bytes unsent)");
+    }
+    if (c->writing) return;
+    c->sending.swap(c->out);
+    c->out.clear();
+    c->writing = true;
+    asio::async_write(c->sock, asio::buffer(c->sending),
+                      [this, c](const boost::system::error_code& ec, std::size_t) {
+                        c->writing = false;
+                        if (c->closed) return;
+                        if (ec) return drop(c);
+                        c->sending.clear();
+                        if (c->sending.capacity() > (64 << 10)) std::string().swap(c->sending);
+                        flush(c);
+                      });
+  }
+
+  // Closes c for something it did, with the log line the protocol cannot send it.
+  void fail(const ConnPtr& c, const std::string& why) {
+    if (c->closed) return;
+    ++n_closed_;
+    spdlog::warn("tcpstore: closed the connection from {}: {}", c->peer, why);
+    drop(c);
+  }
+
+  void drop(const ConnPtr& c) {
+    if (c->closed) return;
+    unpark(c);
+    c->closed = true;
+    boost::system::error_code ec;
+    c->partial.cancel();
+    c->sock.close(ec);
+    conns_.erase(c);
+    n_conns_ = conns_.size();
+  }
+
+  TcpStoreOptions opts_;
+  KvTable table_;
+  asio::io_context io_{1};
+  tcp::acceptor acceptor_;
+  tcpstore::FrameLimits frame_;
+  std::vector<char> buf_;
+  std::unordered_set<ConnPtr> conns_;
+  std::unordered_map<std::string, std::deque<std::weak_ptr<Conn>>> waiters_;
+  std::unordered_map<std::string, std::vector<std::weak_ptr<Conn>>> watchers_;
+  std::unordered_map<std::string, std::deque<std::string>> queues_;
+  std::size_t queue_bytes_ = 0;
+  std::thread thread_;
+  int port_ = 0;
+  std::atomic<std::size_t> n_conns_{0}, n_keys_{0}, n_waits_{0};
+  std::atomic<std::uint64_t> n_closed_{0}, n_refused_{0};
+};
+
+TcpStoreServer::TcpStoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TcpStoreServer::~TcpStoreServer() = default;
+
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(TcpStoreOptions options) {
+  if (options.max_frame_bytes < 16) return absl::InvalidArgumentError("tcpstore: max_frame_bytes");
+  auto impl = std::make_unique<Impl>(std::move(options));
+  if (absl::Status s = impl->listen(); !s.ok()) return s;
+  return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
+}
+
+int TcpStoreServer::port() const { return impl_->port(); }
+
+TcpStoreServer::Stats TcpStoreServer::stats() const { return impl_->stats(); }
+
+}  // namespace muster::rendezvous
