@@ -32,6 +32,7 @@
 #include "muster/worker/progress_page.h"
 #include "muster/rendezvous/client.h"
 #include "muster/rendezvous/host_id.h"
+#include "muster/rendezvous/resolve.h"
 
 namespace muster::agent {
 namespace {
@@ -588,6 +589,11 @@ class Agent::Impl {
       spec.role = opts_.role;
       spec.master_addr = opts_.master_addr.empty() ? a.master_addr() : opts_.master_addr;
       spec.master_port = opts_.master_addr.empty() ? a.master_port() : opts_.master_port;
+      if (opts_.master_addr.empty() && opts_.use_agent_store && a.agent_store_port() > 0) {
+        spec.master_addr = rendezvous::host_of(endpoints_.current().name);
+        spec.master_port = a.agent_store_port();
+        spec.use_agent_store = true;
+      }
       spec.restart_count = a.restart_count();
       spec.max_restarts = opts_.max_restarts;
       spec.run_id = opts_.run_id;

@@ -49,8 +49,10 @@ std::map<std::string, std::string> build_worker_env(const std::map<std::string, 
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(s.restart_count));
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(s.max_restarts));
   set("TORCHELASTIC_RUN_ID", s.run_id);
-  // Our store is not a c10d TCPStore on MASTER_PORT: workers must create their own.
-  set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  // True: MASTER_ADDR:MASTER_PORT is the run's store, in c10d's TCPStore protocol, on the
+  // rendezvous server (every rank is a client, torch prefixes its keys with the attempt).
+  // False: rank 0 hosts a TCPStore of its own there.
+  set("TORCHELASTIC_USE_AGENT_STORE", s.use_agent_store ? "True" : "False");
   set("TORCHELASTIC_ERROR_FILE", s.error_file);
   set("TORCHELASTIC_SIGNALS_TO_HANDLE", s.signals_to_handle);
   set_if_unset("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");

@@ -412,15 +412,19 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
       c.tls.key = std::string(value);
     } else if (key == "tls_server_name") {
       c.tls.server_name = std::string(value);
-    } else if (key == "is_host") {
+    } else if (key == "is_host" || key == "use_agent_store") {
       std::string v = absl::AsciiStrToLower(value);
-      if (v == "1" || v == "true" || v == "yes")
-        c.is_host = true;
-      else if (v == "0" || v == "false" || v == "no")
-        c.is_host = false;
-      else
-        st = absl::InvalidArgumentError(
-            absl::StrCat("--rdzv_conf is_host: expected true or false, got '", value, "'"));
+      std::optional<bool> b;
+      if (v == "1" || v == "true" || v == "yes") b = true;
+      if (v == "0" || v == "false" || v == "no") b = false;
+      if (!b) {
+        st = absl::InvalidArgumentError(absl::StrCat("--rdzv_conf ", key,
+                                                     ": expected true or false, got '", value, "'"));
+      } else if (key == "is_host") {
+        c.is_host = b;
+      } else {
+        c.use_agent_store = *b;
+      }
     } else {
       // torchrun hands every key to its backend: `timeout`, `heartbeat_timeout`,
       // `store_type`, `use_libuv`, a custom backend's own. None changes anything here.
@@ -717,8 +721,8 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   pet(app.add_option("--rdzv_conf,--rdzv-conf", c.rdzv_conf_text,
                      "key=value,... : join_timeout, last_call_timeout, close_timeout, "
                      "keep_alive_interval, keep_alive_max_attempt, read_timeout, "
-                     "reattach_timeout (seconds), token, is_host, tls_ca, tls_cert, tls_key, "
-                     "tls_server_name (other torchrun keys: accepted, ignored, warned about)"),
+                     "reattach_timeout (seconds), token, is_host, use_agent_store, tls_ca, tls_cert, "
+                     "tls_key, tls_server_name (other torchrun keys: accepted, ignored, warned about)"),
       kRdzv);
   // TLS for the server this launch hosts (docs/operations.md, "TLS").
   app.add_option("--tls_cert,--tls-cert", c.server_tls.files.cert,

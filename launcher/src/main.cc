@@ -318,6 +318,7 @@ int main(int argc, char** argv) {
   opts.token = cfg.rdzv_conf.token;
   opts.tls = cfg.client_tls;
   opts.rdzv_timeouts = cfg.rdzv_conf.timeouts;
+  opts.use_agent_store = cfg.rdzv_conf.use_agent_store;
   opts.store_addr = rdzv_target;
   opts.run_id = run_id;
   opts.host = node_host;

@@ -150,4 +150,15 @@ bool is_local_address(const std::vector<std::string>& addresses) {
   return local;
 }
 
+std::string host_of(const std::string& host_port) {
+  if (!host_port.empty() && host_port.front() == '[') {
+    const auto end = host_port.find(']');
+    return host_port.substr(1, end == std::string::npos ? std::string::npos : end - 1);
+  }
+  const auto colon = host_port.rfind(':');
+  // One colon: HOST:PORT. More, without brackets: an IPv6 address with no port.
+  if (colon == std::string::npos || host_port.find(':') != colon) return host_port;
+  return host_port.substr(0, colon);
+}
+
 }  // namespace muster::rendezvous

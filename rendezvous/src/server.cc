@@ -24,6 +24,7 @@
 #include "memory_trim.h"
 #include "server_metrics.h"
 #include "status_convert.h"
+#include "tcpstore/agent_stores.h"
 #include "store_server.h"
 #include "muster/rendezvous/text.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
@@ -144,12 +145,15 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // Drops the store tables of runs the state machine has forgotten.
   void drop_finished_tables();
+  // A run's store tables, gRPC and TCPStore protocol (before its first Assignment).
+  void open_tables(const std::string& run);
 
   absl::Mutex pending_mu_;
   std::set<std::shared_ptr<PendingStatus>> pending_ ABSL_GUARDED_BY(pending_mu_);
   bool stopping_ ABSL_GUARDED_BY(pending_mu_) = false;
 
   StoreServer* store_ = nullptr;  // outlives the core's use of it (shut down after the server)
+  std::unique_ptr<AgentStores> agent_stores_;  // ServerOptions::agent_store; null when off
   std::string local_store_target_, host_identity_;
   std::set<std::string> seen_runs_;  // runs that have had a Join, for dropping their tables
   std::set<std::string> not_durable_;  // runs whose last write failed (said once each)
@@ -183,6 +187,15 @@ Core::Core(boost::asio::io_context& io, ServerOptions opts,
       standby_(opts_.standby),
       hold_timer_(io) {
   if (opts_.run_store) machine_.enable_records();
+  if (opts_.agent_store && !opts_.tls.enabled() && !opts_.standby) {
+    agent_stores_ = std::make_unique<AgentStores>(listen_host(opts_.listen_address),
+                                                  opts_.store_limits);
+  }
+}
+
+void Core::open_tables(const std::string& run) {
+  if (store_ != nullptr) store_->open_run(run);
+  if (agent_stores_) agent_stores_->open(run);
 }
 
 absl::StatusOr<RestoreSummary> Core::restore() {
@@ -201,7 +214,7 @@ absl::StatusOr<RestoreSummary> Core::restore() {
     if (rec.phase() == v1::RunRecord::RUNNING) ++summary.running;
     // The store serves only runs the machine holds: a restored run's table is there (empty:
     // the keys workers set are not kept) for its workers' next call.
-    if (seen_runs_.insert(rec.run_id()).second && store_ != nullptr) store_->open_run(rec.run_id());
+    if (seen_runs_.insert(rec.run_id()).second) open_tables(rec.run_id());
   }
   (void)machine_.take_record_changes();  // what was just loaded is what the store holds
   return summary;
@@ -483,6 +496,7 @@ void Core::drop_finished_tables() {
       continue;
     }
     if (store_ != nullptr) store_->drop(*it);
+    if (agent_stores_) agent_stores_->drop(*it);
     it = seen_runs_.erase(it);
   }
 }
@@ -605,9 +619,7 @@ void Core::on_message(SessionId id, const v1::AgentMsg& msg) {
   // first Assignment is sent and goes when the run goes (drop_finished_tables).
   if (msg.has_join()) {
     const std::string& run = msg.join().run_id();
-    if (machine_.has_run(run) && seen_runs_.insert(run).second && store_ != nullptr) {
-      store_->open_run(run);
-    }
+    if (machine_.has_run(run) && seen_runs_.insert(run).second) open_tables(run);
   }
   apply(std::move(out));
 }
@@ -665,6 +677,11 @@ void Core::deliver(std::vector<Outgoing> out) {
     if (o.msg && o.msg->has_assignment() && !local_store_target_.empty()) {
       o.msg->mutable_assignment()->set_store_local_target(local_store_target_);
       o.msg->mutable_assignment()->set_server_host_identity(host_identity_);
+    }
+    if (o.msg && o.msg->has_assignment() && agent_stores_) {
+      if (const std::string* run = machine_.run_id_of(o.session)) {
+        o.msg->mutable_assignment()->set_agent_store_port(agent_stores_->port(*run));
+      }
     }
     if (o.msg) r->enqueue(std::move(*o.msg));
     if (o.close) r->finish(to_grpc(o.status));

@@ -113,9 +113,34 @@ TEST_CASE("hosts: names, rdzvd on its own host, two agents on one host and one e
     CHECK(env["MUSTER_STORE_ADDR"] == "ipv4:" + net->addr(0) + ":" + rdzvd.port);
   }
   CHECK(masters.size() == 1);
-  // MASTER_ADDR is the name of the group-rank-0 node's host, as torchrun gives it.
+  // MASTER_ADDR:MASTER_PORT is the run's TCPStore-protocol store (torchrun 2.x's agent store),
+  // on rdzvd's host, by the name the agents were given; not rdzvd's own port.
   const std::string master = masters.begin()->substr(0, masters.begin()->find(':'));
-  CHECK((master == net->hostname(1) || master == net->hostname(2)));
+  CHECK(master == net->hostname(0));
+  CHECK(masters.begin()->substr(master.size() + 1) != rdzvd.port);
+}
+
+TEST_CASE("hosts: use_agent_store=false: MASTER_ADDR is the group-rank-0 node's host", "[hosts]") {
+  auto net = make_hosts(3);
+  TempDir dir;
+  HostRdzvd rdzvd(*net, 0);
+  const std::vector<std::string> conf{"--rdzv_conf=use_agent_store=false"};
+  Proc a(net->wrap(1, launch_args(c10d(rdzvd.endpoint, "2", 1, conf), {"env", dir.path()})));
+  Proc b(net->wrap(2, launch_args(c10d(rdzvd.endpoint, "2", 1, conf), {"env", dir.path()})));
+  for (Proc* p : {&a, &b}) {
+    const auto rc = p->wait(60s);
+    INFO(p->err());
+    CHECK(rc == 0);
+  }
+  std::set<std::string> masters;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto env = read_env_file(dir.file("env." + std::to_string(rank)));
+    CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");
+    masters.insert(env["MASTER_ADDR"]);
+  }
+  REQUIRE(masters.size() == 1);
+  // As torchrun gives it without an agent store: the name of the group-rank-0 node's host.
+  CHECK((*masters.begin() == net->hostname(1) || *masters.begin() == net->hostname(2)));
 }
 
 TEST_CASE("hosts: an IPv6 endpoint and --local_addr over IPv6", "[hosts]") {
@@ -358,6 +383,7 @@ TEST_CASE("hosts: PyTorch DDP across two hosts", "[hosts][interop]") {
     sums.insert((*it)[2]);
   }
   CHECK(count_lines_with(out, "params_identical=True") == 2);
+  CHECK(count_lines_with(out, "agent_store=True") == 2);  // the hosting agent's run store
   CHECK(sums.size() == 1);
 }
 

@@ -51,7 +51,8 @@ TEST_CASE("launch: every worker gets torchrun's environment (N=4)", "[launch]") 
     CHECK(env["ROLE_WORLD_SIZE"] == "4");
     CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "0");
     CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "2");
-    CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");
+    // MASTER_ADDR:MASTER_PORT is the run's TCPStore-protocol store (torchrun 2.x's agent store).
+    CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "True");
     CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
     CHECK(env["OMP_NUM_THREADS"] == "1");
     CHECK(std::regex_match(

@@ -1,6 +1,7 @@
 """A small DDP job (gloo, env://), unchanged from what one would run under torchrun: every
 rank trains on its own data; DDP averages gradients, so every rank must end with the same
 parameters. Prints one line per rank; exits 3 if the parameters differ."""
+import os
 import sys
 
 import torch
@@ -26,6 +27,8 @@ flat = torch.cat([p.detach().flatten() for p in model.parameters()])
 gathered = [torch.zeros_like(flat) for _ in range(world)]
 dist.all_gather(gathered, flat)
 same = all(torch.equal(gathered[0], t) for t in gathered)
-print(f"rank {rank}/{world} params_identical={same} checksum={flat.sum().item():.6f}", flush=True)
+agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE")  # whose store env:// used
+print(f"rank {rank}/{world} params_identical={same} checksum={flat.sum().item():.6f} "
+      f"agent_store={agent_store}", flush=True)
 dist.destroy_process_group()
 sys.exit(0 if same else 3)

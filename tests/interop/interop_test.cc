@@ -39,6 +39,7 @@ TEST_CASE("interop: DDP with gloo, standalone, 2 and 4 workers: identical parame
     INFO(p.err());
     REQUIRE(p.wait(300s) == 0);
     CHECK(count_lines_with(p.out(), "params_identical=True") == n);
+    CHECK(count_lines_with(p.out(), "agent_store=True") == n);  // on the run's store
     CHECK(checksums(p.out(), n).size() == 1);
   }
 }
@@ -57,6 +58,7 @@ TEST_CASE("interop: DDP across two agents on loopback (c10d)", "[interop]") {
   auto sums = checksums(a.out() + b.out(), 2);
   CHECK(sums.size() == 1);
   CHECK(count_lines_with(a.out() + b.out(), "params_identical=True") == 2);
+  CHECK(count_lines_with(a.out() + b.out(), "agent_store=True") == 2);
 }
 
 TEST_CASE("interop: a script that fails once succeeds after a restart", "[interop]") {
@@ -127,10 +129,27 @@ TEST_CASE("interop: torch's FileTimerClient: a worker stuck past expires() is ki
   CHECK_THAT(p.out(), Catch::Contains("rank 1 attempt 1 done"));
 }
 
-TEST_CASE("interop: TORCHELASTIC_USE_AGENT_STORE=False: rank 0 hosts torch's own TCPStore on "
+TEST_CASE("interop: the run's store speaks torch's TCPStore protocol: env:// uses it, and it "
+          "outlives rank 0 into the next attempt",
+          "[interop]") {
+  Proc p({kLaunch, "--standalone", "--nproc_per_node=3", "--max_restarts=1",
+          kScripts + "/agent_store.py"},
+         kEnv);
+  INFO(p.out() << p.err());
+  REQUIRE(p.wait(300s) == 0);
+  for (int r = 0; r < 3; ++r) {
+    CHECK_THAT(p.out(), Catch::Contains("rank " + std::to_string(r) +
+                                        " attempt 1 agent store ok, attempt 0 left 3 keys"));
+  }
+  CHECK_THAT(p.err(), Catch::Contains("restart 1 of 1"));
+}
+
+TEST_CASE("interop: --rdzv_conf use_agent_store=false: rank 0 hosts torch's own TCPStore on "
           "MASTER_PORT",
           "[interop]") {
-  Proc p({kLaunch, "--standalone", "--nproc_per_node=3", kScripts + "/own_store.py"}, kEnv);
+  Proc p({kLaunch, "--standalone", "--nproc_per_node=3", "--rdzv_conf=use_agent_store=false",
+          kScripts + "/own_store.py"},
+         kEnv);
   INFO(p.err());
   REQUIRE(p.wait(300s) == 0);
   for (int r = 0; r < 3; ++r) {

@@ -1,5 +1,6 @@
-"""TORCHELASTIC_USE_AGENT_STORE=False: launch's agent serves no c10d TCPStore on MASTER_PORT, so
-rank 0 can (and must) host torch's own store there, as torch does with this value."""
+"""--rdzv_conf use_agent_store=false (TORCHELASTIC_USE_AGENT_STORE=False): MASTER_PORT is a free
+port on the group-rank-0 node, so rank 0 can (and must) host torch's own store there, as torch
+does with this value."""
 import os
 from datetime import timedelta
 

@@ -76,6 +76,11 @@ struct AgentOptions {
   // they come from the round (a free port on the group-rank-0 node).
   std::string master_addr;
   int master_port = 0;
+  // When the server gives the run a TCPStore-protocol store (Assignment.agent_store_port) and
+  // no static master is set: MASTER_ADDR is the rendezvous endpoint's host, MASTER_PORT that
+  // store's port, TORCHELASTIC_USE_AGENT_STORE=True (as torchrun 2.x). False: today's rank-0
+  // hosting (a free port on the group-rank-0 node, TORCHELASTIC_USE_AGENT_STORE=False).
+  bool use_agent_store = true;
 
   // Workers
   int nproc_per_node = 1;

@@ -22,6 +22,7 @@ struct WorkerEnvSpec {
   std::string role = "default";
   std::string master_addr;
   int master_port = 0;
+  bool use_agent_store = false;  // TORCHELASTIC_USE_AGENT_STORE: MASTER_PORT is the run's store
   int restart_count = 0;
   int max_restarts = 0;
   std::string run_id;

@@ -47,6 +47,9 @@ struct RdzvConf {
   std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
   std::string token;            // or $MUSTER_RDZV_TOKEN
   std::optional<bool> is_host;  // override the hosting rule
+  // Workers use the run's TCPStore-protocol store on the rendezvous server (MASTER_ADDR,
+  // MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True) when it has one; false: rank 0 hosts its own.
+  bool use_agent_store = true;
   // tls_ca, tls_cert, tls_key, tls_server_name: the agent's TLS to the server (each, when
   // not given here, from MUSTER_TLS_CA, _CERT, _KEY, _SERVER_NAME; docs/operations.md).
   muster::rendezvous::ClientTlsFiles tls;

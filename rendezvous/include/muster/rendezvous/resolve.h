@@ -26,6 +26,10 @@ absl::StatusOr<std::vector<std::string>> resolve_host(
 // Whether `host` is an IPv4 or IPv6 address (no brackets), not a name.
 bool is_ip_literal(const std::string& host);
 
+// The host of "HOST:PORT" or "[V6]:PORT" ("node0", "fd00::1"), without brackets; a string
+// with no port is all host.
+std::string host_of(const std::string& host_port);
+
 // A gRPC target for one numeric address: "ipv4:10.0.0.1:29400" or "ipv6:[fd00::1]:29400".
 std::string grpc_address_target(const std::string& address, int port);
 

@@ -44,6 +44,11 @@ struct ServerOptions {
   // have the tighter limits::kMaxAgentMessageBytes, checked by the Session reactor.
   std::size_t max_message_bytes = limits::kMaxServerReceiveBytes;
   StoreLimits store_limits;
+  // Each run also gets a store in c10d's TCPStore protocol (tcpstore_server.h) on this
+  // listener's host, its port in Assignment.agent_store_port, so that torch's own store client
+  // uses the run's store (TORCHELASTIC_USE_AGENT_STORE). Never with TLS (torch's client speaks
+  // none) nor in replicated mode (a standby; a failover would lose and move it).
+  bool agent_store = true;
   // Called on the io thread with every event of every run (events.h), in order, after the
   // state machine decided it and before its messages are sent: metrics, the event log, the
   // live page. Must be quick and must not call into the server.

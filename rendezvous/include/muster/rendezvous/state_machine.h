@@ -185,6 +185,11 @@ class StateMachine {
   bool has_run(const std::string& run_id) const { return runs_.count(run_id) > 0; }
   // Nodes that joined a run and have not left it (their stream is open).
   std::size_t num_sessions() const { return session_run_.size(); }
+  // The run a session belongs to, or null.
+  const std::string* run_id_of(SessionId session) const {
+    auto it = session_run_.find(session);
+    return it == session_run_.end() ? nullptr : &it->second;
+  }
 
   // Counts over every run, for metrics: cheaper than status(), which builds each run's
   // members and failures.
