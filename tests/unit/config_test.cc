@@ -240,6 +240,16 @@ TEST_CASE("rendezvous flags: rdzv_conf keys and units", "[config]") {
   CHECK_FALSE(parse_rdzv_conf("keep_alive_max_attempt=0").ok());
   CHECK_FALSE(parse_rdzv_conf("keep_alive_interval=0").ok());
   CHECK_FALSE(parse_rdzv_conf("is_host=maybe").ok());
+  // The run's TCPStore-protocol store for the workers: on unless turned off.
+  CHECK(d->use_agent_store);
+  auto off = parse_rdzv_conf("use_agent_store=false");
+  REQUIRE(off.ok());
+  CHECK_FALSE(off->use_agent_store);
+  CHECK(off->ignored_keys.empty());
+  auto bad = parse_rdzv_conf("use_agent_store=perhaps");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(std::string(bad.status().message()),
+             Catch::Contains("use_agent_store: expected true or false, got 'perhaps'"));
 }
 
 TEST_CASE("rendezvous flags: modes", "[config]") {

@@ -56,6 +56,20 @@ TEST_CASE("worker env: every contract variable, as torchrun computes it", "[env]
   CHECK(env == expected);
 }
 
+TEST_CASE("worker env: the run's store on MASTER_PORT is TORCHELASTIC_USE_AGENT_STORE=True",
+          "[env]") {
+  WorkerEnvSpec s;
+  s.master_addr = "rdzv";
+  s.master_port = 41000;
+  s.use_agent_store = true;
+  auto env = build_worker_env({}, s);
+  CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "True");
+  CHECK(env["MASTER_ADDR"] == "rdzv");
+  CHECK(env["MASTER_PORT"] == "41000");
+  s.use_agent_store = false;
+  CHECK(build_worker_env({}, s)["TORCHELASTIC_USE_AGENT_STORE"] == "False");
+}
+
 TEST_CASE("worker env: user settings of the if-unset variables are kept", "[env]") {
   WorkerEnvSpec s;
   s.local_world_size = 4;

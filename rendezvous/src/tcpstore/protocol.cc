@@ -16,7 +16,8 @@ constexpr Op kTorch2Ops[] = {Op::kValidate,  Op::kSet,      Op::kCompareSet, Op:
                              Op::kCancelWait, Op::kPing,    Op::kQueuePush,  Op::kQueuePop,
                              Op::kQueueLen};
 
-// Reads fields from a frame; every read checks the frame limit first, then the bytes at hand.
+// Reads the fields after a frame's query byte (so `max_frame` is the frame's limit less one);
+// every read checks the frame limit first, then the bytes at hand.
 class Cursor {
  public:
   Cursor(const char* data, std::size_t size, std::size_t max_frame)
@@ -57,7 +58,7 @@ class Cursor {
  private:
   bool have(std::size_t n) {
     if (n > max_ - pos_) {
-      error_ = "a frame over " + std::to_string(max_) + " bytes";
+      error_ = "a frame over " + std::to_string(max_ + 1) + " bytes";  // its query byte too
       return false;
     }
     return n <= size_ - pos_;
