@@ -232,6 +232,8 @@ TEST_CASE("security: a hosting launch serves TLS to its own agent, another agent
   CHECK(env["MUSTER_TLS_KEY"] == c->client_key);
   CHECK(env["MUSTER_TLS_SERVER_NAME"] == "127.0.0.1");
   CHECK(env["MUSTER_STORE_ADDR"].rfind("unix-abstract:", 0) == std::string::npos);
+  // No plaintext TCPStore-protocol listener beside the TLS port: torch's store is rank 0's.
+  CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");
 }
 
 TEST_CASE("security: --standalone with TLS: the embedded server and its workers", "[security][tls]") {
