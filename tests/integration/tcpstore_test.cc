@@ -5,14 +5,18 @@
 #include <sys/resource.h>
 
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <memory>
+#include <set>
 #include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "held_run.h"
 #include "helpers.h"
 #include "muster/rendezvous/tcpstore_server.h"
+#include "rdzvd_proc.h"
 #include "tcpstore_client.h"
 
 using namespace muster::testing;
@@ -28,6 +32,14 @@ std::unique_ptr<TcpStoreServer> serve(TcpStoreOptions o = {}) {
   auto s = TcpStoreServer::start(o);
   REQUIRE(s.ok());
   return std::move(*s);
+}
+
+int threads_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
 }
 
 bool torch_importable() {
@@ -323,4 +335,41 @@ TEST_CASE("tcpstore: two runs' servers are separate tables", "[tcpstore]") {
   CHECK(bad.closed_by_server());
   CHECK(cb.add("n", 1) == 1);
   CHECK(b->stats().closed_for_errors == 0);
+}
+
+TEST_CASE("tcpstore: rdzvd gives each run a listener of its own, on one shared thread, closed "
+          "with the run",
+          "[tcpstore]") {
+  RdzvdProc server;
+  std::vector<std::unique_ptr<HeldRun>> runs;
+  runs.push_back(std::make_unique<HeldRun>(server.endpoint, "run-0"));
+  const int threads_one = threads_of(server.proc->pid());
+  for (int i = 1; i < 40; ++i) {
+    runs.push_back(std::make_unique<HeldRun>(server.endpoint, "run-" + std::to_string(i)));
+  }
+  std::set<int> ports;
+  for (const auto& r : runs) {
+    const int port = r->assignment().agent_store_port();
+    REQUIRE(port > 0);
+    ports.insert(port);
+    TcpStoreClient c(port, Dialect::kTorch2);
+    REQUIRE(c.ok());
+    REQUIRE(c.set("k", "run's own"));
+    CHECK(c.get("k") == "run's own");
+  }
+  CHECK(ports.size() == runs.size());
+  // 40 runs' listeners on the one thread the first one started (gRPC may add a thread of its
+  // own under load; not one per run).
+  CHECK(threads_of(server.proc->pid()) <= threads_one + 2);
+  // A run that goes takes its listener: its port refuses connections.
+  const int gone = runs.back()->assignment().agent_store_port();
+  runs.pop_back();
+  const auto end = std::chrono::steady_clock::now() + 10s;
+  bool refused = false;
+  while (!refused && std::chrono::steady_clock::now() < end) {
+    TcpStoreClient probe(gone, Dialect::kTorch2);
+    refused = !probe.ok();
+    if (!refused) std::this_thread::sleep_for(10ms);  // the server sees the stream end first
+  }
+  CHECK(refused);
 }

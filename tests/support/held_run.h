@@ -37,7 +37,9 @@ class HeldRun {
     if (!stream_->Write(m) || !stream_->Read(&got) || !got.has_assignment()) {
       throw std::runtime_error("held run '" + run + "': no assignment from " + endpoint);
     }
+    assignment_ = got.assignment();
   }
+  const v1::Assignment& assignment() const { return assignment_; }
   ~HeldRun() {
     ctx_.TryCancel();
     stream_->Finish();
@@ -49,6 +51,7 @@ class HeldRun {
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMsg, v1::ServerMsg>> stream_;
+  v1::Assignment assignment_;
 };
 
 }  // namespace muster::testing

@@ -7,14 +7,14 @@
 namespace muster::rendezvous {
 
 AgentStores::AgentStores(std::string host, StoreLimits limits)
-    : host_(std::move(host)), limits_(limits) {}
+    : host_(std::move(host)), limits_(limits), loop_(make_tcpstore_loop()) {}
 
 void AgentStores::open(const std::string& run) {
   if (runs_.count(run) != 0) return;
   TcpStoreOptions o;
   o.host = host_;
   o.limits = limits_;
-  auto server = TcpStoreServer::start(o);
+  auto server = TcpStoreServer::start(o, loop_);
   if (!server.ok()) {
     spdlog::error("rendezvous: run '{}' has no TCPStore-protocol store: {}", run,
                   std::string(server.status().message()));

@@ -1,7 +1,8 @@
 // The rendezvous server's per-run TCPStore-protocol stores: one TcpStoreServer per run, opened
 // with the run's store table (its first Join) and closed when the run goes, so that its port is
 // known before the first Assignment and stays the same across rounds (no port to race for, and
-// the store outlives every worker). The server's io thread owns it; not thread-safe.
+// the store outlives every worker). All of them are served by one thread (a TcpStoreLoop). The
+// server's io thread owns it; not thread-safe.
 #pragma once
 
 #include <map>
@@ -29,6 +30,7 @@ class AgentStores {
  private:
   std::string host_;
   StoreLimits limits_;
+  std::shared_ptr<TcpStoreLoop> loop_;  // declared first: it outlives the servers
   std::map<std::string, std::unique_ptr<TcpStoreServer>> runs_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <deque>
+#include <future>
 #include <memory>
 #include <thread>
 #include <unordered_map>
@@ -51,11 +52,32 @@ using ConnPtr = std::shared_ptr<Conn>;
 
 }  // namespace
 
-class TcpStoreServer::Impl {
+class TcpStoreLoop {
  public:
-  explicit Impl(TcpStoreOptions o)
+  TcpStoreLoop() : work_(asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {}
+  // Lets the thread finish what is queued (the handlers of closed servers), then joins it.
+  ~TcpStoreLoop() {
+    work_.reset();
+    thread_.join();
+  }
+  asio::io_context& io() { return io_; }
+
+ private:
+  asio::io_context io_{1};
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::thread thread_;
+};
+
+std::shared_ptr<TcpStoreLoop> make_tcpstore_loop() { return std::make_shared<TcpStoreLoop>(); }
+
+// Every handler holds the Impl (shared_from_this), so that a server closed while its sockets'
+// handlers are still queued is freed by the last of them, on the loop's thread.
+class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer::Impl> {
+ public:
+  Impl(TcpStoreOptions o, asio::io_context& io)
       : opts_(std::move(o)),
         table_(opts_.limits),
+        io_(io),
         acceptor_(io_),
         frame_{opts_.limits.max_key_bytes, opts_.limits.max_value_bytes,
                opts_.limits.max_keys_per_request, opts_.max_frame_bytes},
@@ -75,18 +97,24 @@ class TcpStoreServer::Impl {
                                     std::to_string(opts_.port) + ": " + ec.message());
     }
     port_ = acceptor_.local_endpoint().port();
-    accept();
-    thread_ = std::thread([this] { io_.run(); });
     return absl::OkStatus();
   }
 
-  ~Impl() {
-    asio::post(io_, [this] {
+  // On the loop: starts accepting (after listen(), once the Impl is owned by a shared_ptr).
+  void begin() {
+    asio::post(io_, [this, self = shared_from_this()] { accept(); });
+  }
+
+  // Closes the listener and every connection, on the loop, and returns when that is done.
+  void shutdown() {
+    std::promise<void> done;
+    asio::post(io_, [this, self = shared_from_this(), &done] {
       boost::system::error_code ec;
       acceptor_.close(ec);
       for (auto& c : std::vector<ConnPtr>(conns_.begin(), conns_.end())) drop(c);
+      done.set_value();
     });
-    if (thread_.joinable()) thread_.join();
+    done.get_future().wait();
   }
 
   int port() const { return port_; }
@@ -103,7 +131,8 @@ class TcpStoreServer::Impl {
 
  private:
   void accept() {
-    acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket s) {
+    acceptor_.async_accept([this, self = shared_from_this()](const boost::system::error_code& ec,
+                                                               tcp::socket s) {
       if (ec == asio::error::operation_aborted) return;
       if (!ec) on_accept(std::move(s));
       accept();
@@ -138,7 +167,8 @@ class TcpStoreServer::Impl {
   void read(const ConnPtr& c) {
     if (c->closed || c->reading) return;
     c->reading = true;
-    c->sock.async_wait(tcp::socket::wait_read, [this, c](const boost::system::error_code& ec) {
+    c->sock.async_wait(tcp::socket::wait_read, [this, self = shared_from_this(),
+                                                c](const boost::system::error_code& ec) {
       c->reading = false;
       if (c->closed) return;
       if (ec) return drop(c);
@@ -181,7 +211,7 @@ class TcpStoreServer::Impl {
     if (c->partial_armed && !progressed) return;
     c->partial_armed = true;
     c->partial.expires_after(opts_.partial_frame_timeout);
-    c->partial.async_wait([this, c](const boost::system::error_code& ec) {
+    c->partial.async_wait([this, self = shared_from_this(), c](const boost::system::error_code& ec) {
       if (ec || c->closed || c->in.empty()) return;
       fail(c, "a frame left half-sent for " +
                   std::to_string(opts_.partial_frame_timeout.count()) + " ms");
@@ -418,7 +448,8 @@ class TcpStoreServer::Impl {
     c->out.clear();
     c->writing = true;
     asio::async_write(c->sock, asio::buffer(c->sending),
-                      [this, c](const boost::system::error_code& ec, std::size_t) {
+                      [this, self = shared_from_this(), c](const boost::system::error_code& ec,
+                                                           std::size_t) {
                         c->writing = false;
                         if (c->closed) return;
                         if (ec) return drop(c);
@@ -449,7 +480,7 @@ class TcpStoreServer::Impl {
 
   TcpStoreOptions opts_;
   KvTable table_;
-  asio::io_context io_{1};
+  asio::io_context& io_;
   tcp::acceptor acceptor_;
   tcpstore::FrameLimits frame_;
   std::vector<char> buf_;
@@ -458,20 +489,28 @@ class TcpStoreServer::Impl {
   std::unordered_map<std::string, std::vector<std::weak_ptr<Conn>>> watchers_;
   std::unordered_map<std::string, std::deque<std::string>> queues_;
   std::size_t queue_bytes_ = 0;
-  std::thread thread_;
   int port_ = 0;
   std::atomic<std::size_t> n_conns_{0}, n_keys_{0}, n_waits_{0};
   std::atomic<std::uint64_t> n_closed_{0}, n_refused_{0};
 };
 
-TcpStoreServer::TcpStoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-TcpStoreServer::~TcpStoreServer() = default;
+TcpStoreServer::TcpStoreServer(std::shared_ptr<TcpStoreLoop> loop, std::shared_ptr<Impl> impl)
+    : loop_(std::move(loop)), impl_(std::move(impl)) {}
 
-absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(TcpStoreOptions options) {
+TcpStoreServer::~TcpStoreServer() {
+  impl_->shutdown();
+  impl_.reset();  // the queued handlers of its closed sockets hold it until they have run
+  loop_.reset();  // the last holder of the loop joins its thread
+}
+
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(
+    TcpStoreOptions options, std::shared_ptr<TcpStoreLoop> loop) {
   if (options.max_frame_bytes < 16) return absl::InvalidArgumentError("tcpstore: max_frame_bytes");
-  auto impl = std::make_unique<Impl>(std::move(options));
+  if (!loop) loop = make_tcpstore_loop();
+  auto impl = std::make_shared<Impl>(std::move(options), loop->io());
   if (absl::Status s = impl->listen(); !s.ok()) return s;
-  return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
+  impl->begin();
+  return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(loop), std::move(impl)));
 }
 
 int TcpStoreServer::port() const { return impl_->port(); }

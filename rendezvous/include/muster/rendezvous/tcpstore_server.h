@@ -19,8 +19,8 @@
 // answers WAIT_CANCELED; WATCH_KEY (torch 1.13) sends the watching connection every change of
 // its key.
 //
-// Thread safety: start, port, stats and the destructor may be called from any thread; the
-// table is served by the server's own thread.
+// Thread safety: start, port, stats and the destructor may be called from any thread but the
+// loop's; the table is served by the loop's thread.
 #pragma once
 
 #include <chrono>
@@ -45,12 +45,20 @@ struct TcpStoreOptions {
   std::chrono::milliseconds partial_frame_timeout = limits::kTcpStorePartialFrameTimeout;
 };
 
+// A thread serving any number of TcpStoreServers (the rendezvous server's runs share one, so
+// that 4,096 runs are not 4,096 threads). It ends when its last server and holder are gone; it
+// must not be released on its own thread.
+class TcpStoreLoop;
+std::shared_ptr<TcpStoreLoop> make_tcpstore_loop();
+
 class TcpStoreServer {
  public:
-  // Binds, listens and starts serving. An error (the address taken, a bad host) is returned,
-  // nothing is left running.
-  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> start(TcpStoreOptions options);
-  // Closes the listener and every connection, and joins the server's thread.
+  // Binds, listens and starts serving, on `loop` (none: a loop of its own). An error (the
+  // address taken, a bad host) is returned, nothing is left running.
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> start(
+      TcpStoreOptions options, std::shared_ptr<TcpStoreLoop> loop = nullptr);
+  // Closes the listener and every connection (waiting for the loop to have done so); a loop
+  // of its own is joined.
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -69,8 +77,9 @@ class TcpStoreServer {
   class Impl;
 
  private:
-  explicit TcpStoreServer(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  TcpStoreServer(std::shared_ptr<TcpStoreLoop> loop, std::shared_ptr<Impl> impl);
+  std::shared_ptr<TcpStoreLoop> loop_;
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace muster::rendezvous
