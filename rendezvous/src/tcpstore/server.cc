@@ -444,6 +444,16 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
                          std::to_string(c->out.size() + c->sending.size()) + " bytes unsent)");
     }
     if (c->writing) return;
+    // Most replies fit the socket's buffer: written at once, with no handler to queue.
+    boost::system::error_code ec;
+    const std::size_t n = c->sock.write_some(asio::buffer(c->out), ec);
+    if (ec && ec != asio::error::would_block) return drop(c);
+    if (!ec && n == c->out.size()) {
+      c->out.clear();
+      if (c->out.capacity() > (64 << 10)) std::string().swap(c->out);
+      return;
+    }
+    c->out.erase(0, ec ? 0 : n);
     c->sending.swap(c->out);
     c->out.clear();
     c->writing = true;
