@@ -11,6 +11,10 @@
 //   COMPARE_SET 2, GET 3, ADD 4, CHECK 5, WAIT 6, GETNUMKEYS 7, DELETE_KEY 8, APPEND 9,
 //   MULTI_GET 10, MULTI_SET 11, CANCEL_WAIT 12, PING 13, QUEUE_PUSH 14, QUEUE_POP 15,
 //   QUEUE_LEN 16.
+// (PING's place after CANCEL_WAIT is read from torch's TCPStoreBackend.hpp; the queue ops'
+// numbers, after PING, from the libuv server's dispatch: no 2.x client runs here to check them.
+// One classic-server commit of torch's reads a uint32 magic before every query; main's default
+// libuv server, which this follows, does not.)
 // A first byte 0 followed by the magic is the 2.x handshake; anything else is 1.13 (a 1.13
 // SET whose key length starts with the magic would be a key of about 1 GB, over every limit).
 //
