@@ -212,7 +212,7 @@ std::vector<int> g_port_locks;  // fds holding this process's ports, open until 
 // Takes `port` for this process: its lock (not held by any other process, nor by this one
 // before) and a bind that works now. False, holding nothing, otherwise.
 bool reserve(int port) {
-  ::mkdir(kPortLockDir, 01777);
+  if (::mkdir(kPortLockDir, 01777) == 0) ::chmod(kPortLockDir, 01777);  // past the umask: shared
   const std::string path = std::string(kPortLockDir) + "/" + std::to_string(port);
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   if (fd < 0) return false;
