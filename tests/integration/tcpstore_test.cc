@@ -358,9 +358,9 @@ TEST_CASE("tcpstore: rdzvd gives each run a listener of its own, on one shared t
     CHECK(c.get("k") == "run's own");
   }
   CHECK(ports.size() == runs.size());
-  // 40 runs' listeners on the one thread the first one started (gRPC may add a thread of its
-  // own under load; not one per run).
-  CHECK(threads_of(server.proc->pid()) <= threads_one + 2);
+  // 40 runs' listeners on the one thread the first one started: far fewer new threads than
+  // runs (gRPC may add some of its own for 40 more connections; a thread per run would be 39).
+  CHECK(threads_of(server.proc->pid()) < threads_one + 20);
   // A run that goes takes its listener: its port refuses connections.
   const int gone = runs.back()->assignment().agent_store_port();
   runs.pop_back();
