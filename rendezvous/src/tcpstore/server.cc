@@ -46,7 +46,6 @@ struct Conn {
   // A parked WAIT: the keys still missing (a key named twice counts once per name).
   std::size_t awaited = 0;
   std::vector<std::string> wait_keys;
-  std::vector<std::string> watched;  // WATCH_KEY (torch 1.13)
 };
 using ConnPtr = std::shared_ptr<Conn>;
 
@@ -218,14 +217,14 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
     });
   }
 
+  // One query, answered into c->out (the protocol's replies; nothing for SET-like queries).
   void serve(const ConnPtr& c, Request& r) {
     std::string& o = c->out;
     switch (r.op) {
       case Op::kValidate:
         return;
       case Op::kPing:
-        tcpstore::put_u32(o, r.number);
-        return;
+        return tcpstore::put_u32(o, r.number);
       case Op::kSet:
         return set(c, r.keys[0], std::move(r.values[0]), tcpstore::kWatchUpdated);
       case Op::kAppend: {
@@ -233,114 +232,120 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
         std::string joined = v != nullptr ? *v + r.values[0] : std::move(r.values[0]);
         return set(c, r.keys[0], std::move(joined), tcpstore::kWatchAppended);
       }
-      case Op::kCompareSet: {
-        const std::string* before = table_.find(r.keys[0]);
-        const std::string old = before != nullptr ? *before : std::string();
-        const bool existed = before != nullptr;
-        auto got = table_.compare_set(r.keys[0], r.values[0], r.values[1]);
-        if (!got.ok()) return fail(c, "COMPARE_SET: " + std::string(got.status().message()));
-        n_keys_ = table_.size();
-        tcpstore::put_bytes(o, *got);
-        const std::string* now = table_.find(r.keys[0]);
-        if (now != nullptr && (!existed || *now != old)) {
-          changed(r.keys[0], existed ? tcpstore::kWatchUpdated : tcpstore::kWatchCreated, old,
-                  *now);
-          wake(r.keys[0], false);
-        }
-        return;
-      }
-      case Op::kGet: {
-        const std::string* v = table_.find(r.keys[0]);
-        tcpstore::put_bytes(o, v != nullptr ? *v : std::string());
-        return;
-      }
-      case Op::kAdd: {
-        const std::string* before = table_.find(r.keys[0]);
-        const bool existed = before != nullptr;
-        const std::string old = existed ? *before : std::string();
-        auto sum = table_.add(r.keys[0], r.delta);
-        if (!sum.ok()) return fail(c, "ADD: " + std::string(sum.status().message()));
-        n_keys_ = table_.size();
-        tcpstore::put_i64(o, *sum);
-        wake(r.keys[0], false);
-        changed(r.keys[0], existed ? tcpstore::kWatchUpdated : tcpstore::kWatchCreated, old,
-                *table_.find(r.keys[0]));
-        return;
-      }
-      case Op::kCheck:
-        tcpstore::put_u8(o, present(r.keys) ? tcpstore::kCheckReady : tcpstore::kCheckNotReady);
-        return;
-      case Op::kWait:
-        return wait(c, r.keys);
-      case Op::kNumKeys:
-        tcpstore::put_i64(o, static_cast<std::int64_t>(table_.size()));
-        return;
-      case Op::kDelete: {
-        const std::string* v = table_.find(r.keys[0]);
-        const std::string old = v != nullptr ? *v : std::string();
-        const bool erased = table_.erase(r.keys[0]);
-        n_keys_ = table_.size();
-        tcpstore::put_i64(o, erased ? 1 : 0);
-        if (erased) changed(r.keys[0], tcpstore::kWatchDeleted, old, "");
-        return;
-      }
-      case Op::kWatchKey:
-        watchers_[r.keys[0]].push_back(c);
-        c->watched.push_back(r.keys[0]);
-        tcpstore::put_u8(o, tcpstore::kWatchRegistered);
-        return;
+      case Op::kCompareSet:
+        return compare_set(c, r);
+      case Op::kGet:
       case Op::kMultiGet:
         for (const auto& k : r.keys) {
           const std::string* v = table_.find(k);
           tcpstore::put_bytes(o, v != nullptr ? *v : std::string());
         }
         return;
-      case Op::kMultiSet: {
+      case Op::kAdd:
+        return add(c, r);
+      case Op::kCheck:
+        return tcpstore::put_u8(o, present(r.keys) ? tcpstore::kCheckReady
+                                                   : tcpstore::kCheckNotReady);
+      case Op::kWait:
+        return wait(c, r.keys);
+      case Op::kNumKeys:
+        return tcpstore::put_i64(o, static_cast<std::int64_t>(table_.size()));
+      case Op::kDelete:
+        return erase(c, r.keys[0]);
+      case Op::kWatchKey:
+        watchers_[r.keys[0]].push_back(c);
+        return tcpstore::put_u8(o, tcpstore::kWatchRegistered);
+      case Op::kMultiSet:
         if (absl::Status s = table_.multi_set(r.keys, r.values); !s.ok()) {
           return fail(c, "MULTI_SET: " + std::string(s.message()));
         }
         n_keys_ = table_.size();
         for (const auto& k : r.keys) wake(k, false);
         return;
-      }
       case Op::kCancelWait:
         unpark(c);
-        tcpstore::put_u8(o, tcpstore::kWaitCanceled);
-        return;
-      case Op::kQueuePush: {
-        const std::size_t bytes = r.keys[0].size() + r.values[0].size();
-        if (r.values[0].size() > opts_.limits.max_value_bytes ||
-            table_.bytes() + queue_bytes_ + bytes > opts_.limits.max_bytes) {
-          return fail(c, "QUEUE_PUSH: the run's store is full");
-        }
-        queue_bytes_ += bytes;
-        queues_[r.keys[0]].push_back(std::move(r.values[0]));
-        return wake(r.keys[0], true);
-      }
-      case Op::kQueuePop: {
-        auto it = queues_.find(r.keys[0]);
-        const std::size_t n = it == queues_.end() ? 0 : it->second.size();
-        tcpstore::put_i64(o, static_cast<std::int64_t>(n));
-        if (n > 0) {
-          tcpstore::put_bytes(o, it->second.front());
-          queue_bytes_ -= r.keys[0].size() + it->second.front().size();
-          it->second.pop_front();
-          if (it->second.empty()) queues_.erase(it);
-        }
-        return;
-      }
-      case Op::kQueueLen: {
-        auto it = queues_.find(r.keys[0]);
-        tcpstore::put_i64(o, it == queues_.end() ? 0 : static_cast<std::int64_t>(it->second.size()));
-        return;
-      }
+        return tcpstore::put_u8(o, tcpstore::kWaitCanceled);
+      case Op::kQueuePush:
+      case Op::kQueuePop:
+      case Op::kQueueLen:
+        return queue(c, r);
     }
+  }
+
+  // The value `key` had, for a watcher's update; only copied when someone watches it.
+  std::string old_value(const std::string& key, const std::string* before) const {
+    return before != nullptr && watchers_.count(key) != 0 ? *before : std::string();
+  }
+
+  void compare_set(const ConnPtr& c, const Request& r) {
+    const std::string& key = r.keys[0];
+    const std::string &expected = r.values[0], &desired = r.values[1];
+    const std::string* before = table_.find(key);
+    const bool existed = before != nullptr;
+    // c10d's rule (KvTable::compare_set): a missing key is set only when `expected` is empty.
+    const bool changes = existed ? *before == expected && desired != expected : expected.empty();
+    const std::string old = old_value(key, before);
+    auto got = table_.compare_set(key, expected, desired);
+    if (!got.ok()) return fail(c, "COMPARE_SET: " + std::string(got.status().message()));
+    n_keys_ = table_.size();
+    tcpstore::put_bytes(c->out, *got);
+    if (changes) {
+      changed(key, existed ? tcpstore::kWatchUpdated : tcpstore::kWatchCreated, old, desired);
+      wake(key, false);
+    }
+  }
+
+  void add(const ConnPtr& c, const Request& r) {
+    const std::string& key = r.keys[0];
+    const std::string* before = table_.find(key);
+    const bool existed = before != nullptr;
+    const std::string old = old_value(key, before);
+    auto sum = table_.add(key, r.delta);
+    if (!sum.ok()) return fail(c, "ADD: " + std::string(sum.status().message()));
+    n_keys_ = table_.size();
+    tcpstore::put_i64(c->out, *sum);
+    wake(key, false);
+    changed(key, existed ? tcpstore::kWatchUpdated : tcpstore::kWatchCreated, old,
+            *table_.find(key));
+  }
+
+  void erase(const ConnPtr& c, const std::string& key) {
+    const std::string old = old_value(key, table_.find(key));
+    const bool erased = table_.erase(key);
+    n_keys_ = table_.size();
+    tcpstore::put_i64(c->out, erased ? 1 : 0);
+    if (erased) changed(key, tcpstore::kWatchDeleted, old, "");
+  }
+
+  // QUEUE_PUSH (no reply; wakes one waiter), QUEUE_POP (the length, then the value when there
+  // is one; never waits), QUEUE_LEN.
+  void queue(const ConnPtr& c, Request& r) {
+    const std::string& key = r.keys[0];
+    auto it = queues_.find(key);
+    const std::size_t n = it == queues_.end() ? 0 : it->second.size();
+    if (r.op == Op::kQueueLen) return tcpstore::put_i64(c->out, static_cast<std::int64_t>(n));
+    if (r.op == Op::kQueuePop) {
+      tcpstore::put_i64(c->out, static_cast<std::int64_t>(n));
+      if (n == 0) return;
+      tcpstore::put_bytes(c->out, it->second.front());
+      queue_bytes_ -= key.size() + it->second.front().size();
+      it->second.pop_front();
+      if (it->second.empty()) queues_.erase(it);
+      return;
+    }
+    const std::size_t bytes = key.size() + r.values[0].size();
+    if (table_.bytes() + queue_bytes_ + bytes > opts_.limits.max_bytes) {
+      return fail(c, "QUEUE_PUSH: the run's store is full");
+    }
+    queue_bytes_ += bytes;
+    queues_[key].push_back(std::move(r.values[0]));
+    wake(key, true);
   }
 
   void set(const ConnPtr& c, const std::string& key, std::string value, std::uint8_t kind) {
     const std::string* before = table_.find(key);
     const bool existed = before != nullptr;
-    const std::string old = existed && watchers_.count(key) != 0 ? *before : std::string();
+    const std::string old = old_value(key, before);
     if (absl::Status s = table_.set(key, value); !s.ok()) {
       return fail(c, std::string(s.message()));
     }
