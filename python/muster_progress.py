@@ -90,6 +90,24 @@ def _write(page, fields, name):
 def step(n, phase=""):
     """Reports step `n` (a negative step is recorded as 0) and what the worker is doing
     (`phase`, cut to 63 bytes), with the time now."""
+    global explicit
+    explicit = True
+    _step(n, phase)
+
+
+def phase(name):
+    """Changes only the phase of the last report (step, time and count stay)."""
+    global explicit
+    explicit = True
+    _phase(name)
+
+
+# True once the program called step() or phase() itself: launch's automatic reports for
+# unmodified PyTorch scripts (muster_progress_auto) then stop, so the two never mix.
+explicit = False
+
+
+def _step(n, phase):
     page = _page if _opened else _open()
     if page is None:
         return
@@ -97,8 +115,7 @@ def step(n, phase=""):
     _write(page, (min(max(0, int(n)), 2**64 - 1), time.monotonic_ns(), reports), phase)
 
 
-def phase(name):
-    """Changes only the phase of the last report (step, time and count stay)."""
+def _phase(name):
     page = _page if _opened else _open()
     if page is None:
         return

@@ -634,6 +634,11 @@ class Agent::Impl {
         // A Python worker's tracebacks on SIGABRT, for its stack file (docs/hangs.md).
         if (!opts_.python_interpreter.empty() && a.hang_timeout_ms() > 0) {
           env.emplace("PYTHONFAULTHANDLER", "1");
+          if (!opts_.python_progress_hook.empty()) {
+            std::string& path = env["PYTHONPATH"];
+            path = path.empty() ? opts_.python_progress_hook
+                                : absl::StrCat(opts_.python_progress_hook, ":", path);
+          }
         }
       }
       req.envp = to_envp(env);

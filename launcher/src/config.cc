@@ -29,6 +29,7 @@
 #include "muster/agent/numa.h"
 #include "muster/agent/worker_env.h"
 #include "muster/launcher/scheduler_env.h"
+#include "muster/ops/build_info.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/resolve.h"
 #include "cluster_config.h"
@@ -71,23 +72,33 @@ absl::Status resolve_nproc(LaunchConfig& c, const HostInfo& host) {
   const std::string& v = c.nproc_spec;
   if (v == "cpu") {
     c.nproc_per_node = host.cpu_count;
-  } else if (v == "gpu" || v == "auto") {
-    int gpus = host.gpu_count();
-    if (v == "gpu" && gpus < 1) {
+  } else if (v == "gpu") {
+    c.nproc_per_node = host.gpu_count();
+    if (c.nproc_per_node < 1) {
       return absl::InvalidArgumentError("--nproc_per_node=gpu: no CUDA device is visible");
     }
-    c.nproc_per_node = gpus > 0 ? gpus : host.cpu_count;
-  } else if (v == "xpu" || v == "npu" || v == "hpu" || v == "mtia" || v == "mps" ||
-             v == "musa" || v == "privateuseone") {
+  } else if (v == "xpu") {
+    c.nproc_per_node = host.xpu_count();
+    if (c.nproc_per_node < 1) {
+      return absl::InvalidArgumentError(
+          "--nproc_per_node=xpu: no Intel GPU is visible (Level Zero's libze_loader.so.1)");
+    }
+  } else if (v == "auto") {
+    // As torch.accelerator picks: the accelerator present (CUDA first), else the CPUs.
+    int n = host.gpu_count();
+    if (n < 1) n = host.xpu_count();
+    c.nproc_per_node = n > 0 ? n : host.cpu_count;
+  } else if (v == "npu" || v == "hpu" || v == "mtia" || v == "mps" || v == "musa" ||
+             v == "privateuseone") {
     // Accelerators torchrun counts through torch; launch has no way to count them.
     return absl::InvalidArgumentError(absl::StrCat(
-        "--nproc_per_node=", v, ": launch counts only CUDA devices (gpu, auto) and CPUs (cpu); "
-        "give the number of workers"));
+        "--nproc_per_node=", v, ": launch counts CUDA devices (gpu), Intel GPUs (xpu), either "
+        "(auto) and CPUs (cpu); give the number of workers"));
   } else {
     auto n = parse_positive("--nproc_per_node", v);
     if (!n.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--nproc_per_node: expected a positive integer, cpu, gpu or auto, got '", v, "'"));
+          "--nproc_per_node: expected a positive integer, cpu, gpu, xpu or auto, got '", v, "'"));
     }
     c.nproc_per_node = *n;
   }
@@ -467,6 +478,13 @@ absl::Status resolve_rendezvous(LaunchConfig& c) {
   if (c.master_port < 0 || c.master_port > 65535) {
     return absl::InvalidArgumentError("--master_port: must be a port number");
   }
+  // torchrun >= 2.6: one node, static, no endpoint and no master port is --standalone (c10d on
+  // a free port, a random run id), so two such jobs on one host never meet on 29500.
+  if (!c.standalone && c.rdzv_backend == "static" && c.max_nodes == 1 &&
+      c.rdzv_endpoint.empty() && c.master_port == 0) {
+    c.standalone = true;
+    c.rdzv_backend = "c10d";
+  }
   if (c.standalone) {
     c.mode = RdzvMode::kEmbedded;
     return absl::OkStatus();
@@ -664,6 +682,8 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
       "with -m. Everything after PROGRAM is passed to it. "
       "Details: docs/launch.md and docs/rendezvous.md.");
   app.set_help_flag("-h,--help", "Show this help and exit");
+  app.set_version_flag("--version", muster::ops::version_line("launch"),
+                       "Show the version and commit and exit");
   // Every flag also reads PET_<NAME> (torchrun's env defaults, as Kubeflow's PyTorchJob sets
   // them); a flag on the command line wins.
   auto pet = [](CLI::Option* o, const char* group) {
@@ -683,7 +703,7 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   SchedulerFlags given;
   given.nnodes = pet(app.add_option("--nnodes", nnodes, "Number of nodes, N or MIN:MAX (elastic)"), kRdzv);
   given.nproc = pet(app.add_option("--nproc_per_node,--nproc-per-node", c.nproc_spec,
-                     "Workers per node: an integer, cpu, gpu or auto"),
+                     "Workers per node: an integer, cpu, gpu, xpu or auto"),
       kWorkers);
   pet(app.add_flag("--standalone", c.standalone,
                    "Single node; the rendezvous server runs inside launch on a free port"),
@@ -876,6 +896,9 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
   } catch (const CLI::CallForHelp&) {
     result.help = app.help();
     return result;
+  } catch (const CLI::CallForVersion&) {
+    result.help = muster::ops::version_line("launch") + "\n";
+    return result;
   } catch (const CLI::ParseError& e) {
     result.error = absl::InvalidArgumentError(one_line(e.what()));
     return result;
@@ -921,9 +944,10 @@ ParseResult parse_launch_args(const std::vector<std::string>& args, const HostIn
     result.error = s;
     return result;
   }
-  // With --hosts, cpu/gpu/auto are counted by each host's agent on its own machine.
+  // With --hosts, cpu/gpu/xpu/auto are counted by each host's agent on its own machine.
   const bool counted_remotely =
-      cluster && (c.nproc_spec == "cpu" || c.nproc_spec == "gpu" || c.nproc_spec == "auto");
+      cluster && (c.nproc_spec == "cpu" || c.nproc_spec == "gpu" || c.nproc_spec == "xpu" ||
+                  c.nproc_spec == "auto");
   if (counted_remotely) {
     c.nproc_per_node = 1;
   } else if (absl::Status s = resolve_nproc(c, counted); !s.ok()) {
@@ -1162,6 +1186,34 @@ int detect_gpu_count() {
   auto count = reinterpret_cast<CountFn>(::dlsym(lib, "cuDeviceGetCount"));
   int n = 0;
   if (init == nullptr || count == nullptr || init(0) != 0 || count(&n) != 0) n = 0;
+  return n;
+}
+
+int detect_xpu_count() {
+  // Level Zero's loader, as detect_gpu_count loads CUDA's driver: zeInit, then the devices of
+  // every driver.
+  void* lib = ::dlopen("libze_loader.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) return 0;
+  using InitFn = int (*)(unsigned);
+  using DriverGetFn = int (*)(std::uint32_t*, void**);
+  using DeviceGetFn = int (*)(void*, std::uint32_t*, void**);
+  auto init = reinterpret_cast<InitFn>(::dlsym(lib, "zeInit"));
+  auto drivers_of = reinterpret_cast<DriverGetFn>(::dlsym(lib, "zeDriverGet"));
+  auto devices_of = reinterpret_cast<DeviceGetFn>(::dlsym(lib, "zeDeviceGet"));
+  constexpr unsigned kGpuOnly = 1;  // ZE_INIT_FLAG_GPU_ONLY
+  std::uint32_t ndrivers = 0;
+  if (init == nullptr || drivers_of == nullptr || devices_of == nullptr || init(kGpuOnly) != 0 ||
+      drivers_of(&ndrivers, nullptr) != 0) {
+    return 0;
+  }
+  ndrivers = std::min<std::uint32_t>(ndrivers, 64);
+  std::vector<void*> drivers(ndrivers);
+  if (ndrivers == 0 || drivers_of(&ndrivers, drivers.data()) != 0) return 0;
+  int n = 0;
+  for (std::uint32_t i = 0; i < ndrivers && i < drivers.size(); ++i) {
+    std::uint32_t devices = 0;
+    if (devices_of(drivers[i], &devices, nullptr) == 0) n += static_cast<int>(devices);
+  }
   return n;
 }
 

@@ -33,6 +33,7 @@
 #include "muster/launcher/cluster.h"
 #include "muster/launcher/config.h"
 #include "muster/launcher/event_log.h"
+#include "muster/launcher/python.h"
 #include "muster/ops/json_lines.h"
 #include "muster/ops/status_format.h"
 #include "muster/ops/http_server.h"
@@ -117,6 +118,7 @@ int main(int argc, char** argv) {
   muster::launcher::HostInfo host;
   host.cpu_count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   host.gpu_count = muster::launcher::detect_gpu_count;
+  host.xpu_count = muster::launcher::detect_xpu_count;
   muster::launcher::ParseResult parsed =
       muster::launcher::parse_launch_args(std::vector<std::string>(argv + 1, argv + argc), host);
   if (!parsed.help.empty()) {
@@ -347,6 +349,8 @@ int main(int argc, char** argv) {
   opts.entrypoint_name = entry->name;
   if (!entry->python_reason.empty()) {
     opts.python_interpreter = absl::StrCat(entry->path, " (", entry->python_reason, ")");
+    opts.python_progress_hook = muster::launcher::progress_hook_pythonpath(
+        std::filesystem::read_symlink("/proc/self/exe", ec).string());
   }
   opts.shutdown_timeout = cfg.shutdown_timeout;
   opts.hang_timeout = cfg.hang_timeout;

@@ -161,4 +161,22 @@ absl::StatusOr<PythonChoice> choose_python(const std::map<std::string, std::stri
                                         : "python3 from PATH"};
 }
 
+std::string muster_python_dir(const std::string& exe) {
+  const auto holds_helpers = [](const std::string& dir) {
+    return ::access((dir + "/muster_hook/sitecustomize.py").c_str(), R_OK) == 0 &&
+           ::access((dir + "/muster_progress_auto.py").c_str(), R_OK) == 0;
+  };
+  if (auto slash = exe.rfind('/'); slash != std::string::npos) {
+    std::string installed = exe.substr(0, slash) + "/../lib/muster/python";
+    if (holds_helpers(installed)) return installed;
+  }
+  const std::string source = MUSTER_SOURCE_PYTHON_DIR;
+  return holds_helpers(source) ? source : std::string();
+}
+
+std::string progress_hook_pythonpath(const std::string& exe) {
+  const std::string dir = muster_python_dir(exe);
+  return dir.empty() ? std::string() : absl::StrCat(dir, "/muster_hook:", dir);
+}
+
 }  // namespace muster::launcher

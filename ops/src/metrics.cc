@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
+#include "muster/ops/build_info.h"
 
 namespace muster::ops {
 namespace {
@@ -331,6 +332,11 @@ std::string Registry::render() {
 }
 
 void add_process_metrics(Registry& registry) {
+  registry
+      .gauge("muster_build_info", "1, labelled with the build's version and commit",
+             {"version", "commit"})
+      .with({build_version(), build_commit()})
+      .set(1);
   Gauge& rss = registry
                    .gauge("muster_process_resident_memory_bytes",
                           "Resident memory of this process, in bytes (/proc/self/statm)")

@@ -154,6 +154,10 @@ std::string status_json(const v1::StatusReply& reply) {
   return JsonObject()
       .add_raw("runs", json_array(runs))
       .add_raw("store", JsonObject().add("parked_waits", parked).str())
+      .add_raw("server", JsonObject()
+                             .add("version", reply.server_version())
+                             .add("commit", reply.server_commit())
+                             .str())
       .str();
 }
 

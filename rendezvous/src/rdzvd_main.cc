@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "live_page.h"
+#include "muster/ops/build_info.h"
 #include "muster/ops/http_server.h"
 #include "muster/ops/json_lines.h"
 #include "muster/ops/metrics.h"
@@ -95,10 +96,14 @@ int main(int argc, char** argv) {
   app.add_option("--http_port,--http-port", http_port,
                  "Serve the live page on 0.0.0.0:PORT (0: any free port; off unless given)")
       ->check(CLI::Range(0, 65535));
+  app.set_version_flag("--version", muster::ops::version_line("rdzvd"),
+                       "Show the version and commit and exit");
   muster::rdzvd::StatusCommand status_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "rdzvd: error: %s\n", e.what());

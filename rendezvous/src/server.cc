@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "muster/ops/build_info.h"
 #include "muster/rendezvous/host_id.h"
 #include "muster/rendezvous/limits.h"
 #include "health.h"
@@ -87,6 +88,8 @@ class Core : public std::enable_shared_from_this<Core> {
   void fill_status(const std::string& run_id, v1::StatusReply& reply) const {
     for (auto& run : machine_.status(run_id, Clock::now())) *reply.add_runs() = std::move(run);
     fill_store_stats(*reply.mutable_store());
+    reply.set_server_version(std::string(ops::build_version()));
+    reply.set_server_commit(std::string(ops::build_commit()));
   }
 
   void set_store(StoreServer* store) { store_ = store; }

@@ -4,8 +4,17 @@
 #include <regex>
 
 #include "helpers.h"
+#include "skip.h"
 
 using namespace muster::testing;
+
+namespace {
+// Whether Debian's python3 has torch (python3-torch, from scripts/setup --tests).
+bool has_torch() {
+  Proc probe({"/usr/bin/python3", "-c", "import torch.distributed"});
+  return probe.wait(60s) == 0;
+}
+}  // namespace
 
 TEST_CASE("hang: a Python worker stuck in time.sleep is named, its traceback is in the dump",
           "[hang]") {
@@ -29,6 +38,47 @@ TEST_CASE("hang: a Python worker stuck in time.sleep is named, its traceback is 
   CHECK_THAT(stacks, Catch::Contains("hang_in_sleep.py"));
   // torchrun's failure summary names the cause and carries the traceback.
   CHECK_THAT(err, Catch::Contains("message   : hang: rank 1"));
+}
+
+TEST_CASE("hang: an unmodified DDP script stuck in its data loading is named, with its phase",
+          "[hang][torch]") {
+  if (!has_torch()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  // The script imports nothing of muster's and PYTHONPATH is unset: the step counting is the
+  // hook launch puts on the workers' PYTHONPATH for a run with a hang timeout.
+  TempDir logs;
+  Proc p({kLaunch, "--standalone", "--nproc_per_node=3", "--hang_timeout=2", "--log_dir",
+          logs.path(), std::string(INTEROP_SCRIPTS_DIR) + "/ddp_hang_in_data.py", "100", "stuck"},
+         {{"PYTHON_EXEC", "/usr/bin/python3"}, {"PYTHONPATH", std::nullopt},
+          {"MUSTER_PROGRESS_AUTO", std::nullopt}});
+  const auto rc = p.wait(90s);
+  INFO(p.out() << p.err());
+  CHECK(rc == 1);
+  CHECK(count_lines_with(p.out(), "auto_progress=True") == 3);
+  CHECK_THAT(p.out(), Catch::Contains("rank 1: loading step 3 forever"));
+  const std::string err = p.err();
+  std::smatch m;
+  REQUIRE(std::regex_search(
+      err, m,
+      std::regex(R"(hang: rank 1 \(host \S+, local rank 1, pid \d+\) stuck at step 3 in phase )"
+                 R"('between_steps' for (\d+\.\d) s; 2 ranks got further \(up to step 3\); )"
+                 R"(writing its stacks to (\S+stacks\.txt))")));
+  // Named once still for the timeout, within one sampling period (a quarter of it) more.
+  CHECK(std::stod(m[1].str()) >= 2.0);
+  CHECK(std::stod(m[1].str()) <= 2.0 + 0.5 + 0.2);
+  CHECK_THAT(read_file(m[2].str()), Catch::Contains("in load_batch"));
+}
+
+TEST_CASE("hang: without --hang_timeout a Python worker's PYTHONPATH is left as it is",
+          "[hang][torch]") {
+  if (!has_torch()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  Proc p({kLaunch, "--standalone", "--nproc_per_node=2",
+          std::string(INTEROP_SCRIPTS_DIR) + "/ddp_hang_in_data.py", "2"},
+         {{"PYTHON_EXEC", "/usr/bin/python3"}, {"PYTHONPATH", std::nullopt}});
+  const auto rc = p.wait(90s);
+  INFO(p.out() << p.err());
+  CHECK(rc == 0);
+  CHECK(count_lines_with(p.out(), "auto_progress=False") == 2);
+  CHECK(count_lines_with(p.out(), ": done") == 2);
 }
 
 TEST_CASE("hang: across nodes, the server names the rank no node alone could tell is behind",

@@ -76,6 +76,47 @@ TEST_CASE("launch: every worker gets torchrun's environment (N=4)", "[launch]") 
   CHECK(error_files.size() == 4);
 }
 
+TEST_CASE("launch: no endpoint, one node and no master port is --standalone (torchrun 2.6+)",
+          "[launch]") {
+  // Two such jobs on one host at once: each gets a store of its own on a free port and a
+  // random run id (the static defaults would have both on MASTER_PORT=29500).
+  TempDir a, b;
+  Proc pa(launch_args({"--nproc_per_node=2"}, {"env", a.path()}));
+  Proc pb(launch_args({"--nproc_per_node=2"}, {"env", b.path()}));
+  REQUIRE(pa.wait() == 0);
+  REQUIRE(pb.wait() == 0);
+  auto ea = read_env_file(a.file("env.1"));
+  auto eb = read_env_file(b.file("env.1"));
+  CHECK(ea["TORCHELASTIC_USE_AGENT_STORE"] == "True");
+  CHECK(ea["MASTER_PORT"] != "29500");
+  CHECK(ea["MASTER_PORT"] != eb["MASTER_PORT"]);
+  CHECK(ea["TORCHELASTIC_RUN_ID"] != "none");
+  CHECK(ea["TORCHELASTIC_RUN_ID"] != eb["TORCHELASTIC_RUN_ID"]);
+  // A master port given keeps torchrun's static rendezvous.
+  TempDir c;
+  const int port = free_port();
+  Proc pc(launch_args({"--nproc_per_node=1", "--master_port=" + std::to_string(port)},
+                      {"env", c.path()}));
+  REQUIRE(pc.wait() == 0);
+  auto ec = read_env_file(c.file("env.0"));
+  CHECK(ec["MASTER_PORT"] == std::to_string(port));
+  CHECK(ec["TORCHELASTIC_RUN_ID"] == "none");
+}
+
+TEST_CASE("launch: --nproc_per_node=xpu counts Level Zero's devices", "[launch]") {
+  TempDir dir;
+  Proc p(launch_args({"--standalone", "--nproc_per_node=xpu"}, {"env", dir.path()}),
+         Env{{"LD_LIBRARY_PATH", std::string(FAKE_ZE_DIR)}, {"FAKE_ZE_DEVICES", "3"}});
+  REQUIRE(p.wait() == 0);
+  CHECK(read_env_file(dir.file("env.2"))["WORLD_SIZE"] == "3");
+  CHECK_FALSE(std::filesystem::exists(dir.file("env.3")));
+  Proc none(launch_args({"--standalone", "--nproc_per_node=xpu"}, {"env", dir.path()}),
+            Env{{"LD_LIBRARY_PATH", std::string(FAKE_ZE_DIR)}, {"FAKE_ZE_DEVICES", "0"}});
+  CHECK(none.wait() == 2);
+  CHECK(none.err() == "launch: error: --nproc_per_node=xpu: no Intel GPU is visible (Level "
+                      "Zero's libze_loader.so.1)\n");
+}
+
 TEST_CASE("launch: a user's OMP_NUM_THREADS is kept", "[launch]") {
   TempDir dir;
   Proc p(launch_args({"--standalone", "--nproc_per_node=2"}, {"env", dir.path()}),

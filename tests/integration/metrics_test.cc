@@ -202,6 +202,30 @@ TEST_CASE("metrics: a launch hosting the rendezvous serves the server's series t
   stop(p);
 }
 
+TEST_CASE("version: --version of both binaries, status --json and muster_build_info agree",
+          "[metrics][version]") {
+  Proc lv({kLaunch, "--version"});
+  REQUIRE(lv.wait(30s) == 0);
+  std::smatch m;
+  const std::string line = lv.out();
+  REQUIRE(std::regex_match(line, m, std::regex(R"(launch (\d+\.\d+\.\d+) \(commit (\S+)\)\n)")));
+  const std::string version = m[1], commit = m[2];
+  CHECK(commit != "unknown");  // built from a git checkout
+  Proc rv({kRdzvd, "--version"});
+  REQUIRE(rv.wait(30s) == 0);
+  CHECK(rv.out() == "rdzvd " + version + " (commit " + commit + ")\n");
+
+  Proc p(launch_args({"--standalone", "--nproc_per_node=1", "--metrics_port=0"}, {"wait"}),
+         kInfoLog);
+  const int port = launch_metrics_port(p);
+  REQUIRE(p.wait_output(has_ready(1), 60s));
+  const std::string t = scrape(port);
+  INFO(t);
+  CHECK(sample(t, "muster_build_info{version=\"" + version + "\",commit=\"" + commit + "\"}") ==
+        1);
+  stop(p);
+}
+
 TEST_CASE("metrics: a taken or bad --metrics_port is an error line and a non-zero exit",
           "[metrics]") {
   RdzvdProc server({"--metrics_port", "0"});

@@ -33,6 +33,7 @@ const char* const kSummarize = R"PY(
 import json, sys
 d = json.loads(sys.argv[1])
 assert isinstance(d["store"]["parked_waits"], int)
+assert d["server"]["version"].count(".") == 2 and d["server"]["commit"], d["server"]
 for r in d["runs"]:
     f = r["last_failure"]
     print("run", r["run_id"], r["phase"], r.get("result", "-"), r["round"], r["world_size"],

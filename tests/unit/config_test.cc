@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "muster/ops/build_info.h"
 #include "muster/rendezvous/limits.h"
 #include "proc.h"
 
@@ -16,10 +17,11 @@ using muster::launcher::parse_launch_args;
 
 namespace {
 
-HostInfo fake_host(int cpus, int gpus) {
+HostInfo fake_host(int cpus, int gpus, int xpus = 0) {
   HostInfo h;
   h.cpu_count = cpus;
   h.gpu_count = [gpus] { return gpus; };
+  h.xpu_count = [xpus] { return xpus; };
   return h;
 }
 
@@ -91,6 +93,27 @@ TEST_CASE("flags: nproc_per_node takes an int, cpu, gpu or auto", "[config]") {
         3);
   CHECK_THAT(parse_err({"--standalone", "--nproc_per_node=gpu", "p"}, fake_host(6, 0)),
              Catch::Contains("no CUDA device"));
+  // xpu: Intel GPUs; auto: the accelerator present, CUDA first, else the CPUs.
+  CHECK(parse_ok({"--standalone", "--nproc_per_node=xpu", "p"}, fake_host(6, 0, 4))
+            .nproc_per_node == 4);
+  CHECK_THAT(parse_err({"--standalone", "--nproc_per_node=xpu", "p"}, fake_host(6, 2, 0)),
+             Catch::Contains("--nproc_per_node=xpu: no Intel GPU is visible"));
+  CHECK(parse_ok({"--standalone", "--nproc_per_node=auto", "p"}, fake_host(6, 0, 4))
+            .nproc_per_node == 4);
+  CHECK(parse_ok({"--standalone", "--nproc_per_node=auto", "p"}, fake_host(6, 2, 4))
+            .nproc_per_node == 2);
+  CHECK_THAT(parse_err({"--standalone", "--nproc_per_node=hpu", "p"}),
+             Catch::Contains("give the number of workers"));
+}
+
+TEST_CASE("flags: --version prints the version and commit", "[config]") {
+  auto r = parse_launch_args({"--version"}, fake_host(1, 0), kNoScheduler);
+  CHECK(r.error.ok());
+  CHECK_THAT(r.help, Catch::StartsWith("launch " + std::string(muster::ops::build_version()) +
+                                       " (commit "));
+  CHECK(r.help.back() == '\n');
+  CHECK(muster::ops::build_version() == MUSTER_TEST_PROJECT_VERSION);
+  CHECK_FALSE(muster::ops::build_commit().empty());
 }
 
 TEST_CASE("flags: -m and --no_python", "[config]") {
@@ -255,11 +278,19 @@ TEST_CASE("rendezvous flags: rdzv_conf keys and units", "[config]") {
 TEST_CASE("rendezvous flags: modes", "[config]") {
   using muster::launcher::RdzvMode;
   CHECK(parse_ok({"--standalone", "p"}).mode == RdzvMode::kEmbedded);
-  // Plain single node: torchrun's static defaults, served privately.
+  // Plain single node, no endpoint and no master port: --standalone, as torchrun >= 2.6 has it
+  // (c10d on a free port, a random run id), so two such jobs on one host do not collide.
   LaunchConfig single = parse_ok({"p"});
   CHECK(single.mode == RdzvMode::kEmbedded);
-  CHECK(single.master_addr == "127.0.0.1");
-  CHECK(single.master_port == 29500);
+  CHECK(single.standalone);
+  CHECK(single.rdzv_backend == "c10d");
+  // A master port given keeps torchrun's static defaults, served privately.
+  LaunchConfig fixed = parse_ok({"--master_port=29500", "p"});
+  CHECK(fixed.mode == RdzvMode::kEmbedded);
+  CHECK_FALSE(fixed.standalone);
+  CHECK(fixed.master_addr == "127.0.0.1");
+  CHECK(fixed.master_port == 29500);
+  CHECK_FALSE(parse_ok({"--nnodes=2", "--rdzv_endpoint=n0:29600", "p"}).standalone);
   // Static with an endpoint: the workers' MASTER_ADDR is the endpoint's host (node 0), as
   // torchrun derives it, not 127.0.0.1; MASTER_PORT stays apart from the server's port.
   LaunchConfig ep = parse_ok({"--nnodes=2", "--node_rank=1", "--rdzv_endpoint=n0:29600", "p"});
@@ -804,10 +835,12 @@ TEST_CASE("flags: --legacy_launch gives the program --local-rank=N unless --use_
   CHECK(c.master_addr == "10.0.0.1");
   CHECK(c.master_port == 1234);
   CHECK(c.mode == muster::launcher::RdzvMode::kStatic);
-  LaunchConfig d = parse_ok({"--legacy_launch", "p"});
+  LaunchConfig d = parse_ok({"--legacy_launch", "--master_port=29500", "p"});
   CHECK(d.master_addr == "127.0.0.1");
   CHECK(d.master_port == 29500);
   CHECK(d.node_rank == 0);
+  // torch.distributed.launch goes through torchrun's run(): one node and no port is standalone.
+  CHECK(parse_ok({"--legacy_launch", "p"}).standalone);
 }
 
 TEST_CASE("flags: --metrics_port is off by default, 0..65535, either spelling", "[config]") {

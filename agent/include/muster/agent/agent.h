@@ -93,6 +93,9 @@ struct AgentOptions {
   // end of its stderr says so), the failure summary is followed by a hint naming it and
   // PYTHON_EXEC. Empty: not Python, no hint.
   std::string python_interpreter;
+  // Put first on a Python worker's PYTHONPATH when the run has a hang timeout: launch's hook
+  // that counts an unmodified PyTorch script's steps (docs/hangs.md). Empty: none.
+  std::string python_progress_hook;
   std::map<std::string, std::string> base_env;
   std::string prefix_template;  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, or the default
   std::string error_dir;  // attempt_<k>/<local_rank>/ folders go under here

@@ -171,6 +171,7 @@ struct LaunchConfig {
 struct HostInfo {
   int cpu_count = 1;
   std::function<int()> gpu_count = [] { return 0; };  // called only for gpu/auto
+  std::function<int()> xpu_count = [] { return 0; };  // called only for xpu/auto
 };
 
 struct ParseResult {
@@ -239,5 +240,8 @@ std::vector<std::string> parse_filter_list(const std::string& text);
 
 // Number of CUDA devices visible to this process (0 without a driver or a GPU).
 int detect_gpu_count();
+// Intel GPUs (torch's "xpu") through the Level Zero loader (libze_loader.so.1), loaded only when
+// asked; 0 when it is missing or sees none. ZE_AFFINITY_MASK is the loader's to apply.
+int detect_xpu_count();
 
 }  // namespace muster::launcher

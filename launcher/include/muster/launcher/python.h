@@ -49,6 +49,16 @@ absl::StatusOr<PythonChoice> choose_python(const std::map<std::string, std::stri
                                            bool wants_torch, const TorchProbe& probe,
                                            std::chrono::milliseconds budget);
 
+// The folder of muster's Python helpers (muster_progress.py, muster_progress_auto.py and
+// muster_hook/): lib/muster/python beside an installed launch (`exe` is its path), else the
+// source tree's python/ this launch was built from; empty when neither holds them.
+std::string muster_python_dir(const std::string& exe);
+
+// What goes first on a Python worker's PYTHONPATH when its run has a hang timeout, so that an
+// unmodified PyTorch script reports its steps (docs/hangs.md): "DIR/muster_hook:DIR", DIR as
+// above; empty without it.
+std::string progress_hook_pythonpath(const std::string& exe);
+
 // The probes' default time budget, all together.
 inline constexpr std::chrono::milliseconds kTorchProbeBudget{5000};
 
