@@ -38,7 +38,7 @@ constexpr std::size_t kMaxPathBytes = PIPE_BUF - sizeof(Record);
 // uninterruptible sleep die only when their I/O ends.
 constexpr int kDrainMillis = 10000;
 
-std::string read_text(const std::string& path) {
+std::string read_whole_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
   ss << in.rdbuf();
@@ -65,13 +65,13 @@ std::string unescape_mount_path(std::string_view s) {
 std::string own_cgroup_dir() {
   std::string path;
   {
-    std::istringstream in(read_text("/proc/self/cgroup"));
+    std::istringstream in(read_whole_file("/proc/self/cgroup"));
     for (std::string line; std::getline(in, line);) {
       if (line.rfind("0::", 0) == 0) path = line.substr(3);
     }
   }
   if (path.empty() || path[0] != '/') return "";
-  std::istringstream in(read_text("/proc/self/mountinfo"));
+  std::istringstream in(read_whole_file("/proc/self/mountinfo"));
   for (std::string line; std::getline(in, line);) {
     // id parent major:minor root mount-point options [optional...] - fstype source super
     auto dash = line.find(" - ");

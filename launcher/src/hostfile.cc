@@ -36,7 +36,7 @@ bool all_name_chars(absl::string_view s) {
 }
 
 // A printable form of what was given, for messages: control characters as \xNN.
-std::string shown(absl::string_view s) {
+std::string escaped(absl::string_view s) {
   std::string out;
   for (char c : s) {
     unsigned char u = static_cast<unsigned char>(c);
@@ -84,20 +84,20 @@ absl::StatusOr<Split> split_item(absl::string_view item) {
   if (absl::StartsWith(rest, "[")) {
     auto close = rest.find(']');
     if (close == absl::string_view::npos)
-      return absl::InvalidArgumentError(absl::StrCat("'", shown(item), "': no closing ']'"));
+      return absl::InvalidArgumentError(absl::StrCat("'", escaped(item), "': no closing ']'"));
     r.host = absl::StrCat(user, rest.substr(1, close - 1));
     absl::string_view after = rest.substr(close + 1);
     if (!after.empty()) {
       if (after[0] != ':')
         return absl::InvalidArgumentError(
-            absl::StrCat("'", shown(item), "': only ':SLOTS' may follow ']'"));
+            absl::StrCat("'", escaped(item), "': only ':SLOTS' may follow ']'"));
       r.slots = after.substr(1);
       r.has_slots = true;
     }
     if (canonical_ipv6(rest.substr(1, close - 1)).empty())
       return absl::InvalidArgumentError(
-          absl::StrCat("'", shown(item), "': brackets hold an IPv6 address, and '",
-                       shown(rest.substr(1, close - 1)), "' is not one"));
+          absl::StrCat("'", escaped(item), "': brackets hold an IPv6 address, and '",
+                       escaped(rest.substr(1, close - 1)), "' is not one"));
     return r;
   }
   const auto colons = std::count(rest.begin(), rest.end(), ':');
@@ -123,22 +123,22 @@ absl::Status check_host(absl::string_view host) {
     absl::string_view user = host.substr(0, at);
     name = host.substr(at + 1);
     if (user.empty())
-      return absl::InvalidArgumentError(absl::StrCat("'", shown(host), "': empty user before '@'"));
+      return absl::InvalidArgumentError(absl::StrCat("'", escaped(host), "': empty user before '@'"));
     if (!all_name_chars(user) || user[0] == '-')
       return absl::InvalidArgumentError(absl::StrCat(
-          "'", shown(host), "': the user name may hold only A-Z a-z 0-9 . _ - (not first)"));
+          "'", escaped(host), "': the user name may hold only A-Z a-z 0-9 . _ - (not first)"));
   }
   if (name.empty())
-    return absl::InvalidArgumentError(absl::StrCat("'", shown(host), "': empty host after '@'"));
+    return absl::InvalidArgumentError(absl::StrCat("'", escaped(host), "': empty host after '@'"));
   if (name.find(':') != absl::string_view::npos) {
     if (canonical_ipv6(name).empty())
       return absl::InvalidArgumentError(
-          absl::StrCat("'", shown(host), "' is neither a host name nor an IPv6 address"));
+          absl::StrCat("'", escaped(host), "' is neither a host name nor an IPv6 address"));
     return absl::OkStatus();
   }
   if (!all_name_chars(name) || name[0] == '-')
     return absl::InvalidArgumentError(absl::StrCat(
-        "'", shown(host),
+        "'", escaped(host),
         "' is not a host name (only A-Z a-z 0-9 . _ -, not starting with '-'; it goes on an ssh "
         "command line)"));
   return absl::OkStatus();
@@ -147,7 +147,7 @@ absl::Status check_host(absl::string_view host) {
 absl::StatusOr<int> parse_slots(absl::string_view v, absl::string_view what) {
   auto bad = [&] {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, "'", shown(v), "' is not in 1..", kMaxLocalWorldSize));
+        absl::StrCat(what, "'", escaped(v), "' is not in 1..", kMaxLocalWorldSize));
   };
   if (v.empty() || v.size() > 9) return bad();
   for (char c : v) {
@@ -177,7 +177,7 @@ class Collector {
     std::string key = host_key(h.host);
     if (auto it = seen_.find(key); it != seen_.end()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, "host ", shown(h.host), " is listed twice (first ", it->second, ")"));
+          absl::StrCat(where, "host ", escaped(h.host), " is listed twice (first ", it->second, ")"));
     }
     if (hosts_.size() >= limits::kMaxHosts)
       return absl::InvalidArgumentError(
@@ -258,7 +258,7 @@ absl::StatusOr<std::vector<HostSlots>> parse_hostfile(std::string_view text_in,
       if (absl::ConsumePrefix(&field, "slots=")) {
         if (h.slots > 0 || slots_field)
           return absl::InvalidArgumentError(
-              absl::StrCat(where, "slots given twice for ", shown(h.host)));
+              absl::StrCat(where, "slots given twice for ", escaped(h.host)));
         auto n = parse_slots(field, "slots=");
         if (!n.ok()) return with_prefix(where, n.status());
         h.slots = *n;
@@ -268,13 +268,13 @@ absl::StatusOr<std::vector<HostSlots>> parse_hostfile(std::string_view text_in,
         // runs more than slots workers on a host).
         if (max_slots_field)
           return absl::InvalidArgumentError(
-              absl::StrCat(where, "max_slots given twice for ", shown(h.host)));
+              absl::StrCat(where, "max_slots given twice for ", escaped(h.host)));
         auto n = parse_slots(field, "max_slots=");
         if (!n.ok()) return with_prefix(where, n.status());
         max_slots_field = true;
       } else {
         return absl::InvalidArgumentError(absl::StrCat(
-            where, "'", shown(fields[f]),
+            where, "'", escaped(fields[f]),
             "' is not understood (after the host: slots=N, max_slots=N, or a '#' comment)"));
       }
     }
@@ -339,18 +339,18 @@ absl::StatusOr<std::vector<HostSlots>> select_hosts(std::vector<HostSlots> hosts
       part = absl::StripAsciiWhitespace(part);
       if (part.empty())
         return absl::InvalidArgumentError(
-            absl::StrCat(flag, ": an empty name in '", shown(item), "'"));
+            absl::StrCat(flag, ": an empty name in '", escaped(item), "'"));
       if (auto i = find(part)) {
         named.insert(*i);
         continue;
       }
       if (per_gpu(part))
         return absl::InvalidArgumentError(absl::StrCat(
-            flag, ": '", shown(part),
+            flag, ": '", escaped(part),
             "' selects GPUs of a host (DeepSpeed's host:0,1), which is not supported; name whole "
             "hosts and select GPUs with CUDA_VISIBLE_DEVICES"));
       return absl::InvalidArgumentError(
-          absl::StrCat(flag, ": host ", shown(part), " is not in the host list"));
+          absl::StrCat(flag, ": host ", escaped(part), " is not in the host list"));
     }
   }
   std::vector<HostSlots> out;

@@ -25,13 +25,13 @@ constexpr std::size_t kMaxQuoted = 120;
 // Digits of one number in a host list (no host name needs more; keeps the arithmetic exact).
 constexpr std::size_t kMaxHostNumberDigits = 18;
 
-std::string shown(absl::string_view text) {
+std::string quoted_cut(absl::string_view text) {
   if (text.size() <= kMaxQuoted) return absl::StrCat("'", text, "'");
   return absl::StrCat("'", text.substr(0, kMaxQuoted), "...' (", text.size(), " bytes)");
 }
 
 absl::Status bad_hostlist(absl::string_view text, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("host list ", shown(text), ": ", why));
+  return absl::InvalidArgumentError(absl::StrCat("host list ", quoted_cut(text), ": ", why));
 }
 
 struct Range {
@@ -195,7 +195,7 @@ absl::StatusOr<std::int64_t> number(const char* var, const std::string& v, std::
   std::int64_t n = 0;
   if (!absl::SimpleAtoi(v, &n) || n < lo || n > hi) {
     return absl::InvalidArgumentError(absl::StrCat(var, ": expected a whole number from ", lo,
-                                                   " to ", hi, ", got ", shown(v)));
+                                                   " to ", hi, ", got ", quoted_cut(v)));
   }
   return n;
 }
@@ -230,13 +230,13 @@ absl::StatusOr<std::optional<SchedulerJob>> derive_slurm(const Env& env) {
   std::uint64_t step = 0;
   if (!absl::SimpleAtoi(*step_id, &step)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(step_var, ": expected a step number, got ", shown(*step_id)));
+        absl::StrCat(step_var, ": expected a step number, got ", quoted_cut(*step_id)));
   }
   if (step >= kSlurmFirstReservedStep) return std::nullopt;
   std::uint64_t job = 0;
   if (!absl::SimpleAtoi(*job_id, &job)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(job_var, ": expected a job number, got ", shown(*job_id)));
+        absl::StrCat(job_var, ": expected a job number, got ", quoted_cut(*job_id)));
   }
   const auto max_nodes = static_cast<std::int64_t>(limits::kMaxSlurmHosts);
 
@@ -328,7 +328,7 @@ absl::StatusOr<std::optional<SchedulerJob>> derive_slurm(const Env& env) {
   }
   j.summary = absl::StrCat("slurm: job ", job, " step ", step, ", node ", j.node_rank, " of ",
                            j.nnodes);
-  if (list_text != nullptr) absl::StrAppend(&j.summary, " (", shown(*list_text), ")");
+  if (list_text != nullptr) absl::StrAppend(&j.summary, " (", quoted_cut(*list_text), ")");
   absl::StrAppend(&j.summary, ", master ", j.master_addr, ":", j.master_port, " (", master_from,
                   ", port ", port_from, ")");
   if (j.nproc_per_node) {
