@@ -151,14 +151,17 @@ std::string status_json(const v1::StatusReply& reply) {
     runs.push_back(j.str());
   }
   const auto parked = static_cast<long long>(reply.store().parked_waits());
-  return JsonObject()
-      .add_raw("runs", json_array(runs))
-      .add_raw("store", JsonObject().add("parked_waits", parked).str())
-      .add_raw("server", JsonObject()
-                             .add("version", reply.server_version())
-                             .add("commit", reply.server_commit())
-                             .str())
-      .str();
+  JsonObject doc;
+  doc.add_raw("runs", json_array(runs))
+      .add_raw("store", JsonObject().add("parked_waits", parked).str());
+  // The answering server's build; a server older than the field sends none.
+  if (!reply.server_version().empty()) {
+    doc.add_raw("server", JsonObject()
+                              .add("version", reply.server_version())
+                              .add("commit", reply.server_commit())
+                              .str());
+  }
+  return doc.str();
 }
 
 std::string status_table(const v1::StatusReply& reply) {

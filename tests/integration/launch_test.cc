@@ -859,17 +859,17 @@ TEST_CASE("launch: TORCHELASTIC_SIGNALS_TO_HANDLE is --signals_to_handle as give
   CHECK(read_env_file(b.file("env.0"))["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGUSR1");
 }
 
-TEST_CASE("launch: --event-log-handler=dynamic_rendezvous runs, --nproc-per-node=xpu is refused",
+TEST_CASE("launch: --event-log-handler=dynamic_rendezvous runs, --nproc-per-node=hpu is refused",
           "[launch][compat]") {
   Proc ok({kLaunch, "--standalone", "--event-log-handler=dynamic_rendezvous", "/bin/echo", "HI"});
   REQUIRE(ok.wait() == 0);
   CHECK(ok.out() == "[default0]:HI\n");
-  Proc xpu({kLaunch, "--standalone", "--nproc-per-node=xpu", "/bin/echo", "HI"});
-  CHECK(xpu.wait() == 2);
-  CHECK(xpu.err() ==
-        "launch: error: --nproc_per_node=xpu: launch counts only CUDA devices (gpu, auto) and "
-        "CPUs (cpu); give the number of workers\n");
-  CHECK(xpu.out().empty());
+  Proc hpu({kLaunch, "--standalone", "--nproc-per-node=hpu", "/bin/echo", "HI"});
+  CHECK(hpu.wait() == 2);
+  CHECK(hpu.err() ==
+        "launch: error: --nproc_per_node=hpu: launch counts CUDA devices (gpu), Intel GPUs (xpu), "
+        "either (auto) and CPUs (cpu); give the number of workers\n");
+  CHECK(hpu.out().empty());
 }
 
 TEST_CASE("launch: --virtual-local-rank: LOCAL_RANK 0 and one device per worker",

@@ -28,7 +28,7 @@ mapfile -t commands < <(awk '
 # Not run here, and why.
 not_here() {
   case "$1" in
-    scripts/demo) echo "the main job's set-up: timed on a fresh machine (README)" ;;
+    scripts/demo) echo "run by its own test, scripts/demo_test.sh" ;;
     scripts/test) echo "the suite's own set-up: what CI runs" ;;
     *"--nproc_per_node=gpu"*) echo "needs a GPU" ;;
     *"--rdzv_endpoint=node0:29400"* | *"--hosts node1:8"* | *"--hostfile hosts.txt"* | srun*)

@@ -181,6 +181,12 @@ TEST_CASE("status format: the JSON document and the table", "[status]") {
         "restart 1 of 3\n");
   CHECK(ops::status_table(v1::StatusReply()) == "no runs\n");
   CHECK(ops::status_json(v1::StatusReply()) == "{\"runs\":[],\"store\":{\"parked_waits\":0}}");
+  v1::StatusReply built;
+  built.set_server_version("0.1.0");
+  built.set_server_commit("0123456789ab");
+  CHECK(ops::status_json(built) ==
+        "{\"runs\":[],\"store\":{\"parked_waits\":0},"
+        "\"server\":{\"version\":\"0.1.0\",\"commit\":\"0123456789ab\"}}");
 }
 
 TEST_CASE("status format: an event as JSON has only the fields of its kind", "[status]") {
