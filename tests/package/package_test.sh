@@ -14,12 +14,7 @@ for tool in cpack dpkg-deb dpkg help2man systemd-analyze pkg-config bash; do
   command -v "$tool" >/dev/null || skip "$tool not found (scripts/setup --tests installs it)"
 done
 work="$(mktemp -d)"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+trap 'rm -rf "$work"' EXIT
 
 # 1. Build the packages.
 (cd "$build" && cpack -G DEB -B "$work/out") >"$work/cpack.log" 2>&1 || {
@@ -109,25 +104,15 @@ systemd-analyze verify "$work/units/rdzvd.service" >"$work/verify.log" 2>&1 || {
   fail "systemd-analyze verify rdzvd.service"
 }
 # What the unit runs, as it runs it: the flags from /etc/default/rdzvd, its state folder.
+source "$src/tests/support/serve.sh"  # serve_then_stop
 (
   set -a
   source "$root/etc/default/rdzvd"
   set +a
   mkdir -p "$work/state"
   # shellcheck disable=SC2086
-  exec "$rdzvd" --state_dir "$work/state" ${RDZVD_OPTS/0.0.0.0:29400/127.0.0.1:0} \
-    >"$work/rdzvd.out" 2>"$work/rdzvd.err"
-) &
-pids+=($!)
-for _ in $(seq 200); do
-  grep -q 'listening on' "$work/rdzvd.err" "$work/rdzvd.out" 2>/dev/null && break
-  kill -0 "${pids[-1]}" 2>/dev/null || fail "rdzvd as the unit runs it exited: $(cat "$work/rdzvd.err")"
-  sleep 0.05
-done
-grep -q 'listening on' "$work/rdzvd.err" "$work/rdzvd.out" || fail "rdzvd as the unit runs it: $(cat "$work/rdzvd.err")"
-kill -TERM "${pids[-1]}"
-wait "${pids[-1]}" || fail "rdzvd did not exit 0 on SIGTERM"
-pids=()
+  serve_then_stop "$work" "$rdzvd" --state_dir "$work/state" ${RDZVD_OPTS/0.0.0.0:29400/127.0.0.1:0}
+) || fail "rdzvd as the unit runs it did not listen or exit 0 on SIGTERM: $(cat "$work/serve.err")"
 
 # Python helpers: where Debian's python3 (/usr/bin/python3) looks, importable from there.
 /usr/bin/python3 -c 'import sys; sys.exit("/usr/lib/python3/dist-packages" not in sys.path)' ||

@@ -8,12 +8,7 @@ set -euo pipefail
 src="$1" build="$2"
 fail() { echo "readme_commands_test: FAILED: $*" >&2; exit 1; }
 work="$(mktemp -d)"
-pid=""
-cleanup() {
-  [ -z "$pid" ] || kill -KILL "$pid" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+trap 'rm -rf "$work"' EXIT
 
 # The commands: indented lines of README.md starting with build/, scripts/ or srun, a trailing
 # backslash joining the next line, a trailing "# comment" dropped.
@@ -39,20 +34,7 @@ not_here() {
   esac
 }
 
-# Runs a server command until it listens, then stops it with SIGTERM: it must exit 0.
-serve() {
-  (cd "$work" && exec "$@" >"$work/serve.out" 2>"$work/serve.err") &
-  pid=$!
-  for _ in $(seq 400); do
-    grep -q 'listening on' "$work/serve.out" 2>/dev/null && break
-    kill -0 "$pid" 2>/dev/null || fail "$* exited: $(cat "$work/serve.err")"
-    sleep 0.05
-  done
-  grep -q 'listening on' "$work/serve.out" || fail "$* did not listen: $(cat "$work/serve.err")"
-  kill -TERM "$pid"
-  wait "$pid" || fail "$* did not exit 0 on SIGTERM"
-  pid=""
-}
+source "$src/tests/support/serve.sh"  # serve_then_stop
 
 ran=0
 skipped=0
@@ -91,7 +73,8 @@ for c in "${commands[@]}"; do
       [[ "$cmd" == *--listen* ]] || argv+=(--listen 127.0.0.1:0)
       [[ "$c" != *--token_file* ]] || echo "job secret" >"$work/tokens.txt"
       [[ "$c" != *--state_dir* ]] || mkdir -p "$work/state"
-      serve "${argv[@]}" ;;
+      serve_then_stop "$work" "${argv[@]}" ||
+        fail "$c: did not listen, or did not exit 0 on SIGTERM: $(cat "$work/serve.err")" ;;
     *) fail "a README command neither run nor listed as not runnable here: $c" ;;
   esac
   ran=$((ran + 1))
