@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/mutex.h"
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -216,6 +217,10 @@ int main(int argc, char** argv) {
               (*server)->local_store_target().empty() ? "-" : (*server)->local_store_target().c_str());
   if (metrics_http) std::printf("rdzvd metrics on port %d\n", metrics_http->port());
   if (replica) replica->start(**server, advertise);
+  // The replica's threads (its campaign, its observer of who leads) call the server: they end
+  // before the server does, however main returns (an observer that saw the next leader after a
+  // SIGTERM would otherwise call a destroyed server).
+  absl::Cleanup replica_before_server = [&replica] { replica.reset(); };
   if (!state_dir.empty()) {
     const auto& r = (*server)->restored();
     for (const std::string& line : r.skipped) {

@@ -20,8 +20,9 @@ class ReplicaRole {
   // writes end the process. INVALID_ARGUMENT for a bad --etcd (a usage error).
   static absl::StatusOr<std::unique_ptr<ReplicaRole>> connect(
       const rendezvous::EtcdOptions& etcd, rendezvous::ServerOptions& server);
-  // Resigns if not done yet, then joins the campaign's thread. The server given to start()
-  // must outlive the campaign: resign() before it goes.
+  // Resigns if not done yet, then joins the campaign's thread and (through the replica) the
+  // observer's. The server given to start() must outlive this role: both threads call it, so
+  // destroy the role first (rdzvd's main does, with a cleanup declared after the server).
   ~ReplicaRole();
 
   // Once the server listens: prints the standby line, watches who leads, and campaigns as
