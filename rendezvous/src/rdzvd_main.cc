@@ -139,6 +139,9 @@ int main(int argc, char** argv) {
   ::mallopt(M_MMAP_THRESHOLD, static_cast<int>(limits::kMallocMmapThreshold));
   muster::rendezvous::route_grpc_logs_to_spdlog();
   boost::asio::io_context io(1);
+  // SIGINT and SIGTERM are caught from here on: one that comes before the loop runs (right
+  // after "listening", say) waits for it and is a clean stop, not death by signal.
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
   muster::rendezvous::ServerOptions opts;
   opts.listen_address = listen;
   opts.token = token;
@@ -249,7 +252,6 @@ int main(int argc, char** argv) {
   // thread while the loop keeps serving the calls it ends; the loop stops once it is done.
   // Further signals while it stops are swallowed (it is stopping already), also after the
   // signal set is gone: a second SIGTERM must not turn a clean stop into death by signal.
-  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
   std::thread stopper;
   std::function<void()> wait_signal = [&] {
     signals.async_wait([&](const boost::system::error_code& ec, int) {
