@@ -1,0 +1,233 @@
+// The agent's session rules, as a pure state machine: what a node does with its stream to the
+// rendezvous server and with its workers, from the first Join to launch's exit code.
+//
+// Events go in (the stream opened or ended, a message heard, a timer due, the workers
+// started, one failed, the group gone, a signal), each with the time it happened; what to do
+// comes out as a list of Actions, in order (open a stream, send, start or stop the workers,
+// arm a timer, log, exit). No sockets, no processes, no clock of its own: agent.cc carries
+// the actions out, and the unit tests drive every transition with a fake clock
+// (tests/unit/session_machine_test.cc). docs/architecture.md shows where it sits.
+//
+// The phases: Joining (a Join sent, no round yet) -> Running (this round's workers run) ->
+// AwaitingDone (they all succeeded; the server confirms the run's end) or Stopping (they are
+// being stopped; `after` says what comes next: the server's word, a rejoin, a reconnect, the
+// failure summary, or exit) -> Exiting. Beside the phase, the stream's own state: whether the
+// server was ever reached, and the three bounded waits (the first wait for a server, a
+// re-attach after a lost stream, a rejoin after a lost server).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "muster/agent/agent_events.h"
+#include "muster/agent/endpoints.h"
+#include "muster/v1/rendezvous.pb.h"
+
+namespace muster::agent {
+
+// launch's exit code when the job failed for good and should not be run again as it is: it
+// kept failing before any rank made a step (--max_restarts_without_progress; docs/hangs.md).
+inline constexpr int kExitDoNotRequeue = 3;
+
+namespace session {
+
+using Clock = std::chrono::steady_clock;
+using Time = Clock::time_point;
+
+// The machine's timers; agent.cc holds one of each. Arming one again moves it.
+enum class Timer {
+  kKeepAlive,  // the next keep-alive to send
+  kSilence,    // the end of the liveness window since the server was last heard
+  kReopen,     // a new stream to open (armed for "now": the next turn of the loop)
+};
+
+enum class Level { kDebug, kInfo, kWarn, kError };
+
+// --- actions ------------------------------------------------------------------------------
+
+// Close the current stream (if any) and open a new one to `endpoint`.
+struct OpenStream {
+  RdzvEndpoint endpoint;
+  bool wait_for_ready = false;
+  std::chrono::milliseconds connect_timeout{0};
+};
+struct CloseStream {};
+// Write `msg` on the current stream. A Join goes with master_port_candidate unset: the sender
+// fills in a free port of this host.
+struct Send {
+  v1::AgentMsg msg;
+};
+// Spawn this round's workers, then report on_workers_started or on_spawn_failed.
+struct StartWorkers {
+  v1::Assignment assignment;
+};
+// Signal every worker's process group (SIGKILL follows after the shutdown grace); the group
+// reports on_group_gone once every worker is reaped and its output drained.
+struct StopWorkers {
+  int signal = 0;
+};
+struct KillWorkers {};     // a second signal: SIGKILL now, no grace left
+struct ReleaseWorkers {};  // the stopped round's workers are forgotten (their pids may be reused)
+// --hang_timeout: dump the stalled rank's stacks, then report on_hang_dumped.
+struct DumpStalled {
+  int rank = 0;
+  std::string description;
+};
+struct ArmTimer {
+  Timer timer;
+  Time at;
+};
+struct CancelTimer {
+  Timer timer;
+};
+struct Emit {
+  AgentEvent event;  // `wall` is left for the sender to stamp
+};
+struct Log {
+  Level level;
+  std::string text;
+};
+// The run failed: torchrun's failure summary (and its hints, launch's own error file).
+struct PrintFailure {
+  v1::Fail fail;
+};
+// The job is over: launch exits with `code`. `signal`: the signal that stopped it (its
+// SignalException goes to launch's own error file), 0 for none.
+struct Exit {
+  int code = 0;
+  int signal = 0;
+};
+
+using Action = std::variant<OpenStream, CloseStream, Send, StartWorkers, StopWorkers, KillWorkers,
+                            ReleaseWorkers, DumpStalled, ArmTimer, CancelTimer, Emit, Log,
+                            PrintFailure, Exit>;
+using Actions = std::vector<Action>;
+
+// What the machine needs to know of the node and its run.
+struct Config {
+  std::string run_id;
+  std::vector<RdzvEndpoint> endpoints;  // the first is tried first
+  bool wait_for_server = false;
+  // The wait for the server at the start (wait_for_server) and after a lost server.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  std::chrono::milliseconds keep_alive_interval{500};
+  int keep_alive_max_attempt = 4;
+  int nproc_per_node = 1;
+  // Every Join this node sends: the node, its run's rules (agent.cc's join_template). The
+  // machine adds the re-attach fields.
+  v1::Join join;
+};
+
+class SessionMachine {
+ public:
+  enum class Phase { kJoining, kRunning, kStopping, kAwaitingDone, kExiting };
+  // What follows once the stopping group has fully exited.
+  enum class After { kNone, kRejoin, kReconnect, kFail, kExit };
+
+  explicit SessionMachine(Config config);
+
+  // The first stream and Join, and the keep-alives.
+  Actions start(Time now);
+
+  // The stream is up: the server was reached.
+  Actions on_stream_ready(Time now);
+  Actions on_message(const v1::ServerMsg& msg, Time now);
+  // The stream ended (OK after Done/Fail, else the server's or the transport's error).
+  Actions on_stream_closed(const absl::Status& status, Time now);
+  Actions on_timer(Timer timer, Time now);
+
+  // After StartWorkers: `workers` processes run.
+  Actions on_workers_started(int workers, Time now);
+  // After StartWorkers: a worker could not be started (those that did run on).
+  Actions on_spawn_failed(const v1::WorkerFailure& failure, Time now);
+  // A worker of this round exited with a failure (not one being dumped for a hang).
+  Actions on_worker_failed(const v1::WorkerFailure& failure, Time now);
+  // A stalled worker's stacks are written; `failure` names the hang.
+  Actions on_hang_dumped(const v1::WorkerFailure& failure, Time now);
+  // Every worker of the round (`workers` of them; 0 when none ran) is reaped and its output
+  // drained. May come more than once; only the first in a phase counts.
+  Actions on_group_gone(int workers, Time now);
+  // A progress sample of this node's ranks (a Progress message without its round).
+  Actions on_progress(v1::AgentMsg msg, Time now);
+  // A signal launch received: the node leaves; a second one skips the grace.
+  Actions on_signal(int sig, Time now);
+
+  Phase phase() const { return phase_; }
+  After after() const { return after_; }
+  bool exiting() const { return phase_ == Phase::kExiting; }
+  // The run failed and the failure summary was printed.
+  bool failed() const { return phase_ == Phase::kExiting && after_ == After::kFail; }
+  int exit_code() const { return exit_code_; }
+  const v1::Assignment& assignment() const { return assignment_; }
+  // The endpoint in use (its host is MASTER_ADDR for the agent store), and the others in
+  // the order this node would try them.
+  const Endpoints& endpoints() const { return endpoints_; }
+  // Whether the node is attached to its round (its reports are sent, not held).
+  bool attached() const { return attached_; }
+
+ private:
+  class Step;  // one event's actions, being collected
+
+  void send_join(Step& s);
+  v1::AgentMsg join_message(bool reattach) const;
+  void open_stream(Step& s, bool wait_for_ready, std::chrono::milliseconds connect_timeout);
+  void reopen_soon(Step& s, std::optional<Time>* deadline, bool reattach);
+  void heard(Step& s);
+  void stop_silence(Step& s);
+  void on_silence(Step& s);
+  void on_assignment(Step& s, const v1::Assignment& a);
+  void on_attached(Step& s, const v1::Attached& a);
+  bool can_reattach() const;
+  void reattach(Step& s, const std::string& why);
+  void lost_server(Step& s, const std::string& why);
+  void never_reached(Step& s, const std::string& why);
+  void send_report(Step& s, const v1::AgentMsg& msg);
+  void report_failure(Step& s, const v1::WorkerFailure& f);
+  void stop(Step& s, int sig);
+  void exit_with(Step& s, int code);
+  void finish(Step& s, int code);
+  void after_group_gone(Step& s, int workers);
+  void noticed(Step& s, const char* cause);
+  AgentEvent event(AgentEvent::Kind kind, Time now) const;
+
+  const Config config_;
+  const std::chrono::milliseconds window_;  // the liveness window
+  Endpoints endpoints_;
+  Phase phase_ = Phase::kJoining;
+  After after_ = After::kNone;
+  v1::Assignment assignment_;
+  v1::Fail fail_;
+
+  // The stream.
+  bool reached_ = false;  // the server has been heard from (on any stream)
+  Time last_heard_{};
+  bool silence_armed_ = false;
+  // The first wait for a server (wait_for_server), over every endpoint.
+  std::optional<Time> first_deadline_;
+  // After a lost server, until it is heard from again: back in touch by then, or exit.
+  std::optional<Time> rejoin_deadline_;
+  // Re-attach: between the loss of a stream and the server's Attached, the node is not
+  // attached (its reports wait); the attempts end at the deadline.
+  bool attached_ = true;
+  std::optional<Time> reattach_deadline_;
+  Time reattach_since_{};
+  // The stream kReopen opens: until which deadline, and whether it re-attaches.
+  std::optional<Time>* reopen_deadline_ = nullptr;
+  bool reopen_reattach_ = false;
+
+  // This round's reports.
+  std::optional<v1::AgentMsg> last_report_;
+  bool failure_reported_ = false;
+  bool stopped_emitted_ = false;
+  std::optional<Recovery> recovery_;  // from the first sign the round is over
+  int signal_ = 0;
+  int exit_code_ = 1;
+};
+
+}  // namespace session
+}  // namespace muster::agent

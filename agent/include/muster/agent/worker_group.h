@@ -1,0 +1,126 @@
+// One round's workers on this node, as processes: spawned with their environment, watched by
+// pidfd, their output split into prefixed console lines and log files, stopped (SIGTERM, then
+// SIGKILL after the grace), their process groups and the job's cgroup cleared, a worker stuck
+// in the kernel left behind, a stalled one's stacks dumped. It decides nothing: what to do
+// about an exit is the session machine's (session_machine.h); agent.cc wires the two.
+//
+// Everything runs on the io_context given to the constructor; callbacks come from it and may
+// call back into the group.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio/io_context.hpp>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "muster/agent/agent_options.h"
+#include "muster/agent/file_timer.h"
+#include "muster/agent/hang_watch.h"
+#include "muster/agent/worker_env.h"
+#include "muster/v1/rendezvous.pb.h"
+
+namespace muster::agent {
+
+class WorkerGroup {
+ public:
+  struct Callbacks {
+    // A worker of this round exited with a failure (one being dumped for a hang excepted):
+    // its exit, its error file, its file timer when the watchdog killed it.
+    std::function<void(const v1::WorkerFailure&)> failed;
+    // A stalled worker's stacks are written (or their budget is spent).
+    std::function<void(const v1::WorkerFailure&)> hang_dumped;
+    // A worker was reaped or left behind, or a pipe drained: gone() may now hold.
+    std::function<void()> changed;
+    // A progress sample of this round's ranks (--hang_timeout, or a budget that knows it).
+    HangWatch::Sample progress;
+  };
+
+  // `options` must outlive the group.
+  WorkerGroup(boost::asio::io_context& io, const AgentOptions& options, Callbacks callbacks);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  struct Started {
+    int workers = 0;
+    // The worker that could not be started (exit code 127); the ones before it run.
+    std::optional<v1::WorkerFailure> failure;
+  };
+  // Spawns the round's nproc_per_node workers; `spec` holds what every worker of the round
+  // shares (local rank and error file are set per worker). Releases the last round first.
+  Started start(const v1::Assignment& assignment, const WorkerEnvSpec& spec);
+
+  // Sends `sig` to every worker's process group; SIGKILL follows after the shutdown grace.
+  void stop(int sig);
+  // SIGKILL now (a second signal).
+  void kill_now();
+  // Every worker reaped (or left behind in the kernel) and its output drained.
+  bool gone() const;
+  int size() const { return static_cast<int>(workers_.size()); }
+  // Forgets the (reaped, killed) workers; their group ids may now be reused.
+  void release();
+
+  // --hang_timeout: the server found rank `rank` of this node stalled; its stacks go to
+  // stacks.txt beside its logs, then hang_dumped.
+  void dump_stalled(int rank, const std::string& description);
+  // A worker's file timer expired (torch's FileTimerServer rule): the timer's signal to it.
+  void on_file_timer(const FileTimerTable::Expired& expired);
+  void set_file_timers(FileTimerServer* timers) { file_timers_ = timers; }
+
+  // The ModuleNotFoundError hint for the first of this node's workers whose failure shows
+  // one: the root cause when it is ours (its error file), else any worker's stderr tail.
+  std::string python_hint(const v1::WorkerFailure& root, int group_rank) const;
+
+  // The job is over: no more timers; workers left behind in the kernel are named.
+  void end();
+
+ private:
+  struct Pipe;
+  struct Worker;
+  struct Hang;
+  struct OwnedFd {
+    int fd = -1;
+    void reset();
+    ~OwnedFd() { reset(); }
+  };
+
+  v1::WorkerFailure describe(const Worker& w) const;
+  std::unique_ptr<Pipe> make_pipe(int fd, const std::string& prefix, int lr, int bit, int console,
+                                  const std::string& log);
+  void open_filtered_logs(const std::string& attempt_dir);
+  void read_pipe(Worker* w, Pipe* p);
+  void watch_exit(Worker* w);
+  void on_exit(Worker& w, int status);
+  void finish_hang();
+  bool all_reaped() const;
+  void signal_groups(int sig);
+  void arm_unkillable_timer();
+  void leave_stuck_workers();
+  void arm_drain_timer();
+  void check_gone();
+  static void cancel_pipes(Worker& w);
+
+  boost::asio::io_context& io_;
+  const AgentOptions& opts_;
+  Callbacks cb_;
+  int group_rank_ = 0;
+  bool stopping_ = false;
+  bool ended_ = false;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  // Workers of earlier rounds left behind in the kernel (state D), until they are reaped.
+  std::vector<std::unique_ptr<Worker>> abandoned_;
+  OwnedFd filtered_[2];  // this attempt's filtered_std{out,err}.log (-1: no filters, no file)
+  std::unique_ptr<HangWatch> hang_watch_;
+  std::chrono::milliseconds hang_timeout_{0};
+  std::unique_ptr<Hang> hang_;  // this round's stalled worker, while it is dumped
+  std::unique_ptr<StackDump> stack_dump_;
+  FileTimerServer* file_timers_ = nullptr;
+  struct Timers;
+  std::unique_ptr<Timers> timers_;
+};
+
+}  // namespace muster::agent

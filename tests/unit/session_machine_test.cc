@@ -1,0 +1,688 @@
+// The agent's session rules (agent/session_machine.h) with a fake clock: every transition,
+// including the branches the integration tests reach only with real servers and processes
+// (reconnect, re-attach, lost server, rejoin deadline, the first wait over several
+// endpoints, shutdown by signal).
+#include <catch2/catch.hpp>
+#include <csignal>
+
+#include "muster/agent/session_machine.h"
+
+using namespace std::chrono_literals;
+using muster::agent::AgentEvent;
+using muster::agent::kExitDoNotRequeue;
+namespace session = muster::agent::session;
+namespace v1 = muster::v1;
+using session::Actions;
+using session::SessionMachine;
+using Phase = SessionMachine::Phase;
+
+namespace {
+
+template <class T>
+std::vector<const T*> all(const Actions& actions) {
+  std::vector<const T*> out;
+  for (const auto& a : actions) {
+    if (const T* x = std::get_if<T>(&a)) out.push_back(x);
+  }
+  return out;
+}
+template <class T>
+const T* first(const Actions& actions) {
+  auto v = all<T>(actions);
+  return v.empty() ? nullptr : v.front();
+}
+template <class T>
+bool has(const Actions& actions) {
+  return first<T>(actions) != nullptr;
+}
+
+const session::Emit* emitted(const Actions& actions, AgentEvent::Kind kind) {
+  for (const session::Emit* e : all<session::Emit>(actions)) {
+    if (e->event.kind == kind) return e;
+  }
+  return nullptr;
+}
+const session::Send* sent(const Actions& actions, v1::AgentMsg::MsgCase kind) {
+  for (const session::Send* s : all<session::Send>(actions)) {
+    if (s->msg.msg_case() == kind) return s;
+  }
+  return nullptr;
+}
+bool logged(const Actions& actions, session::Level level, const std::string& part) {
+  for (const session::Log* l : all<session::Log>(actions)) {
+    if (l->level == level && l->text.find(part) != std::string::npos) return true;
+  }
+  return false;
+}
+const session::ArmTimer* armed(const Actions& actions, session::Timer timer) {
+  for (const session::ArmTimer* a : all<session::ArmTimer>(actions)) {
+    if (a->timer == timer) return a;
+  }
+  return nullptr;
+}
+
+v1::ServerMsg assignment(int round, int reattach_ms = 0, int restart_count = 0) {
+  v1::ServerMsg m;
+  v1::Assignment* a = m.mutable_assignment();
+  a->set_round(round);
+  a->set_group_rank(1);
+  a->set_group_world_size(2);
+  a->set_rank_offset(2);
+  a->set_world_size(4);
+  a->set_restart_count(restart_count);
+  a->set_reattach_timeout_ms(reattach_ms);
+  return m;
+}
+
+v1::WorkerFailure failure(int rank, int exit_code) {
+  v1::WorkerFailure f;
+  f.set_rank(rank);
+  f.set_local_rank(rank % 2);
+  f.set_pid(4000 + rank);
+  f.set_exit_code(exit_code);
+  return f;
+}
+
+// A machine, its fake clock and the last event's actions.
+struct Node {
+  session::Config config;
+  std::unique_ptr<SessionMachine> m;
+  session::Time t{std::chrono::seconds(1000)};
+  Actions last;
+
+  explicit Node(int endpoints = 1, bool wait = false) {
+    config.run_id = "job";
+    for (int i = 0; i < endpoints; ++i) {
+      config.endpoints.push_back({"ipv4:10.0.0." + std::to_string(i + 1) + ":29400",
+                                  "node" + std::to_string(i + 1) + ":29400"});
+    }
+    config.wait_for_server = wait;
+    config.connect_timeout = 60s;
+    config.keep_alive_interval = 500ms;
+    config.keep_alive_max_attempt = 4;  // a 2 s window
+    config.nproc_per_node = 2;
+    config.join.set_run_id("job");
+    config.join.set_node_id("n1");
+    m = std::make_unique<SessionMachine>(config);
+  }
+  Actions& go(Actions a) { return last = std::move(a); }
+  void advance(std::chrono::milliseconds d) { t += d; }
+
+  Actions& start() { return go(m->start(t)); }
+  Actions& ready() { return go(m->on_stream_ready(t)); }
+  Actions& hear(const v1::ServerMsg& msg) { return go(m->on_message(msg, t)); }
+  Actions& keep_alive_answer() {
+    v1::ServerMsg k;
+    k.mutable_keep_alive();
+    return hear(k);
+  }
+  Actions& closed(const absl::Status& s) { return go(m->on_stream_closed(s, t)); }
+  Actions& timer(session::Timer which) { return go(m->on_timer(which, t)); }
+  Actions& gone(int workers = 2) { return go(m->on_group_gone(workers, t)); }
+  Actions& signal(int sig) { return go(m->on_signal(sig, t)); }
+  Actions& restart(const std::string& why = "node n2 left") {
+    v1::ServerMsg r;
+    r.mutable_restart()->set_reason(why);
+    r.mutable_restart()->set_restart_count(1);
+    return hear(r);
+  }
+  Actions& done() {
+    v1::ServerMsg d;
+    d.mutable_done();
+    return hear(d);
+  }
+
+  // Started, heard, in round `round` with its workers running.
+  void running(int round = 1, int reattach_ms = 0) {
+    start();
+    ready();
+    hear(assignment(round, reattach_ms));
+    REQUIRE(has<session::StartWorkers>(last));
+    go(m->on_workers_started(2, t));
+    REQUIRE(m->phase() == Phase::kRunning);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("session: start opens a stream, sends the Join and arms the keep-alive") {
+  Node n;
+  Actions& a = n.start();
+  const auto* open = first<session::OpenStream>(a);
+  REQUIRE(open != nullptr);
+  CHECK(open->endpoint.target == "ipv4:10.0.0.1:29400");
+  CHECK_FALSE(open->wait_for_ready);
+  CHECK(open->connect_timeout == 60s);  // one endpoint: the whole wait
+  const auto* join = sent(a, v1::AgentMsg::kJoin);
+  REQUIRE(join != nullptr);
+  CHECK(join->msg.join().node_id() == "n1");
+  CHECK(join->msg.join().reattach_round() == 0);
+  const auto* ka = armed(a, session::Timer::kKeepAlive);
+  REQUIRE(ka != nullptr);
+  CHECK(ka->at == n.t + 500ms);
+  CHECK(n.m->phase() == Phase::kJoining);
+}
+
+TEST_CASE("session: waiting for the server says so and waits on the stream") {
+  Node n(1, true);
+  Actions& a = n.start();
+  CHECK(logged(a, session::Level::kInfo, "waiting for the rendezvous server at node1:29400"));
+  REQUIRE(first<session::OpenStream>(a) != nullptr);
+  CHECK(first<session::OpenStream>(a)->wait_for_ready);
+}
+
+TEST_CASE("session: keep-alives go out every interval until the agent exits") {
+  Node n;
+  n.start();
+  n.advance(500ms);
+  Actions& a = n.timer(session::Timer::kKeepAlive);
+  CHECK(sent(a, v1::AgentMsg::kKeepAlive) != nullptr);
+  REQUIRE(armed(a, session::Timer::kKeepAlive) != nullptr);
+  CHECK(armed(a, session::Timer::kKeepAlive)->at == n.t + 500ms);
+  n.signal(SIGTERM);  // in Joining: nothing to stop, it exits at once
+  REQUIRE(n.m->exiting());
+  CHECK(n.timer(session::Timer::kKeepAlive).empty());
+}
+
+TEST_CASE("session: the silence timer is armed once and follows the last word heard") {
+  Node n;
+  n.start();
+  Actions& a = n.ready();
+  REQUIRE(armed(a, session::Timer::kSilence) != nullptr);
+  const auto due = armed(a, session::Timer::kSilence)->at;
+  CHECK(due == n.t + 2s);
+  n.advance(1s);
+  CHECK(armed(n.keep_alive_answer(), session::Timer::kSilence) == nullptr);  // already armed
+  n.advance(1s);  // the first deadline: heard 1 s ago, so wait for the new end of the window
+  Actions& b = n.timer(session::Timer::kSilence);
+  REQUIRE(armed(b, session::Timer::kSilence) != nullptr);
+  CHECK(armed(b, session::Timer::kSilence)->at == n.t + 1s);
+  CHECK_FALSE(has<session::CloseStream>(b));
+}
+
+TEST_CASE("session: a round starts the workers; another Assignment meanwhile is ignored") {
+  Node n;
+  n.start();
+  n.ready();
+  Actions& a = n.hear(assignment(1));
+  const auto* formed = emitted(a, AgentEvent::Kind::kRoundFormed);
+  REQUIRE(formed != nullptr);
+  CHECK(formed->event.round == 1);
+  CHECK(formed->event.group_rank == 1);
+  CHECK(formed->event.world_size == 4);
+  REQUIRE(has<session::StartWorkers>(a));
+  CHECK(first<session::StartWorkers>(a)->assignment.round() == 1);
+  Actions& b = n.go(n.m->on_workers_started(2, n.t));
+  REQUIRE(emitted(b, AgentEvent::Kind::kWorkersStarted) != nullptr);
+  CHECK(emitted(b, AgentEvent::Kind::kWorkersStarted)->event.workers == 2);
+  CHECK_FALSE(emitted(b, AgentEvent::Kind::kWorkersStarted)->event.recovery.has_value());
+  CHECK(logged(b, session::Level::kInfo, "round 1: group rank 1/2, ranks 2..3 of 4, restart 0"));
+  CHECK_FALSE(has<session::StartWorkers>(n.hear(assignment(2))));
+}
+
+TEST_CASE("session: every worker succeeded, then Done: exit 0") {
+  Node n;
+  n.running();
+  Actions& a = n.gone();
+  REQUIRE(sent(a, v1::AgentMsg::kSuccess) != nullptr);
+  CHECK(sent(a, v1::AgentMsg::kSuccess)->msg.success().round() == 1);
+  CHECK(n.m->phase() == Phase::kAwaitingDone);
+  CHECK(n.gone().empty());  // a second report of the same: nothing more
+  Actions& b = n.done();
+  CHECK(emitted(b, AgentEvent::Kind::kSucceeded) != nullptr);
+  REQUIRE(has<session::Exit>(b));
+  CHECK(first<session::Exit>(b)->code == 0);
+  CHECK(n.m->exit_code() == 0);
+  CHECK(n.m->exiting());
+  CHECK(n.hear(assignment(2)).empty());  // nothing after the end
+}
+
+TEST_CASE("session: Done before this node's workers finished is not the end") {
+  Node n;
+  n.running();
+  CHECK_FALSE(has<session::Exit>(n.done()));
+  CHECK(n.m->phase() == Phase::kRunning);
+}
+
+TEST_CASE("session: a worker failure is reported once, the group stops, a Restart rejoins") {
+  Node n;
+  n.running();
+  n.advance(10ms);
+  const auto noticed = n.t;
+  Actions& a = n.go(n.m->on_worker_failed(failure(3, 7), n.t));
+  CHECK(logged(a, session::Level::kWarn, "worker rank 3 (local rank 1, pid 4003) failed: exit code 7"));
+  REQUIRE(emitted(a, AgentEvent::Kind::kWorkerFailed) != nullptr);
+  CHECK(emitted(a, AgentEvent::Kind::kWorkerFailed)->event.exit_code == 7);
+  REQUIRE(sent(a, v1::AgentMsg::kFailure) != nullptr);
+  CHECK(sent(a, v1::AgentMsg::kFailure)->msg.failure().round() == 1);
+  CHECK(sent(a, v1::AgentMsg::kFailure)->msg.failure().root_cause().rank() == 3);
+  REQUIRE(has<session::StopWorkers>(a));
+  CHECK(first<session::StopWorkers>(a)->signal == SIGTERM);
+  CHECK(n.m->phase() == Phase::kStopping);
+  // The other worker, killed by the stop, is not a second failure.
+  CHECK(n.go(n.m->on_worker_failed(failure(2, -1), n.t)).empty());
+  n.advance(20ms);
+  Actions& b = n.gone();
+  REQUIRE(emitted(b, AgentEvent::Kind::kWorkersStopped) != nullptr);
+  CHECK(emitted(b, AgentEvent::Kind::kWorkersStopped)->event.workers == 2);
+  CHECK_FALSE(has<session::Send>(b));  // the server decides
+  n.advance(5ms);
+  Actions& c = n.restart();
+  CHECK(logged(c, session::Level::kWarn, "restarting workers: node n2 left"));
+  REQUIRE(emitted(c, AgentEvent::Kind::kRestart) != nullptr);
+  CHECK(emitted(c, AgentEvent::Kind::kRestart)->event.restart_count == 1);
+  REQUIRE(has<session::StopWorkers>(c));
+  Actions& d = n.gone();  // already gone: the wiring says so at once
+  CHECK(emitted(d, AgentEvent::Kind::kWorkersStopped) == nullptr);  // once per round
+  CHECK(has<session::ReleaseWorkers>(d));
+  REQUIRE(sent(d, v1::AgentMsg::kJoin) != nullptr);
+  CHECK(n.m->phase() == Phase::kJoining);
+  n.advance(30ms);
+  n.hear(assignment(2, 0, 1));
+  n.advance(5ms);
+  Actions& e = n.go(n.m->on_workers_started(2, n.t));
+  const auto* started = emitted(e, AgentEvent::Kind::kWorkersStarted);
+  REQUIRE(started != nullptr);
+  REQUIRE(started->event.recovery.has_value());
+  const auto& r = *started->event.recovery;
+  CHECK(r.cause == "worker_failure");
+  CHECK(r.noticed == noticed);
+  CHECK(r.stopped == noticed + 20ms);
+  CHECK(r.formed == noticed + 55ms);
+  CHECK(r.started == noticed + 60ms);
+}
+
+TEST_CASE("session: the server's Restart while running stops the workers, then rejoins") {
+  Node n;
+  n.running();
+  Actions& a = n.restart();
+  REQUIRE(has<session::StopWorkers>(a));
+  CHECK(n.m->after() == SessionMachine::After::kRejoin);
+  Actions& b = n.gone();
+  CHECK(emitted(b, AgentEvent::Kind::kWorkersStopped) != nullptr);
+  CHECK(sent(b, v1::AgentMsg::kJoin) != nullptr);
+}
+
+TEST_CASE("session: the server's Fail prints the summary and exits 1 once the workers are gone") {
+  Node n;
+  n.running();
+  v1::ServerMsg f;
+  f.mutable_fail()->set_reason("no restarts left");
+  *f.mutable_fail()->mutable_root_cause() = failure(0, 1);
+  Actions& a = n.hear(f);
+  REQUIRE(has<session::StopWorkers>(a));
+  CHECK_FALSE(has<session::Exit>(a));
+  Actions& b = n.gone();
+  REQUIRE(emitted(b, AgentEvent::Kind::kFailed) != nullptr);
+  CHECK(emitted(b, AgentEvent::Kind::kFailed)->event.reason == "no restarts left");
+  REQUIRE(has<session::PrintFailure>(b));
+  CHECK(first<session::PrintFailure>(b)->fail.root_cause().rank() == 0);
+  REQUIRE(has<session::Exit>(b));
+  CHECK(first<session::Exit>(b)->code == 1);
+  CHECK(n.m->failed());
+  // A closed stream after the Fail changes nothing.
+  CHECK(n.closed(absl::OkStatus()).empty());
+}
+
+TEST_CASE("session: a Fail that says do not requeue exits 3") {
+  Node n;
+  n.running();
+  v1::ServerMsg f;
+  f.mutable_fail()->set_reason("no progress");
+  f.mutable_fail()->set_do_not_requeue(true);
+  n.hear(f);
+  Actions& b = n.gone();
+  CHECK(logged(b, session::Level::kError, "no progress; exit code 3 (do not requeue)"));
+  REQUIRE(has<session::Exit>(b));
+  CHECK(first<session::Exit>(b)->code == kExitDoNotRequeue);
+}
+
+TEST_CASE("session: a signal leaves the run at once; a second one kills without grace") {
+  Node n;
+  n.running();
+  Actions& a = n.signal(SIGINT);
+  CHECK(logged(a, session::Level::kWarn, "received SIGINT; stopping workers"));
+  CHECK(has<session::CloseStream>(a));
+  REQUIRE(has<session::StopWorkers>(a));
+  CHECK(first<session::StopWorkers>(a)->signal == SIGINT);
+  CHECK(n.m->exit_code() == 128 + SIGINT);
+  CHECK(has<session::KillWorkers>(n.signal(SIGINT)));
+  // The closed stream and the silence that follow are not a lost server.
+  CHECK(n.closed(absl::CancelledError("cancelled")).empty());
+  n.advance(3s);
+  CHECK_FALSE(has<session::StopWorkers>(n.timer(session::Timer::kSilence)));
+  Actions& b = n.gone();
+  REQUIRE(has<session::Exit>(b));
+  CHECK(first<session::Exit>(b)->code == 128 + SIGINT);
+  CHECK(first<session::Exit>(b)->signal == SIGINT);
+  CHECK(n.signal(SIGTERM).empty());
+}
+
+TEST_CASE("session: a signal while a worker fails still exits with the signal's code") {
+  Node n;
+  n.running();
+  n.go(n.m->on_worker_failed(failure(2, 1), n.t));
+  n.signal(SIGTERM);
+  Actions& a = n.gone();
+  REQUIRE(has<session::Exit>(a));
+  CHECK(first<session::Exit>(a)->code == 128 + SIGTERM);
+}
+
+TEST_CASE("session: a refusal from the server ends the job with its message") {
+  Node n;
+  n.start();
+  Actions& a = n.closed(absl::PermissionDeniedError("bad token for run job"));
+  CHECK(logged(a, session::Level::kError, "rendezvous: bad token for run job"));
+  REQUIRE(has<session::Exit>(a));
+  CHECK(first<session::Exit>(a)->code == 1);
+}
+
+TEST_CASE("session: a server never reached ends the job") {
+  Node n;
+  n.start();
+  Actions& a = n.closed(absl::UnavailableError("connection refused"));
+  CHECK(logged(a, session::Level::kError,
+               "rendezvous: never reached the server at node1:29400 (connection refused)"));
+  REQUIRE(has<session::Exit>(a));
+}
+
+TEST_CASE("session: connected but never heard from for a window: never reached") {
+  Node n;
+  n.start();
+  n.advance(2s);
+  n.m->on_timer(session::Timer::kSilence, n.t);  // not armed: nothing
+  n.ready();  // the stream is up (that arms the window) but no message ever comes
+  n.advance(2s);
+  Actions& a = n.timer(session::Timer::kSilence);
+  CHECK(has<session::CloseStream>(a));
+  CHECK(logged(a, session::Level::kError, "connected, but nothing heard from it for 2 s"));
+  CHECK(has<session::Exit>(a));
+}
+
+TEST_CASE("session: silence while running: the node stops its workers and joins again") {
+  Node n;
+  n.running();
+  n.advance(2s);
+  Actions& a = n.timer(session::Timer::kSilence);
+  CHECK(has<session::CloseStream>(a));
+  CHECK(logged(a, session::Level::kError,
+               "lost the server at node1:29400 (nothing heard from it for 2 s, the run's "
+               "liveness window); stopping workers, then joining again (for up to 60 s)"));
+  REQUIRE(emitted(a, AgentEvent::Kind::kLostServer) != nullptr);
+  REQUIRE(has<session::StopWorkers>(a));
+  n.advance(100ms);
+  Actions& b = n.gone();
+  CHECK(has<session::ReleaseWorkers>(b));
+  REQUIRE(armed(b, session::Timer::kReopen) != nullptr);
+  CHECK(armed(b, session::Timer::kReopen)->at == n.t);
+  CHECK_FALSE(has<session::OpenStream>(b));  // not from inside the old stream's callback
+  Actions& c = n.timer(session::Timer::kReopen);
+  REQUIRE(has<session::OpenStream>(c));
+  CHECK(first<session::OpenStream>(c)->wait_for_ready);
+  CHECK(first<session::OpenStream>(c)->connect_timeout == 60s - 100ms);  // what is left
+  REQUIRE(sent(c, v1::AgentMsg::kJoin) != nullptr);
+  CHECK(sent(c, v1::AgentMsg::kJoin)->msg.join().reattach_round() == 0);
+  // Back: an Assignment of the next round starts workers again.
+  CHECK(has<session::StartWorkers>(n.hear(assignment(2))));
+}
+
+TEST_CASE("session: a lost server is tried again until the rejoin deadline, then exit 1") {
+  Node n;
+  n.running();
+  n.closed(absl::UnavailableError("socket closed"));
+  REQUIRE(has<session::StopWorkers>(n.last));
+  n.gone();
+  n.timer(session::Timer::kReopen);
+  n.advance(30s);
+  Actions& a = n.closed(absl::UnavailableError("connection refused"));
+  CHECK_FALSE(has<session::Exit>(a));  // within the deadline: again
+  CHECK(emitted(a, AgentEvent::Kind::kLostServer) != nullptr);
+  REQUIRE(armed(a, session::Timer::kReopen) != nullptr);  // nothing runs: straight on
+  Actions& b = n.timer(session::Timer::kReopen);
+  REQUIRE(has<session::OpenStream>(b));
+  CHECK(first<session::OpenStream>(b)->connect_timeout == 30s);
+  n.advance(31s);
+  Actions& c = n.closed(absl::DeadlineExceededError("not reachable within 30 s"));
+  CHECK(logged(c, session::Level::kError, "could not reach it again within 60 s"));
+  REQUIRE(has<session::Exit>(c));
+  CHECK(first<session::Exit>(c)->code == 1);
+}
+
+TEST_CASE("session: the server heard again cancels the rejoin deadline") {
+  Node n;
+  n.running();
+  n.closed(absl::UnavailableError("socket closed"));
+  n.gone();
+  n.timer(session::Timer::kReopen);
+  n.hear(assignment(2));
+  n.go(n.m->on_workers_started(2, n.t));
+  n.advance(61s);
+  // A later loss is a new one, with a new deadline, not the end.
+  Actions& a = n.closed(absl::UnavailableError("socket closed"));
+  CHECK(logged(a, session::Level::kError, "stopping workers, then joining again"));
+  CHECK_FALSE(has<session::Exit>(a));
+}
+
+TEST_CASE("session: the server lost after this node's workers succeeded: exit 1") {
+  Node n;
+  n.running();
+  n.gone();
+  Actions& a = n.closed(absl::UnavailableError("socket closed"));
+  CHECK(logged(a, session::Level::kError, "before the run's end was confirmed"));
+  REQUIRE(has<session::StopWorkers>(a));
+  Actions& b = n.gone(0);
+  REQUIRE(has<session::Exit>(b));
+  CHECK(first<session::Exit>(b)->code == 1);
+}
+
+TEST_CASE("session: the first wait goes round several endpoints until its deadline") {
+  Node n(3, true);
+  Actions& a = n.start();
+  REQUIRE(has<session::OpenStream>(a));
+  CHECK(first<session::OpenStream>(a)->endpoint.name == "node1:29400");
+  CHECK(first<session::OpenStream>(a)->connect_timeout == 2s);  // one window per attempt
+  n.advance(2s);
+  Actions& b = n.closed(absl::DeadlineExceededError("not reachable"));
+  REQUIRE(armed(b, session::Timer::kReopen) != nullptr);
+  Actions& c = n.timer(session::Timer::kReopen);
+  REQUIRE(has<session::OpenStream>(c));
+  CHECK(first<session::OpenStream>(c)->endpoint.name == "node2:29400");
+  CHECK(sent(c, v1::AgentMsg::kJoin) != nullptr);
+  n.advance(57s);
+  n.closed(absl::UnavailableError("connection refused"));
+  CHECK(first<session::OpenStream>(n.timer(session::Timer::kReopen))->endpoint.name ==
+        "node3:29400");
+  CHECK(first<session::OpenStream>(n.last)->connect_timeout == 1s);  // what is left of it
+  n.advance(1s);
+  Actions& d = n.closed(absl::DeadlineExceededError("not reachable"));
+  CHECK(logged(d, session::Level::kError,
+               "none of the servers at node1:29400, node2:29400, node3:29400 was reachable "
+               "within 60 s"));
+  REQUIRE(has<session::Exit>(d));
+}
+
+TEST_CASE("session: a lost stream with re-attach keeps the workers and asks for the place back") {
+  Node n(2);
+  n.running(1, 10000);
+  n.advance(50ms);
+  const auto lost = n.t;
+  Actions& a = n.closed(absl::UnavailableError("socket closed"));
+  CHECK(logged(a, session::Level::kWarn,
+               "lost the stream to the server at node1:29400 (socket closed); the workers keep "
+               "running while this node re-attaches to run job (for up to 10 s)"));
+  CHECK_FALSE(has<session::StopWorkers>(a));
+  REQUIRE(emitted(a, AgentEvent::Kind::kLostServer) != nullptr);
+  CHECK(emitted(a, AgentEvent::Kind::kLostServer)->event.reason == "re-attaching: socket closed");
+  CHECK_FALSE(n.m->attached());
+  // The workers succeed meanwhile: the report waits for the new stream.
+  Actions& b = n.gone();
+  CHECK(sent(b, v1::AgentMsg::kSuccess) == nullptr);
+  Actions& c = n.timer(session::Timer::kReopen);
+  REQUIRE(has<session::OpenStream>(c));
+  CHECK(first<session::OpenStream>(c)->endpoint.name == "node2:29400");  // the next one first
+  const auto* join = sent(c, v1::AgentMsg::kJoin);
+  REQUIRE(join != nullptr);
+  CHECK(join->msg.join().reattach_round() == 1);
+  CHECK(join->msg.join().reattach_group_rank() == 1);
+  n.advance(250ms);
+  v1::ServerMsg wrong;
+  wrong.mutable_attached()->set_round(7);
+  wrong.mutable_attached()->set_ok(true);
+  CHECK_FALSE(emitted(n.hear(wrong), AgentEvent::Kind::kReattached));  // not the one asked for
+  v1::ServerMsg ok;
+  ok.mutable_attached()->set_round(1);
+  ok.mutable_attached()->set_ok(true);
+  Actions& d = n.hear(ok);
+  CHECK(logged(d, session::Level::kWarn, "re-attached to run job round 1 at node2:29400 after 250 ms"));
+  const auto* re = emitted(d, AgentEvent::Kind::kReattached);
+  REQUIRE(re != nullptr);
+  CHECK(re->event.took == n.t - lost);
+  CHECK(re->event.reason == "node2:29400");
+  REQUIRE(sent(d, v1::AgentMsg::kSuccess) != nullptr);  // the report that waited
+  CHECK(n.m->attached());
+  CHECK(has<session::Exit>(n.done()));
+}
+
+TEST_CASE("session: a refused re-attach stops the workers and joins again") {
+  Node n;
+  n.running(1, 10000);
+  n.closed(absl::UnavailableError("socket closed"));
+  n.timer(session::Timer::kReopen);
+  v1::ServerMsg no;
+  no.mutable_attached()->set_round(1);
+  no.mutable_attached()->set_ok(false);
+  no.mutable_attached()->set_reason("the round is over");
+  Actions& a = n.hear(no);
+  CHECK(logged(a, session::Level::kWarn, "could not re-attach to run job (the round is over); stopping workers"));
+  REQUIRE(has<session::StopWorkers>(a));
+  Actions& b = n.gone();
+  CHECK(has<session::ReleaseWorkers>(b));
+  CHECK(sent(b, v1::AgentMsg::kJoin) != nullptr);
+  n.hear(assignment(2, 10000));
+  Actions& c = n.go(n.m->on_workers_started(2, n.t));
+  REQUIRE(emitted(c, AgentEvent::Kind::kWorkersStarted)->event.recovery.has_value());
+  CHECK(emitted(c, AgentEvent::Kind::kWorkersStarted)->event.recovery->cause == "lost_server");
+}
+
+TEST_CASE("session: a refused re-attach after the workers succeeded: exit 1") {
+  Node n;
+  n.running(1, 10000);
+  n.gone();
+  n.closed(absl::UnavailableError("socket closed"));
+  n.timer(session::Timer::kReopen);
+  v1::ServerMsg no;
+  no.mutable_attached()->set_round(1);
+  no.mutable_attached()->set_ok(false);
+  Actions& a = n.hear(no);
+  CHECK(logged(a, session::Level::kError, "before the run's end was confirmed"));
+  CHECK(has<session::StopWorkers>(a));
+  CHECK(has<session::Exit>(n.gone(0)));
+}
+
+TEST_CASE("session: re-attach attempts go on until the window, then the node is out") {
+  Node n(2);
+  n.running(1, 10000);
+  n.closed(absl::UnavailableError("socket closed"));
+  n.timer(session::Timer::kReopen);
+  n.advance(3s);
+  Actions& a = n.closed(absl::DeadlineExceededError("not reachable"));
+  CHECK_FALSE(has<session::StopWorkers>(a));
+  REQUIRE(armed(a, session::Timer::kReopen) != nullptr);
+  Actions& b = n.timer(session::Timer::kReopen);
+  CHECK(first<session::OpenStream>(b)->endpoint.name == "node1:29400");  // round the list
+  CHECK(first<session::OpenStream>(b)->connect_timeout == 2s);
+  n.ready();
+  n.advance(2s);  // a new stream that stays silent is one more failed attempt
+  Actions& c = n.timer(session::Timer::kSilence);
+  CHECK(has<session::CloseStream>(c));
+  CHECK_FALSE(has<session::StopWorkers>(c));
+  REQUIRE(armed(c, session::Timer::kReopen) != nullptr);
+  n.timer(session::Timer::kReopen);
+  n.advance(6s);
+  Actions& d = n.closed(absl::UnavailableError("connection refused"));
+  CHECK(logged(d, session::Level::kError, "could not re-attach to run job within 10 s"));
+  CHECK(logged(d, session::Level::kError, "lost the server"));
+  REQUIRE(has<session::StopWorkers>(d));
+  CHECK(n.m->attached());
+}
+
+TEST_CASE("session: without re-attach in the round, a lost stream stops the workers") {
+  Node n;
+  n.running(1, 0);
+  CHECK(has<session::StopWorkers>(n.closed(absl::UnavailableError("socket closed"))));
+}
+
+TEST_CASE("session: a stalled rank of this round is dumped, then the group fails") {
+  Node n;
+  n.running();
+  v1::ServerMsg s;
+  s.mutable_stalled()->set_round(2);
+  s.mutable_stalled()->set_rank(3);
+  CHECK_FALSE(has<session::DumpStalled>(n.hear(s)));  // another round's
+  s.mutable_stalled()->set_round(1);
+  s.mutable_stalled()->set_description("rank 3 at step 9 for 30 s");
+  Actions& a = n.hear(s);
+  REQUIRE(has<session::DumpStalled>(a));
+  CHECK(first<session::DumpStalled>(a)->rank == 3);
+  CHECK(first<session::DumpStalled>(a)->description == "rank 3 at step 9 for 30 s");
+  v1::WorkerFailure f = failure(3, 0);
+  f.set_message("hang: rank 3 at step 9");
+  Actions& b = n.go(n.m->on_hang_dumped(f, n.t));
+  REQUIRE(sent(b, v1::AgentMsg::kFailure) != nullptr);
+  CHECK(sent(b, v1::AgentMsg::kFailure)->msg.failure().root_cause().message() ==
+        "hang: rank 3 at step 9");
+  CHECK(has<session::StopWorkers>(b));
+}
+
+TEST_CASE("session: a worker that cannot be started fails the round without a start event") {
+  Node n;
+  n.start();
+  n.ready();
+  n.hear(assignment(1));
+  v1::WorkerFailure f = failure(2, 127);
+  Actions& a = n.go(n.m->on_spawn_failed(f, n.t));
+  REQUIRE(sent(a, v1::AgentMsg::kFailure) != nullptr);
+  CHECK(sent(a, v1::AgentMsg::kFailure)->msg.failure().root_cause().exit_code() == 127);
+  CHECK(has<session::StopWorkers>(a));
+  CHECK(emitted(a, AgentEvent::Kind::kWorkersStarted) == nullptr);
+}
+
+TEST_CASE("session: progress goes out only while the round runs and the node is attached") {
+  Node n;
+  n.start();
+  v1::AgentMsg p;
+  p.mutable_progress()->add_ranks()->set_step(5);
+  CHECK(n.go(n.m->on_progress(p, n.t)).empty());
+  n.ready();
+  n.hear(assignment(4, 10000));
+  n.go(n.m->on_workers_started(2, n.t));
+  Actions& a = n.go(n.m->on_progress(p, n.t));
+  REQUIRE(sent(a, v1::AgentMsg::kProgress) != nullptr);
+  CHECK(sent(a, v1::AgentMsg::kProgress)->msg.progress().round() == 4);
+  n.closed(absl::UnavailableError("socket closed"));  // re-attaching
+  CHECK(n.go(n.m->on_progress(p, n.t)).empty());
+}
+
+TEST_CASE("session: a signal between streams exits, and no stream reopens after it") {
+  Node n;
+  n.running();
+  n.closed(absl::UnavailableError("socket closed"));
+  n.gone();  // the lost server's stop is done: a reopen is due
+  REQUIRE(n.m->phase() == Phase::kStopping);
+  REQUIRE(has<session::StopWorkers>(n.signal(SIGTERM)));
+  REQUIRE(has<session::Exit>(n.gone(0)));  // nothing runs: the group is gone at once
+  CHECK(n.timer(session::Timer::kReopen).empty());
+}
+
+TEST_CASE("session: the end cancels every timer") {
+  Node n;
+  n.running();
+  n.gone();
+  Actions& a = n.done();
+  std::vector<session::Timer> cancelled;
+  for (const auto* c : all<session::CancelTimer>(a)) cancelled.push_back(c->timer);
+  CHECK(cancelled.size() == 3);
+  // The exit comes last, after everything it must follow.
+  REQUIRE(!a.empty());
+  CHECK(std::holds_alternative<session::Exit>(a.back()));
+}
