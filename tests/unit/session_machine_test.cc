@@ -200,7 +200,7 @@ TEST_CASE("session: the silence timer is armed once and follows the last word he
   CHECK_FALSE(has<session::CloseStream>(b));
 }
 
-TEST_CASE("session: a round starts the workers; another Assignment meanwhile is ignored") {
+TEST_CASE("session: a round starts the workers, another Assignment meanwhile is ignored") {
   Node n;
   n.start();
   n.ready();
@@ -337,7 +337,7 @@ TEST_CASE("session: a Fail that says do not requeue exits 3") {
   CHECK(first<session::Exit>(b)->code == kExitDoNotRequeue);
 }
 
-TEST_CASE("session: a signal leaves the run at once; a second one kills without grace") {
+TEST_CASE("session: a signal leaves the run at once, a second one kills without grace") {
   Node n;
   n.running();
   Actions& a = n.signal(SIGINT);
