@@ -13,7 +13,7 @@ Usage, in the training loop::
 The agent that started this process names a progress page in MUSTER_PROGRESS_FILE (a 4096-byte
 file it made); each call stores the step, the phase and the CLOCK_MONOTONIC time there, and the
 agent reads it on a timer to tell a hung rank from a busy one (docs/hangs.md). The bytes are
-those of write_progress in worker_runtime/include/muster/worker/progress_page.h, which defines
+those of write_progress in ops/include/muster/ops/progress_page.h, which defines
 the layout. Without the variable (under torchrun, say) or when the page is not usable every
 call is a no-op: a worker never fails for want of a page.
 

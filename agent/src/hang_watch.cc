@@ -19,7 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "muster/agent/proc_state.h"
-#include "muster/worker/progress_page.h"
+#include "muster/ops/progress_page.h"
 
 extern char** environ;
 

@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "muster/ops/worker_env_names.h"
 
 extern char** environ;
 
@@ -29,39 +30,39 @@ std::map<std::string, std::string> build_worker_env(const std::map<std::string, 
   const int rank = s.rank_offset + s.local_rank;
   auto set = [&env](const char* k, const std::string& v) { env[k] = v; };
   auto set_if_unset = [&env](const char* k, const std::string& v) { env.emplace(k, v); };
-  set("RANK", std::to_string(rank));
-  set("LOCAL_RANK", std::to_string(s.virtual_local_rank ? 0 : s.local_rank));
+  set(env::kRank, std::to_string(rank));
+  set(env::kLocalRank, std::to_string(s.virtual_local_rank ? 0 : s.local_rank));
   if (s.virtual_local_rank) {
     auto it = base.find("CUDA_VISIBLE_DEVICES");
     auto device = virtual_visible_device(it == base.end() ? nullptr : &it->second, s.local_rank);
     set("CUDA_VISIBLE_DEVICES", device.ok() ? *device : std::string());
   }
-  set("WORLD_SIZE", std::to_string(s.world_size));
-  set("LOCAL_WORLD_SIZE", std::to_string(s.local_world_size));
-  set("GROUP_RANK", std::to_string(s.group_rank));
-  set("GROUP_WORLD_SIZE", std::to_string(s.group_world_size));
+  set(env::kWorldSize, std::to_string(s.world_size));
+  set(env::kLocalWorldSize, std::to_string(s.local_world_size));
+  set(env::kGroupRank, std::to_string(s.group_rank));
+  set(env::kGroupWorldSize, std::to_string(s.group_world_size));
   // One role per job: role ranks are the global ranks.
-  set("ROLE_RANK", std::to_string(rank));
-  set("ROLE_NAME", s.role);
-  set("ROLE_WORLD_SIZE", std::to_string(s.world_size));
-  set("MASTER_ADDR", s.master_addr);
-  set("MASTER_PORT", std::to_string(s.master_port));
-  set("TORCHELASTIC_RESTART_COUNT", std::to_string(s.restart_count));
-  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(s.max_restarts));
-  set("TORCHELASTIC_RUN_ID", s.run_id);
+  set(env::kRoleRank, std::to_string(rank));
+  set(env::kRoleName, s.role);
+  set(env::kRoleWorldSize, std::to_string(s.world_size));
+  set(env::kMasterAddr, s.master_addr);
+  set(env::kMasterPort, std::to_string(s.master_port));
+  set(env::kRestartCount, std::to_string(s.restart_count));
+  set(env::kMaxRestarts, std::to_string(s.max_restarts));
+  set(env::kRunId, s.run_id);
   // True: MASTER_ADDR:MASTER_PORT is the run's store, in c10d's TCPStore protocol, on the
   // rendezvous server (every rank is a client, torch prefixes its keys with the attempt).
   // False: rank 0 hosts a TCPStore of its own there.
-  set("TORCHELASTIC_USE_AGENT_STORE", s.use_agent_store ? "True" : "False");
-  set("TORCHELASTIC_ERROR_FILE", s.error_file);
-  set("TORCHELASTIC_SIGNALS_TO_HANDLE", s.signals_to_handle);
+  set(env::kUseAgentStore, s.use_agent_store ? "True" : "False");
+  set(env::kErrorFile, s.error_file);
+  set(env::kSignalsToHandle, s.signals_to_handle);
   set_if_unset("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (s.local_world_size > 1) set_if_unset("OMP_NUM_THREADS", "1");
-  set("MUSTER_STORE_ADDR", s.store_addr);
-  set("MUSTER_RUN_ID", s.run_id);
-  set("MUSTER_ROUND", std::to_string(s.round));
-  set("MUSTER_NODE_ADDR", s.node_addr);
-  if (!s.token.empty()) set("MUSTER_RDZV_TOKEN", s.token);
+  set(env::kStoreAddr, s.store_addr);
+  set(env::kStoreRunId, s.run_id);
+  set(env::kRound, std::to_string(s.round));
+  set(env::kNodeAddr, s.node_addr);
+  if (!s.token.empty()) set(env::kRdzvToken, s.token);
   // Exactly the agent's TLS settings, none inherited beside them.
   for (const char* k : {rendezvous::kTlsCaVar, rendezvous::kTlsCertVar, rendezvous::kTlsKeyVar,
                         rendezvous::kTlsServerNameVar}) {

@@ -20,7 +20,7 @@
 #include "muster/agent/proc_state.h"
 #include "muster/agent/process.h"
 #include "muster/rendezvous/limits.h"
-#include "muster/worker/progress_page.h"
+#include "muster/ops/progress_page.h"
 
 namespace muster::agent {
 namespace {

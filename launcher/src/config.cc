@@ -1,5 +1,7 @@
 #include "muster/launcher/config.h"
 
+#include "muster/ops/endpoint.h"
+
 #include <arpa/inet.h>
 #include <signal.h>
 #include <dlfcn.h>
@@ -286,45 +288,13 @@ absl::Status apply_scheduler_job(const SchedulerJob& job, const SchedulerFlags& 
 
 }  // namespace
 
-std::string Endpoint::to_string() const {
-  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
-                                             : absl::StrCat(host, ":", port);
-}
-
 absl::StatusOr<Endpoint> parse_endpoint(const std::string& text, int default_port) {
-  auto bad = [&text](absl::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--rdzv_endpoint: '", text, "' ", why, " (expected HOST[:PORT])"));
-  };
-  Endpoint e;
-  std::string port;
-  if (!text.empty() && text[0] == '[') {
-    auto close = text.find(']');
-    if (close == std::string::npos) return bad("has no closing bracket");
-    e.host = text.substr(1, close - 1);
-    std::string rest = text.substr(close + 1);
-    if (!rest.empty()) {
-      if (rest[0] != ':') return bad("has text after the bracket");
-      port = rest.substr(1);
-      if (port.empty()) return bad("has an empty port");
-    }
-  } else {
-    auto colon = text.rfind(':');
-    if (colon != std::string::npos && text.find(':') != colon) {
-      return bad("is an IPv6 address without brackets");
-    }
-    e.host = text.substr(0, colon);
-    if (colon != std::string::npos) {
-      port = text.substr(colon + 1);
-      if (port.empty()) return bad("has an empty port");
-    }
+  auto e = ops::parse_host_port(text, default_port, 0);
+  if (!e.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--rdzv_endpoint: '", text, "' ",
+                                                   e.status().message(), " (expected HOST[:PORT])"));
   }
-  if (e.host.empty()) return bad("has no host");
-  e.port = default_port;
-  if (!port.empty() && (!absl::SimpleAtoi(port, &e.port) || e.port < 0 || e.port > 65535)) {
-    return bad("has a bad port");
-  }
-  return e;
+  return *e;
 }
 
 absl::StatusOr<std::vector<Endpoint>> parse_endpoints(const std::string& text, int default_port) {

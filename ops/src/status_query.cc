@@ -6,6 +6,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "muster/ops/endpoint.h"
 #include "muster/ops/status_format.h"
 #include "muster/rendezvous/client.h"
 #include "muster/rendezvous/resolve.h"
@@ -13,40 +14,11 @@
 namespace muster::ops {
 namespace {
 
-struct HostPort {
-  std::string host;
-  int port = kDefaultStatusPort;
-};
-
 absl::StatusOr<HostPort> parse_host_port(const std::string& text) {
-  auto bad = [&text](absl::string_view why) {
+  auto hp = ops::parse_host_port(text, kDefaultStatusPort, 1);
+  if (!hp.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("endpoint '", text, "' ", why, " (expected HOST:PORT)"));
-  };
-  HostPort hp;
-  std::string port;
-  if (!text.empty() && text[0] == '[') {
-    const auto close = text.find(']');
-    if (close == std::string::npos) return bad("has no closing bracket");
-    hp.host = text.substr(1, close - 1);
-    const std::string rest = text.substr(close + 1);
-    if (!rest.empty() && rest[0] != ':') return bad("has text after the bracket");
-    if (!rest.empty()) port = rest.substr(1);
-    if (!rest.empty() && port.empty()) return bad("has an empty port");
-  } else {
-    const auto colon = text.rfind(':');
-    if (colon != std::string::npos && text.find(':') != colon) {
-      return bad("is an IPv6 address without brackets");
-    }
-    hp.host = text.substr(0, colon);
-    if (colon != std::string::npos) {
-      port = text.substr(colon + 1);
-      if (port.empty()) return bad("has an empty port");
-    }
-  }
-  if (hp.host.empty()) return bad("has no host");
-  if (!port.empty() && (!absl::SimpleAtoi(port, &hp.port) || hp.port < 1 || hp.port > 65535)) {
-    return bad("has a bad port");
+        absl::StrCat("endpoint '", text, "' ", hp.status().message(), " (expected HOST:PORT)"));
   }
   return hp;
 }

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "muster/ops/endpoint.h"
 #include "muster/rendezvous/etcd.h"
 #include "muster/rendezvous/state_machine.h"
 #include "muster/rendezvous/tls.h"
@@ -12,7 +14,7 @@
 namespace muster::rdzvd {
 
 struct Flags {
-  std::string listen = "0.0.0.0:29400";
+  std::string listen = absl::StrCat("0.0.0.0:", ops::kDefaultRendezvousPort);
   std::string token, token_file;
   rendezvous::ServerTlsFiles tls_files;
   // Seconds, as given.

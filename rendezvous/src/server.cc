@@ -33,6 +33,15 @@
 namespace muster::rendezvous {
 namespace {
 
+// What a standby answers a call it will not serve: who leads, when it knows (agents and
+// workers move there; docs/rendezvous.md, "Replicated mode").
+grpc::Status standby_refusal(const std::string& leader, const char* when = "") {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      leader.empty() ? std::string("rendezvous: this rdzvd is a standby")
+                                     : absl::StrCat("rendezvous: this rdzvd is a standby; ",
+                                                    leader, " leads", when));
+}
+
 class SessionReactor;
 
 // What the io thread holds for a session: a handle that outlives the reactor.
@@ -441,11 +450,7 @@ class Service final : public v1::Rendezvous::CallbackService {
       absl::MutexLock lock(&pending->mu);
       if (pending->reactor == nullptr) return;  // shutdown answered it
       if (core->standby()) {
-        pending->reactor->Finish(grpc::Status(
-            grpc::StatusCode::UNAVAILABLE,
-            absl::StrCat("rendezvous: this rdzvd is a standby",
-                         core->leader_hint().empty() ? std::string()
-                                                     : absl::StrCat("; ", core->leader_hint(), " leads"))));
+        pending->reactor->Finish(standby_refusal(core->leader_hint()));
         pending->reactor = nullptr;
         return;
       }
@@ -536,9 +541,7 @@ void Core::set_leader(const std::string& name) {
   std::vector<SessionId> ids;
   for (const auto& [id, h] : held_) ids.push_back(id);
   for (SessionId id : ids) {
-    end_held(id, grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                              absl::StrCat("rendezvous: this rdzvd is a standby; ", name,
-                                           " leads now")));
+    end_held(id, standby_refusal(name, " now"));
   }
 }
 
@@ -570,9 +573,7 @@ void Core::hold(SessionId id, const v1::AgentMsg& msg) {
   // that re-attaches is held: the leader it knew may be the one that just died.
   if (msg.has_join() && msg.join().reattach_round() == 0 && !leader_hint_.empty() &&
       held_.count(id) == 0) {
-    end_held(id, grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                              absl::StrCat("rendezvous: this rdzvd is a standby; ", leader_hint_,
-                                           " leads")));
+    end_held(id, standby_refusal(leader_hint_));
     return;
   }
   auto [it, fresh] = held_.try_emplace(id);
@@ -600,12 +601,7 @@ void Core::arm_hold_timer() {
       if (h.until <= now) due.push_back(id);
     }
     for (SessionId id : due) {
-      core->end_held(
-          id, grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                           absl::StrCat("rendezvous: this rdzvd is a standby",
-                                        core->leader_hint_.empty()
-                                            ? std::string()
-                                            : absl::StrCat("; ", core->leader_hint_, " leads"))));
+      core->end_held(id, standby_refusal(core->leader_hint_));
     }
     core->arm_hold_timer();
   });

@@ -5,16 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "muster/rendezvous/state_machine.h"
+#include "state_machine_internal.h"
 
 namespace muster::rendezvous {
 
-namespace detail {
-// Defined in state_machine.cc: the same arithmetic and checks as for a Join.
-TimePoint deadline_after(TimePoint now, std::chrono::milliseconds d);
-std::chrono::milliseconds client_duration_of(std::int64_t ms, std::chrono::milliseconds fallback,
-                                             std::chrono::milliseconds max);
-absl::Status validate_join(const v1::Join& j);
-}  // namespace detail
+using namespace internal;
 
 namespace {
 
@@ -59,7 +54,7 @@ absl::Status check_record(const v1::RunRecord& r) {
   if (!running && r.members_size() > 0) return bad("members outside a running round");
   std::set<std::string> nodes;
   for (const v1::Join& j : r.members()) {
-    if (absl::Status st = detail::validate_join(j); !st.ok()) return st;
+    if (absl::Status st = validate(j); !st.ok()) return st;
     if (j.run_id() != r.run_id() || j.min_nodes() != r.min_nodes() ||
         j.max_nodes() != r.max_nodes() || !j.token().empty() || j.reattach_round() != 0) {
       return bad("member ", j.node_id(), " does not match its run");
@@ -176,26 +171,16 @@ StateMachine::RestoreResult StateMachine::restore(const std::vector<v1::RunRecor
     run.budget_from = rec.budget_from();
     // The timing within the bounds a Join gets, or the operator's own (unclamped) defaults
     // where those are larger (a record is input too); 0 or less: the server's default.
-    RendezvousTimeouts& t = run.timeouts;
-    t = timeouts_;
-    auto bounded = [](std::int64_t ms, milliseconds fallback, milliseconds max) {
-      return detail::client_duration_of(ms, fallback, std::max(max, fallback));
-    };
-    t.join_timeout = bounded(rec.join_timeout_ms(), t.join_timeout, limits::kMaxJoinTimeout);
-    t.last_call_timeout =
-        bounded(rec.last_call_timeout_ms(), t.last_call_timeout, limits::kMaxLastCallTimeout);
-    t.keep_alive_interval = bounded(rec.keep_alive_interval_ms(), t.keep_alive_interval,
-                                    limits::kMaxKeepAliveInterval);
-    if (rec.keep_alive_max_attempt() > 0) {
-      t.keep_alive_max_attempt = std::min(
-          rec.keep_alive_max_attempt(), std::max(limits::kMaxKeepAliveAttempts,
-                                                 timeouts_.keep_alive_max_attempt));
-    }
-    t.hang_timeout = bounded(rec.hang_timeout_ms(), t.hang_timeout, limits::kMaxHangTimeout);
-    t.finished_run_grace = bounded(rec.finished_run_grace_ms(), t.finished_run_grace,
-                                   limits::kMaxFinishedRunGrace);
-    t.reattach_timeout =
-        bounded(rec.reattach_timeout_ms(), t.reattach_timeout, limits::kMaxReattachTimeout);
+    TimingRequest asked;
+    asked.join_timeout_ms = rec.join_timeout_ms();
+    asked.last_call_timeout_ms = rec.last_call_timeout_ms();
+    asked.keep_alive_interval_ms = rec.keep_alive_interval_ms();
+    asked.keep_alive_max_attempt = rec.keep_alive_max_attempt();
+    asked.hang_timeout_ms = rec.hang_timeout_ms();
+    asked.finished_run_grace_ms = rec.finished_run_grace_ms();
+    asked.reattach_timeout_ms = rec.reattach_timeout_ms();
+    run.timeouts = run_timing(timeouts_, asked, TimingSource::kRecord);
+    const RendezvousTimeouts& t = run.timeouts;
     for (const v1::RankOf& l : rec.last_rank()) run.last_rank[l.node_id()] = l.rank();
     switch (rec.phase()) {
       case v1::RunRecord::RUNNING:
@@ -205,19 +190,19 @@ StateMachine::RestoreResult StateMachine::restore(const std::vector<v1::RunRecor
           run.members.push_back(Node{placeholder, j});
           run.detached.insert(placeholder);
         }
-        run.reattach_until = detail::deadline_after(now, t.reattach_timeout);
-        run.keep_alive_check = detail::deadline_after(now, t.keep_alive_interval);
+        run.reattach_until = deadline(now, t.reattach_timeout);
+        run.keep_alive_check = deadline(now, t.keep_alive_interval);
         break;
       case v1::RunRecord::JOINING:
         run.phase = Phase::kJoining;
-        run.held_until = detail::deadline_after(now, t.reattach_timeout);
-        run.join_deadline = detail::deadline_after(now, t.join_timeout);
-        run.keep_alive_check = detail::deadline_after(now, t.keep_alive_interval);
+        run.held_until = deadline(now, t.reattach_timeout);
+        run.join_deadline = deadline(now, t.join_timeout);
+        run.keep_alive_check = deadline(now, t.keep_alive_interval);
         break;
       default:
         run.phase = Phase::kFinished;
         run.result = rec.result();
-        run.expires_at = detail::deadline_after(now, t.finished_run_grace);
+        run.expires_at = deadline(now, t.finished_run_grace);
         break;
     }
     run.phase_since = now;  // for status(): the phase as this server has seen it

@@ -42,7 +42,7 @@ expect tools.list /usr/bin/launch /usr/bin/rdzvd /usr/share/man/man1/launch.1.gz
   /usr/lib/muster/python/muster_hook/sitecustomize.py /usr/share/doc/muster/README.md \
   /usr/share/doc/muster/launch.md
 expect dev.list /usr/include/muster/worker/runtime.h /usr/include/muster/worker/comm/communicator.h \
-  /usr/include/muster/rendezvous/store.h /usr/lib/libmuster_worker.a /usr/lib/libmuster_rendezvous.a \
+  /usr/include/muster/rendezvous/store.h /usr/lib/libmuster_worker.a /usr/lib/libmuster_rendezvous_client.a \
   /usr/lib/cmake/muster/musterConfig.cmake /usr/lib/cmake/muster/musterConfigVersion.cmake \
   /usr/lib/cmake/muster/musterTargets.cmake /usr/lib/pkgconfig/muster.pc
 grep -q '^/usr/local' "$work/tools.list" "$work/dev.list" && fail "a file under /usr/local"

@@ -1,5 +1,7 @@
 #include "muster/worker/runtime.h"
 
+#include "muster/ops/worker_env_names.h"
+
 #include <cstdlib>
 #include <thread>
 
@@ -59,32 +61,32 @@ class EnvReader {
 absl::StatusOr<WorkerInfo> parse_worker_env(const std::map<std::string, std::string>& env) {
   WorkerInfo w;
   EnvReader r(env);
-  r.integer("RANK", w.rank);
-  r.integer("LOCAL_RANK", w.local_rank);
-  r.integer("WORLD_SIZE", w.world_size, 1);
-  r.integer("LOCAL_WORLD_SIZE", w.local_world_size, 1);
-  r.integer("GROUP_RANK", w.group_rank);
-  r.integer("GROUP_WORLD_SIZE", w.group_world_size, 1);
-  r.integer("ROLE_RANK", w.role_rank);
-  r.integer("ROLE_WORLD_SIZE", w.role_world_size, 1);
-  r.str("ROLE_NAME", w.role_name);
-  r.str("MASTER_ADDR", w.master_addr);
-  r.integer("MASTER_PORT", w.master_port, 1);
-  r.integer("TORCHELASTIC_RESTART_COUNT", w.restart_count);
-  r.integer("TORCHELASTIC_MAX_RESTARTS", w.max_restarts);
-  r.str("TORCHELASTIC_RUN_ID", w.run_id);
-  r.str("TORCHELASTIC_ERROR_FILE", w.error_file, false);
-  r.str("MUSTER_STORE_ADDR", w.store_addr);
-  r.str("MUSTER_RUN_ID", w.store_run_id);
-  r.integer("MUSTER_ROUND", w.round, 1);
-  r.str("MUSTER_RDZV_TOKEN", w.token, false);
-  r.str("MUSTER_NODE_ADDR", w.node_addr, false);
+  r.integer(env::kRank, w.rank);
+  r.integer(env::kLocalRank, w.local_rank);
+  r.integer(env::kWorldSize, w.world_size, 1);
+  r.integer(env::kLocalWorldSize, w.local_world_size, 1);
+  r.integer(env::kGroupRank, w.group_rank);
+  r.integer(env::kGroupWorldSize, w.group_world_size, 1);
+  r.integer(env::kRoleRank, w.role_rank);
+  r.integer(env::kRoleWorldSize, w.role_world_size, 1);
+  r.str(env::kRoleName, w.role_name);
+  r.str(env::kMasterAddr, w.master_addr);
+  r.integer(env::kMasterPort, w.master_port, 1);
+  r.integer(env::kRestartCount, w.restart_count);
+  r.integer(env::kMaxRestarts, w.max_restarts);
+  r.str(env::kRunId, w.run_id);
+  r.str(env::kErrorFile, w.error_file, false);
+  r.str(env::kStoreAddr, w.store_addr);
+  r.str(env::kStoreRunId, w.store_run_id);
+  r.integer(env::kRound, w.round, 1);
+  r.str(env::kRdzvToken, w.token, false);
+  r.str(env::kNodeAddr, w.node_addr, false);
   if (!r.status().ok()) return r.status();
-  r.below("RANK", w.rank, "WORLD_SIZE", w.world_size);
-  r.below("LOCAL_RANK", w.local_rank, "LOCAL_WORLD_SIZE", w.local_world_size);
-  r.below("GROUP_RANK", w.group_rank, "GROUP_WORLD_SIZE", w.group_world_size);
-  r.at_most("LOCAL_WORLD_SIZE", w.local_world_size, "WORLD_SIZE", w.world_size);
-  r.below("MASTER_PORT", w.master_port, "the port limit", 65536);
+  r.below(env::kRank, w.rank, env::kWorldSize, w.world_size);
+  r.below(env::kLocalRank, w.local_rank, env::kLocalWorldSize, w.local_world_size);
+  r.below(env::kGroupRank, w.group_rank, env::kGroupWorldSize, w.group_world_size);
+  r.at_most(env::kLocalWorldSize, w.local_world_size, env::kWorldSize, w.world_size);
+  r.below(env::kMasterPort, w.master_port, "the port limit", 65536);
   if (!r.status().ok()) return r.status();
   if (w.node_addr.empty()) w.node_addr = w.master_addr;
   w.tls = rendezvous::client_tls_files_from_env(env);

@@ -1,4 +1,4 @@
-// --hang_timeout (docs/hangs.md): the agent's side of the progress pages (worker/progress_page.h).
+// --hang_timeout (docs/hangs.md): the agent's side of the progress pages (ops/progress_page.h).
 //
 // HangWatch creates one page per worker, maps them, reads them on a timer and hands what they
 // say (each rank's position and how long it has been still) to `on_sample`: the agent sends it

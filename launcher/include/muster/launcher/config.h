@@ -14,21 +14,18 @@
 #include "muster/agent/numa.h"
 #include "muster/launcher/hostfile.h"
 #include "muster/launcher/python.h"
+#include "muster/ops/endpoint.h"
 #include "muster/rendezvous/state_machine.h"
 #include "muster/rendezvous/tls.h"
 
 namespace muster::launcher {
 
 // torchrun's default rendezvous port (c10d), when --rdzv_endpoint gives none.
-inline constexpr int kDefaultRdzvPort = 29400;
+inline constexpr int kDefaultRdzvPort = ops::kDefaultRendezvousPort;
 
-// HOST:PORT, [V6]:PORT, HOST or [V6] (the port then defaults). Port 0 is accepted here (a
-// free port, for a single node: resolve_rendezvous decides).
-struct Endpoint {
-  std::string host;  // without brackets
-  int port = 0;
-  std::string to_string() const;  // brackets back around an IPv6 host
-};
+// HOST:PORT, [V6]:PORT, HOST or [V6] (the port then defaults): ops::parse_host_port. Port 0 is
+// accepted here (a free port, for a single node: resolve_rendezvous decides).
+using Endpoint = ops::HostPort;
 absl::StatusOr<Endpoint> parse_endpoint(const std::string& text, int default_port);
 // --rdzv_endpoint=A[,B,...]: one endpoint or a comma-separated list of at most
 // limits::kMaxRdzvEndpoints, each as parse_endpoint takes it. The first is the one the

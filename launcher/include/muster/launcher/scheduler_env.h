@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "muster/ops/endpoint.h"
 
 namespace muster::launcher {
 
@@ -48,9 +49,9 @@ struct SchedulerJob {
 // Ports derived when MASTER_PORT is unset. Under Slurm each job gets its own pair (MASTER_PORT
 // even, the rendezvous server on the odd one above it) so jobs that share their first node
 // do not meet: kSlurmPortBase + 2 * (SLURM_JOB_ID % kSlurmPortJobs).
-inline constexpr int kSlurmPortBase = 29400;
+inline constexpr int kSlurmPortBase = ops::kDefaultRendezvousPort;
 inline constexpr int kSlurmPortJobs = 1000;
-inline constexpr int kMpiDefaultPort = 29400;
+inline constexpr int kMpiDefaultPort = ops::kDefaultRendezvousPort;
 
 // nullopt when the environment is no scheduler step: no srun step (a batch script or an
 // salloc shell alone is not one) and no MPI rank. Slurm wins over MPI when both are present.

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "muster/ops/endpoint.h"
 #include "muster/rendezvous/tls.h"
 
 namespace CLI {
@@ -17,7 +18,7 @@ namespace muster::ops {
 // Bounds and defaults (docs/operations.md): the whole call (name lookup, connect, answer)
 // gives up after kStatusTimeout; an endpoint without a port means kDefaultStatusPort.
 inline constexpr std::chrono::milliseconds kStatusTimeout{5000};
-inline constexpr int kDefaultStatusPort = 29400;
+inline constexpr int kDefaultStatusPort = kDefaultRendezvousPort;
 
 struct StatusQuery {
   std::string endpoint;  // HOST[:PORT] or [IPV6][:PORT]

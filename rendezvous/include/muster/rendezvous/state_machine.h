@@ -299,6 +299,14 @@ class StateMachine {
 
   std::vector<Outgoing> on_join(SessionId session, const v1::Join& join, TimePoint now);
   std::vector<Outgoing> on_reattach(SessionId session, const v1::Join& join, TimePoint now);
+  // on_join's steps: a new run from its first Join; whether a Join fits its run (finished,
+  // configured otherwise); a place held for re-attach that its node gave up (true: it was a
+  // member); the node among the next round's waiters.
+  std::map<std::string, Run>::iterator create_run(const v1::Join& join, TimePoint now);
+  absl::Status join_fits(const Run& run, const v1::Join& join) const;
+  bool give_up_held_place(Run& run, const v1::Join& join, TimePoint now);
+  void add_waiting(Run& run, SessionId session, const v1::Join& join, bool was_member,
+                   TimePoint now);
   // Takes every detached member out of the run (kNodeLost, `cause`); their node ids.
   std::vector<std::string> drop_detached(Run& run, TimePoint now, std::string_view cause);
   v1::RunRecord record_of(const Run& run) const;

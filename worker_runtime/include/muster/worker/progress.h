@@ -15,7 +15,7 @@
 #include <string>
 #include <string_view>
 
-#include "muster/worker/progress_page.h"
+#include "muster/ops/progress_page.h"
 
 namespace muster::worker {
 
