@@ -28,16 +28,18 @@ HostInfo fake_host(int cpus, int gpus, int xpus = 0) {
 // No scheduler (scheduler_env.h): these tests mean the same under srun or mpirun.
 const std::map<std::string, std::string> kNoScheduler;
 
-LaunchConfig parse_ok(const std::vector<std::string>& args, HostInfo host = fake_host(8, 0)) {
-  auto r = parse_launch_args(args, host, kNoScheduler);
+LaunchConfig parse_ok(const std::vector<std::string>& args, HostInfo host = fake_host(8, 0),
+                      const std::map<std::string, std::string>& env = kNoScheduler) {
+  auto r = parse_launch_args(args, host, env);
   INFO(r.error.message());
   REQUIRE(r.error.ok());
   REQUIRE(r.config.has_value());
   return *r.config;
 }
 
-std::string parse_err(const std::vector<std::string>& args, HostInfo host = fake_host(8, 0)) {
-  auto r = parse_launch_args(args, host, kNoScheduler);
+std::string parse_err(const std::vector<std::string>& args, HostInfo host = fake_host(8, 0),
+                      const std::map<std::string, std::string>& env = kNoScheduler) {
+  auto r = parse_launch_args(args, host, env);
   REQUIRE_FALSE(r.config.has_value());
   REQUIRE_FALSE(r.error.ok());
   return std::string(r.error.message());
@@ -674,23 +676,29 @@ TEST_CASE("rendezvous flags: --rdzv_endpoint with port 0 is a private server on 
 
 TEST_CASE("flags: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, below the flag and PET_SHUTDOWN_TIMEOUT",
           "[config]") {
+  // Read from the environment given to parse_launch_args, not from the process's.
+  const std::map<std::string, std::string> seven{{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"}};
+  CHECK(parse_ok({"--standalone", "p"}, fake_host(8, 0), seven).shutdown_timeout ==
+        std::chrono::seconds(7));
+  CHECK(parse_ok({"--standalone", "--shutdown_timeout=2", "p"}, fake_host(8, 0), seven)
+            .shutdown_timeout == std::chrono::seconds(2));
   {
     ScopedEnv env(std::map<std::string, std::string>{{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"}});
-    CHECK(parse_ok({"--standalone", "p"}).shutdown_timeout == std::chrono::seconds(7));
-    CHECK(parse_ok({"--standalone", "--shutdown_timeout=2", "p"}).shutdown_timeout ==
-          std::chrono::seconds(2));
+    CHECK(parse_ok({"--standalone", "p"}).shutdown_timeout == std::chrono::seconds(30));
   }
   {
-    ScopedEnv env({{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"}, {"PET_SHUTDOWN_TIMEOUT", "3"}});
-    CHECK(parse_ok({"--standalone", "p"}).shutdown_timeout == std::chrono::seconds(3));
+    ScopedEnv env(std::map<std::string, std::string>{{"PET_SHUTDOWN_TIMEOUT", "3"}});
+    CHECK(parse_ok({"--standalone", "p"}, fake_host(8, 0), seven).shutdown_timeout ==
+          std::chrono::seconds(3));
   }
   for (const char* bad : {"soon", "-1", "", "1e300"}) {
     INFO(bad);
-    ScopedEnv env(std::map<std::string, std::string>{{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", bad}});
-    CHECK_THAT(parse_err({"--standalone", "p"}), Catch::Contains("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"));
+    const std::map<std::string, std::string> env{{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", bad}};
+    CHECK_THAT(parse_err({"--standalone", "p"}, fake_host(8, 0), env),
+               Catch::Contains("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"));
     // A flag given makes the variable irrelevant, even when it is bad.
-    CHECK(parse_ok({"--standalone", "--shutdown_timeout=1", "p"}).shutdown_timeout ==
-          std::chrono::seconds(1));
+    CHECK(parse_ok({"--standalone", "--shutdown_timeout=1", "p"}, fake_host(8, 0), env)
+              .shutdown_timeout == std::chrono::seconds(1));
   }
 }
 
@@ -739,11 +747,13 @@ TEST_CASE("flags: --virtual_local_rank, both spellings and PET_VIRTUAL_LOCAL_RAN
     CHECK(parse_ok({"prog"}).virtual_local_rank);
   }
   SECTION("CUDA_VISIBLE_DEVICES must name a device for every local rank") {
-    ScopedEnv env(std::map<std::string, std::string>{{"CUDA_VISIBLE_DEVICES", "3,5"}});
-    CHECK(parse_ok({"--virtual-local-rank", "--nproc_per_node=2", "prog"}).virtual_local_rank);
-    CHECK(parse_err({"--virtual-local-rank", "--nproc_per_node=3", "prog"}) ==
+    const std::map<std::string, std::string> env{{"CUDA_VISIBLE_DEVICES", "3,5"}};
+    const HostInfo h = fake_host(8, 0);
+    CHECK(parse_ok({"--virtual-local-rank", "--nproc_per_node=2", "prog"}, h, env)
+              .virtual_local_rank);
+    CHECK(parse_err({"--virtual-local-rank", "--nproc_per_node=3", "prog"}, h, env) ==
           "--virtual_local_rank: local rank 2 has no device in CUDA_VISIBLE_DEVICES=3,5");
-    CHECK(parse_ok({"--nproc_per_node=3", "prog"}).nproc_per_node == 3);  // only when asked
+    CHECK(parse_ok({"--nproc_per_node=3", "prog"}, h, env).nproc_per_node == 3);  // only when asked
   }
 }
 
