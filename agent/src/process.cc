@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -23,44 +24,115 @@ void write_str(int fd, const char* s) {
   (void)unused;
 }
 
+// The child's three standard streams: stdout and stderr to the agent, stdin as asked.
+struct Pipes {
+  int out[2] = {-1, -1};
+  int err[2] = {-1, -1};
+  int in[2] = {-1, -1};  // the child's stdin, when it is not launch's own
+  void close_all() {
+    for (int* p : {out, err, in}) {
+      for (int i = 0; i < 2; ++i) {
+        if (p[i] >= 0) ::close(p[i]);
+        p[i] = -1;
+      }
+    }
+  }
+};
+
+absl::Status open_pipes(const SpawnRequest& req, Pipes& p) {
+  if (::pipe2(p.out, O_CLOEXEC) != 0) return absl::ErrnoToStatus(errno, "pipe2");
+  if (::pipe2(p.err, O_CLOEXEC) != 0) {
+    const int e = errno;
+    p.close_all();
+    return absl::ErrnoToStatus(e, "pipe2");
+  }
+  if (req.stdin_mode == SpawnRequest::Stdin::kPipe) {
+    if (::pipe2(p.in, O_CLOEXEC) != 0) p.in[0] = p.in[1] = -1;
+  } else if (req.stdin_mode == SpawnRequest::Stdin::kNull) {
+    p.in[0] = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+  if (req.stdin_mode != SpawnRequest::Stdin::kInherit && p.in[0] < 0) {
+    const int e = errno;
+    p.close_all();
+    return absl::ErrnoToStatus(e, "stdin");
+  }
+  return absl::OkStatus();
+}
+
+// What the child needs, made before the fork (the child may only use it).
+struct ChildSetup {
+  std::vector<char*> argv, envp;
+  // (Planned CPUs come from launch's own affinity, a cpu_set_t: each is below CPU_SETSIZE.)
+  cpu_set_t cpu_set;
+  std::vector<unsigned long> node_mask;
+  pid_t parent = -1;
+};
+
+ChildSetup child_setup(const SpawnRequest& req) {
+  ChildSetup c;
+  for (const auto& a : req.argv) c.argv.push_back(const_cast<char*>(a.c_str()));
+  c.argv.push_back(nullptr);
+  for (const auto& e : req.envp) c.envp.push_back(const_cast<char*>(e.c_str()));
+  c.envp.push_back(nullptr);
+  CPU_ZERO(&c.cpu_set);
+  for (int cpu : req.cpus) CPU_SET(cpu, &c.cpu_set);
+  if (req.memory_node >= 0) {
+    c.node_mask.assign(static_cast<std::size_t>(req.memory_node) / 64 + 1, 0UL);
+    c.node_mask[req.memory_node / 64] |= 1UL << (req.memory_node % 64);
+  }
+  c.parent = ::getpid();
+  return c;
+}
+
+// The child, between fork and exec: async-signal-safe calls only.
+[[noreturn]] void run_child(const SpawnRequest& req, const ChildSetup& c, const Pipes& p) {
+  for (int sig = 1; sig < NSIG; ++sig) {
+    struct sigaction sa;
+    if (::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler != SIG_DFL &&
+        (sa.sa_handler != SIG_IGN || sig == SIGPIPE)) {
+      ::signal(sig, SIG_DFL);
+    }
+  }
+  ::setpgid(0, 0);
+  if (req.cgroup_procs_fd >= 0) {
+    // "0" moves the writer. A failed move leaves the worker to the process-group fallback.
+    ssize_t unused = ::write(req.cgroup_procs_fd, "0", 1);
+    (void)unused;
+  }
+  if (!req.cpus.empty() && ::sched_setaffinity(0, sizeof c.cpu_set, &c.cpu_set) != 0) {
+    write_str(p.err[1], "launch: --numa_binding: cannot bind the worker to its CPUs: ");
+    write_str(p.err[1], strerror(errno));
+    write_str(p.err[1], "\n");
+    ::_exit(127);
+  }
+  if (!c.node_mask.empty()) {
+    // Best effort: a container may refuse it (EPERM without CAP_SYS_NICE under some seccomp
+    // profiles); the CPU binding stands either way.
+    ::syscall(SYS_set_mempolicy, MPOL_PREFERRED, c.node_mask.data(), c.node_mask.size() * 64 + 1);
+  }
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != c.parent) ::_exit(1);  // the agent died before prctl took effect
+  ::dup2(p.out[1], STDOUT_FILENO);
+  ::dup2(p.err[1], STDERR_FILENO);
+  if (p.in[0] >= 0) ::dup2(p.in[0], STDIN_FILENO);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::execve(req.path.c_str(), c.argv.data(), c.envp.data());
+  write_str(STDERR_FILENO, "launch: cannot execute ");
+  write_str(STDERR_FILENO, req.path.c_str());
+  write_str(STDERR_FILENO, ": ");
+  write_str(STDERR_FILENO, strerror(errno));
+  write_str(STDERR_FILENO, "\n");
+  ::_exit(127);
+}
+
 }  // namespace
 
 absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
-  std::vector<char*> argv, envp;
-  for (const auto& a : req.argv) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  for (const auto& e : req.envp) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) return absl::ErrnoToStatus(errno, "pipe2");
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    int e = errno;
-    ::close(out[0]);
-    ::close(out[1]);
-    return absl::ErrnoToStatus(e, "pipe2");
-  }
-  int in[2] = {-1, -1};  // the child's stdin, when it is not launch's own
-  if (req.stdin_mode == SpawnRequest::Stdin::kPipe) {
-    if (::pipe2(in, O_CLOEXEC) != 0) in[0] = in[1] = -1;
-  } else if (req.stdin_mode == SpawnRequest::Stdin::kNull) {
-    in[0] = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  }
-  if (req.stdin_mode != SpawnRequest::Stdin::kInherit && in[0] < 0) {
-    int e = errno;
-    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-    return absl::ErrnoToStatus(e, "stdin");
-  }
-  // Masks for the binding, built before the fork (the child may only use them).
-  // (Planned CPUs come from launch's own affinity, a cpu_set_t: each is below CPU_SETSIZE.)
-  cpu_set_t cpu_set;
-  CPU_ZERO(&cpu_set);
-  for (int c : req.cpus) CPU_SET(c, &cpu_set);
-  std::vector<unsigned long> node_mask(
-      req.memory_node >= 0 ? static_cast<std::size_t>(req.memory_node) / 64 + 1 : 0, 0UL);
-  if (req.memory_node >= 0) node_mask[req.memory_node / 64] |= 1UL << (req.memory_node % 64);
-  const pid_t parent = ::getpid();
-  const int cgroup_procs_fd = req.cgroup_procs_fd;
+  Pipes p;
+  if (absl::Status s = open_pipes(req, p); !s.ok()) return s;
+  const ChildSetup setup = child_setup(req);
   // Signals stay blocked from before the fork until the child has put every handler back to
   // default: a signal sent to a child that has not exec'd yet must not run the agent's
   // handlers there (asio's would write into the agent's own self-pipe).
@@ -68,68 +140,25 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &saved);
   const pid_t pid = ::fork();
-  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  if (pid == 0) run_child(req, setup, p);
+  ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
   if (pid < 0) {
-    int e = errno;
-    for (int fd : {out[0], out[1], err[0], err[1], in[0], in[1]}) {
-      if (fd >= 0) ::close(fd);
-    }
+    const int e = errno;
+    p.close_all();
     return absl::ErrnoToStatus(e, "fork");
   }
-  if (pid == 0) {
-    // Child: async-signal-safe calls only.
-    for (int sig = 1; sig < NSIG; ++sig) {
-      struct sigaction sa;
-      if (::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler != SIG_DFL &&
-          (sa.sa_handler != SIG_IGN || sig == SIGPIPE)) {
-        ::signal(sig, SIG_DFL);
-      }
-    }
-    ::setpgid(0, 0);
-    if (cgroup_procs_fd >= 0) {
-      // "0" moves the writer. A failed move leaves the worker to the process-group fallback.
-      ssize_t unused = ::write(cgroup_procs_fd, "0", 1);
-      (void)unused;
-    }
-    if (!req.cpus.empty() && ::sched_setaffinity(0, sizeof cpu_set, &cpu_set) != 0) {
-      write_str(err[1], "launch: --numa_binding: cannot bind the worker to its CPUs: ");
-      write_str(err[1], strerror(errno));
-      write_str(err[1], "\n");
-      ::_exit(127);
-    }
-    if (!node_mask.empty()) {
-      // Best effort: a container may refuse it (EPERM without CAP_SYS_NICE under some
-      // seccomp profiles); the CPU binding stands either way.
-      ::syscall(SYS_set_mempolicy, MPOL_PREFERRED, node_mask.data(), node_mask.size() * 64 + 1);
-    }
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);  // the agent died before prctl took effect
-    ::dup2(out[1], STDOUT_FILENO);
-    ::dup2(err[1], STDERR_FILENO);
-    if (in[0] >= 0) ::dup2(in[0], STDIN_FILENO);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::execve(req.path.c_str(), argv.data(), envp.data());
-    write_str(STDERR_FILENO, "launch: cannot execute ");
-    write_str(STDERR_FILENO, req.path.c_str());
-    write_str(STDERR_FILENO, ": ");
-    write_str(STDERR_FILENO, strerror(errno));
-    write_str(STDERR_FILENO, "\n");
-    ::_exit(127);
-  }
   ::setpgid(pid, pid);  // also in the parent, so signalling the group never races the child
-  ::close(out[1]);
-  ::close(err[1]);
-  if (in[0] >= 0) ::close(in[0]);
+  ::close(p.out[1]);
+  ::close(p.err[1]);
+  if (p.in[0] >= 0) ::close(p.in[0]);
   ChildProcess child;
   child.pid = pid;
-  child.out_fd = out[0];
-  child.err_fd = err[0];
-  child.in_fd = in[1];
+  child.out_fd = p.out[0];
+  child.err_fd = p.err[0];
+  child.in_fd = p.in[1];
   child.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   if (child.pidfd < 0) {
-    int e = errno;
+    const int e = errno;
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
     ::close(child.out_fd);

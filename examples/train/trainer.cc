@@ -31,41 +31,46 @@ __attribute__((noinline)) void hang_forever_in_data_loader(worker::ProgressRepor
   for (;;) ::pause();
 }
 
-absl::Status train(const TrainOptions& o, TrainContext& ctx) {
-  worker::ProgressReporter no_page;
-  worker::ProgressReporter& progress = ctx.progress != nullptr ? *ctx.progress : no_page;
-  worker::Communicator& comm = ctx.comm;
-  Engine& engine = ctx.engine;
-  const int rank = comm.rank();
-  const int world = comm.size();
-  const std::size_t n = engine.num_params();
-  LossScaler scaler({o.precision != Precision::kF32, 65536.0f, 2.0f, 0.5f, o.growth_interval});
+namespace {
 
-  // Start: the latest checkpoint, or the seed's initial parameters.
+// Where a run starts: the latest checkpoint, or the seed's initial parameters.
+struct Start {
   std::int64_t step = 0, adam_steps = 0;
-  std::vector<float> params = initial_params(o.shape, o.seed), m(n, 0.0f), v(n, 0.0f);
-  if (!o.checkpoint_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(o.checkpoint_dir, ec);
-    if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.checkpoint_dir, ": ", ec.message()));
-    auto c = load_checkpoint(o.checkpoint_dir);
-    if (c.ok()) {
-      if (c->fingerprint != fingerprint(o) || c->params.size() != n) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "checkpoint in ", o.checkpoint_dir, " belongs to another model (", c->fingerprint,
-            "; this run: ", fingerprint(o), ")"));
-      }
-      step = c->step;
-      adam_steps = c->adam_steps;
-      scaler.restore(c->scale, c->growth_tracker);
-      params = std::move(c->params);
-      m = std::move(c->m);
-      v = std::move(c->v);
-    } else if (c.status().code() != absl::StatusCode::kNotFound) {
-      return c.status();
-    }
+  std::vector<float> params, m, v;
+};
+
+absl::StatusOr<Start> load_start(const TrainOptions& o, std::size_t n, LossScaler& scaler) {
+  Start st;
+  st.params = initial_params(o.shape, o.seed);
+  st.m.assign(n, 0.0f);
+  st.v.assign(n, 0.0f);
+  if (o.checkpoint_dir.empty()) return st;
+  std::error_code ec;
+  std::filesystem::create_directories(o.checkpoint_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.checkpoint_dir, ": ", ec.message()));
+  auto c = load_checkpoint(o.checkpoint_dir);
+  if (!c.ok()) {
+    if (c.status().code() != absl::StatusCode::kNotFound) return c.status();
+    return st;
   }
-  // Every rank must resume from the same step (a checkpoint folder shared by every node).
+  if (c->fingerprint != fingerprint(o) || c->params.size() != n) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint in ", o.checkpoint_dir, " belongs to another model (", c->fingerprint,
+        "; this run: ", fingerprint(o), ")"));
+  }
+  st.step = c->step;
+  st.adam_steps = c->adam_steps;
+  scaler.restore(c->scale, c->growth_tracker);
+  st.params = std::move(c->params);
+  st.m = std::move(c->m);
+  st.v = std::move(c->v);
+  return st;
+}
+
+// Every rank must resume from the same step (a checkpoint folder shared by every node).
+absl::Status agree_on_start(const TrainOptions& o, TrainContext& ctx, std::int64_t step) {
+  const int rank = ctx.comm.rank();
+  const int world = ctx.comm.size();
   if (absl::Status s = ctx.store.set(absl::StrCat("train/resume/", rank), std::to_string(step));
       !s.ok()) {
     return s;
@@ -81,7 +86,49 @@ absl::Status train(const TrainOptions& o, TrainContext& ctx) {
           step, ": is ", o.checkpoint_dir, " shared by every node?"));
     }
   }
-  engine.set_state(params, m, v);
+  return absl::OkStatus();
+}
+
+// Rank 0's last lines: the final loss and speed, and the parameters when asked.
+absl::Status report_end(const TrainOptions& o, TrainContext& ctx, std::int64_t first_step,
+                        std::int64_t step, float loss, double secs) {
+  if (step == first_step) {
+    ctx.out << absl::StrFormat("final: nothing to do, the checkpoint is at step %d\n", step);
+    return absl::OkStatus();
+  }
+  const double samples =
+      static_cast<double>(step - first_step) * static_cast<double>(o.batch) * ctx.comm.size();
+  std::string perf = ctx.engine.perf_summary();
+  ctx.out << absl::StrFormat("final loss %.6f steps %d samples/s %.0f%s\n", loss, step,
+                             secs > 0 ? samples / secs : 0.0,
+                             perf.empty() ? "" : absl::StrCat(", ", perf))
+          << std::flush;
+  if (o.dump_params.empty()) return absl::OkStatus();
+  std::vector<float> p, mm, vv;
+  ctx.engine.get_state(p, mm, vv);
+  std::ofstream f(o.dump_params, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float)));
+  if (!f) return absl::InternalError("cannot write " + o.dump_params);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status train(const TrainOptions& o, TrainContext& ctx) {
+  worker::ProgressReporter no_page;
+  worker::ProgressReporter& progress = ctx.progress != nullptr ? *ctx.progress : no_page;
+  worker::Communicator& comm = ctx.comm;
+  Engine& engine = ctx.engine;
+  const int rank = comm.rank();
+  const int world = comm.size();
+  const std::size_t n = engine.num_params();
+  LossScaler scaler({o.precision != Precision::kF32, 65536.0f, 2.0f, 0.5f, o.growth_interval});
+
+  auto start = load_start(o, n, scaler);
+  if (!start.ok()) return start.status();
+  std::int64_t step = start->step, adam_steps = start->adam_steps;
+  if (absl::Status s = agree_on_start(o, ctx, step); !s.ok()) return s;
+  engine.set_state(start->params, start->m, start->v);
   if (rank == 0) {
     ctx.out << absl::StrFormat(
         "train: %d rank(s) on %s, %s, %zu parameters, global batch %d, %s step %d of %d\n",
@@ -146,23 +193,7 @@ absl::Status train(const TrainOptions& o, TrainContext& ctx) {
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (rank == 0 && step == first_step) {
-    ctx.out << absl::StrFormat("final: nothing to do, the checkpoint is at step %d\n", step);
-  } else if (rank == 0) {
-    const double samples = static_cast<double>(step - first_step) * global_batch;
-    std::string perf = engine.perf_summary();
-    ctx.out << absl::StrFormat("final loss %.6f steps %d samples/s %.0f%s\n", loss, step,
-                               secs > 0 ? samples / secs : 0.0,
-                               perf.empty() ? "" : absl::StrCat(", ", perf))
-            << std::flush;
-    if (!o.dump_params.empty()) {
-      std::vector<float> p, mm, vv;
-      engine.get_state(p, mm, vv);
-      std::ofstream f(o.dump_params, std::ios::binary);
-      f.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float)));
-      if (!f) return absl::InternalError("cannot write " + o.dump_params);
-    }
-  }
+  if (rank == 0) return report_end(o, ctx, first_step, step, loss, secs);
   return absl::OkStatus();
 }
 

@@ -218,6 +218,72 @@ std::string master_addr_env(const Env& env) {
 // salloc step, ... None of them is an srun step.
 constexpr std::uint64_t kSlurmFirstReservedStep = 0xfffffff0ULL;
 
+// The step's (or job's) node count and list, as srun gave them.
+struct SlurmNodes {
+  const char* count_var;
+  const char* list_var;
+  const std::string* list;  // null: no list
+  std::int64_t count;
+};
+
+// MASTER_ADDR, else the list's first host; the list must name `count` hosts. Says where the
+// master came from.
+absl::StatusOr<std::string> slurm_master(const Env& env, const SlurmNodes& n, SchedulerJob& j) {
+  std::string from = "MASTER_ADDR";
+  j.master_addr = master_addr_env(env);
+  if (n.list != nullptr) {
+    // Expanded even when MASTER_ADDR is set: a list that disagrees with the count is wrong.
+    auto hosts = expand_slurm_hostlist(*n.list);
+    if (!hosts.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(n.list_var, ": ", hosts.status().message()));
+    }
+    if (static_cast<std::int64_t>(hosts->size()) != n.count) {
+      return absl::InvalidArgumentError(absl::StrCat(n.list_var, " names ", hosts->size(),
+                                                     " hosts but ", n.count_var, " is ", n.count));
+    }
+    if (j.master_addr.empty()) {
+      j.master_addr = hosts->front();
+      from = absl::StrCat("first host of ", n.list_var);
+    }
+  } else if (j.master_addr.empty()) {
+    return absl::InvalidArgumentError(
+        "under srun but no SLURM_STEP_NODELIST, SLURM_JOB_NODELIST or SLURM_NODELIST names the "
+        "nodes; set MASTER_ADDR to the first node's host");
+  }
+  return from;
+}
+
+// launch runs once per node: srun must have started one task per node.
+absl::Status check_slurm_tasks(const Env& env, std::int64_t nnodes) {
+  auto [tasks_var, tasks_text] =
+      first_of(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"});
+  if (tasks_text == nullptr) return absl::OkStatus();
+  auto tasks = number(tasks_var, *tasks_text, 1, std::numeric_limits<std::int32_t>::max());
+  if (!tasks.ok()) return tasks.status();
+  if (*tasks > nnodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "srun started ", *tasks, " tasks on ", nnodes,
+        " nodes; launch needs one per node (srun --ntasks-per-node=1), or set "
+        "MUSTER_SCHEDULER_ENV=0 to ignore Slurm"));
+  }
+  return absl::OkStatus();
+}
+
+// Workers per node from the GPUs Slurm gave the node; its CPUs for --nproc_per_node=cpu.
+void slurm_sizes(const Env& env, SchedulerJob& j) {
+  if (const std::string* g = find(env, "SLURM_GPUS_ON_NODE")) {
+    int n = 0;
+    if (absl::SimpleAtoi(*g, &n) && n > 0) {
+      j.nproc_per_node = n;
+      j.nproc_from = "SLURM_GPUS_ON_NODE";
+    }
+  }
+  if (const std::string* c = find(env, "SLURM_CPUS_ON_NODE")) {
+    int n = 0;
+    if (absl::SimpleAtoi(*c, &n) && n > 0) j.cpus_on_node = n;
+  }
+}
+
 absl::StatusOr<std::optional<SchedulerJob>> derive_slurm(const Env& env) {
   auto [job_var, job_id] = first_of(env, {"SLURM_JOB_ID", "SLURM_JOBID"});
   auto [step_var, step_id] = first_of(env, {"SLURM_STEP_ID", "SLURM_STEPID"});
@@ -271,40 +337,10 @@ absl::StatusOr<std::optional<SchedulerJob>> derive_slurm(const Env& env) {
   j.source = "slurm";
   j.nnodes = static_cast<int>(*nnodes);
   j.node_rank = static_cast<int>(*rank);
-  std::string master_from = "MASTER_ADDR";
-  j.master_addr = master_addr_env(env);
-  if (list_text != nullptr) {
-    // Expanded even when MASTER_ADDR is set: a list that disagrees with the count is wrong.
-    auto hosts = expand_slurm_hostlist(*list_text);
-    if (!hosts.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(list_var, ": ", hosts.status().message()));
-    }
-    if (static_cast<std::int64_t>(hosts->size()) != *nnodes) {
-      return absl::InvalidArgumentError(absl::StrCat(list_var, " names ", hosts->size(),
-                                                     " hosts but ", nodes_var, " is ", *nnodes));
-    }
-    if (j.master_addr.empty()) {
-      j.master_addr = hosts->front();
-      master_from = absl::StrCat("first host of ", list_var);
-    }
-  } else if (j.master_addr.empty()) {
-    return absl::InvalidArgumentError(
-        "under srun but no SLURM_STEP_NODELIST, SLURM_JOB_NODELIST or SLURM_NODELIST names the "
-        "nodes; set MASTER_ADDR to the first node's host");
-  }
-  auto [tasks_var, tasks_text] =
-      first_of(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"});
-  if (tasks_text != nullptr) {
-    auto tasks = number(tasks_var, *tasks_text, 1, std::numeric_limits<std::int32_t>::max());
-    if (!tasks.ok()) return tasks.status();
-    if (*tasks > *nnodes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "srun started ", *tasks, " tasks on ", *nnodes,
-          " nodes; launch needs one per node (srun --ntasks-per-node=1), or set "
-          "MUSTER_SCHEDULER_ENV=0 to ignore Slurm"));
-    }
-  }
-
+  const SlurmNodes nodes{nodes_var, list_var, list_text, *nnodes};
+  auto master_from = slurm_master(env, nodes, j);
+  if (!master_from.ok()) return master_from.status();
+  if (absl::Status s = check_slurm_tasks(env, *nnodes); !s.ok()) return s;
   auto port = master_port_env(env);
   if (!port.ok()) return port.status();
   std::string port_from = "MASTER_PORT";
@@ -315,21 +351,11 @@ absl::StatusOr<std::optional<SchedulerJob>> derive_slurm(const Env& env) {
     port_from = absl::StrCat("from job ", job);
   }
   j.run_id = absl::StrCat("slurm-", job, ".", step);
-  if (const std::string* g = find(env, "SLURM_GPUS_ON_NODE")) {
-    int n = 0;
-    if (absl::SimpleAtoi(*g, &n) && n > 0) {
-      j.nproc_per_node = n;
-      j.nproc_from = "SLURM_GPUS_ON_NODE";
-    }
-  }
-  if (const std::string* c = find(env, "SLURM_CPUS_ON_NODE")) {
-    int n = 0;
-    if (absl::SimpleAtoi(*c, &n) && n > 0) j.cpus_on_node = n;
-  }
+  slurm_sizes(env, j);
   j.summary = absl::StrCat("slurm: job ", job, " step ", step, ", node ", j.node_rank, " of ",
                            j.nnodes);
   if (list_text != nullptr) absl::StrAppend(&j.summary, " (", quoted_cut(*list_text), ")");
-  absl::StrAppend(&j.summary, ", master ", j.master_addr, ":", j.master_port, " (", master_from,
+  absl::StrAppend(&j.summary, ", master ", j.master_addr, ":", j.master_port, " (", *master_from,
                   ", port ", port_from, ")");
   if (j.nproc_per_node) {
     absl::StrAppend(&j.summary, ", ", *j.nproc_per_node, " workers per node from ", j.nproc_from);

@@ -85,6 +85,11 @@ class TcpCommunicator final : public Communicator {
   std::string backend() const override { return "tcp"; }
 
   absl::Status connect(rendezvous::Store& store);
+  // connect()'s steps: this rank's connection to the next one (its address from the store),
+  // and the previous rank's to this one, accepted within the timeout.
+  absl::Status connect_next(rendezvous::Store& store, const std::string& identity,
+                            const std::string& uname);
+  absl::Status accept_prev(tcp::acceptor& acceptor, unix_stream::acceptor& uacceptor);
 
   absl::Status all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op,
                           void*) override {
@@ -450,7 +455,16 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
   const std::string me = absl::StrCat(opts_.advertise_host, ":", acceptor.local_endpoint().port(),
                                       "|", identity.empty() ? "-" : identity, "|", uname.empty() ? "-" : uname);
   if (absl::Status s = store.set(absl::StrCat("tcp/", rank_), me); !s.ok()) return s;
-  const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
+  if (absl::Status s = connect_next(store, identity, uname); !s.ok()) return s;
+  if (absl::Status s = accept_prev(acceptor, uacceptor); !s.ok()) return s;
+  // Buffer sizes are left to the kernel's autotuning (setting them turns it off).
+  return absl::OkStatus();
+}
+
+absl::Status TcpCommunicator::connect_next(rendezvous::Store& store, const std::string& identity,
+                                           const std::string& uname) {
+  const int next = (rank_ + 1) % size_;
+  boost::system::error_code ec;
   auto addr = store.get(absl::StrCat("tcp/", next), opts_.timeout);
   if (!addr.ok()) {
     return absl::Status(addr.status().code(),
@@ -487,6 +501,13 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
   }
   Header out{kMagic, static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(size_)};
   asio::write(send_, asio::buffer(&out, sizeof out), ec);
+  return absl::OkStatus();
+}
+
+absl::Status TcpCommunicator::accept_prev(tcp::acceptor& acceptor,
+                                          unix_stream::acceptor& uacceptor) {
+  const int prev = (rank_ - 1 + size_) % size_;
+  boost::system::error_code ec;
   // Accept the previous rank on either listener, bounded by the timeout.
   bool accepted = false, timed_out = false;
   boost::system::error_code accept_ec;
@@ -531,7 +552,6 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
       static_cast<int>(in.size) != size_) {
     return absl::DataLossError("tcp communicator: bad handshake from the previous rank");
   }
-  // Buffer sizes are left to the kernel's autotuning (setting them turns it off).
   return absl::OkStatus();
 }
 
