@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "../rendezvous/src/tcpstore/protocol.h"
+#include "../rendezvous/src/store/tcpstore/protocol.h"
 
 namespace wire = muster::rendezvous::tcpstore;
 

@@ -1,7 +1,7 @@
 #include "muster/launcher/event_log.h"
 
 #include "muster/ops/json.h"
-#include "muster/ops/status_format.h"
+#include "muster/status/status_format.h"
 
 namespace muster::launcher {
 namespace {
@@ -19,7 +19,7 @@ std::string event_log_line(const AgentEvent& e, const EventLogSource& source) {
   using Kind = AgentEvent::Kind;
   ops::JsonObject j;
   j.add("event", agent::event_name(e.kind));
-  j.add("time", ops::iso8601_ms(e.wall));
+  j.add("time", muster::status::iso8601_ms(e.wall));
   j.add("unix_ms", static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                               e.wall.time_since_epoch())
                                               .count()));

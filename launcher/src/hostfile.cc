@@ -15,7 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "muster/rendezvous/limits.h"
-#include "muster/rendezvous/state_machine.h"
+#include "muster/rendezvous/timeouts.h"
 
 namespace muster::launcher {
 namespace {

@@ -30,7 +30,7 @@
 #include "muster/ops/http_server.h"
 #include "muster/ops/json_lines.h"
 #include "muster/ops/metrics.h"
-#include "muster/ops/status_format.h"
+#include "muster/status/status_format.h"
 #include "muster/rendezvous/resolve.h"
 #include "muster/rendezvous/server.h"
 
@@ -121,7 +121,7 @@ rendezvous::ServerOptions server_options(const LaunchConfig& cfg, Observers& o) 
   opts.timeouts = cfg.rdzv_conf.timeouts;
   if (o.event_log) {
     opts.event_sinks.push_back([log = o.event_log.get()](const rendezvous::RunEvent& e) {
-      log->write_line(ops::event_json(e, ops::wall_time_of(e)));
+      log->write_line(muster::status::event_json(e, muster::status::wall_time_of(e)));
     });
   }
   if (o.metrics_http) opts.metrics = &o.metrics;

@@ -3,12 +3,12 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
-#include "muster/ops/status_query.h"
+#include "muster/status/status_query.h"
 
 namespace muster::launcher {
 
 int status_command(int argc, char** argv) {
-  ops::StatusQuery q;
+  muster::status::StatusQuery q;
   CLI::App app{"launch status: the runs a rendezvous server holds, as a table or JSON",
                "launch status"};
   app.add_option("--rdzv_endpoint,--rdzv-endpoint", q.endpoint,
@@ -21,7 +21,7 @@ int status_command(int argc, char** argv) {
   app.add_flag("--json", q.json, "One JSON document instead of the table");
   app.add_option("--token", q.token, "The server's token (or $MUSTER_RDZV_TOKEN)")
       ->envname("MUSTER_RDZV_TOKEN");
-  ops::add_status_tls_options(app, q);
+  muster::status::add_status_tls_options(app, q);
   try {
     app.parse(argc, argv);  // CLI11 skips argv[0], "status" here
   } catch (const CLI::CallForHelp& e) {
@@ -30,7 +30,7 @@ int status_command(int argc, char** argv) {
     std::fprintf(stderr, "launch: error: %s\n", e.what());
     return 2;
   }
-  return ops::print_status(q, "launch");
+  return muster::status::print_status(q, "launch");
 }
 
 }  // namespace muster::launcher

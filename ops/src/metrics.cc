@@ -6,7 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <stdexcept>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "muster/ops/build_info.h"
@@ -220,36 +220,47 @@ struct Registry::Collector {
 Registry::Registry() = default;
 Registry::~Registry() = default;
 
-Registry::Entry& Registry::find_or_add(const std::string& name, int kind,
-                                       const std::vector<std::string>& labels,
-                                       const std::vector<double>& bounds) {
-  if (!valid_name(name, true)) {
-    throw std::invalid_argument("metrics: bad metric name '" + name + "'");
-  }
+absl::Status Registry::check(const std::string& name, Kind kind,
+                             const std::vector<std::string>& labels,
+                             const std::vector<double>& bounds) const {
+  auto bad = [](auto&&... what) { return absl::InvalidArgumentError(absl::StrCat("metrics: ", what...)); };
+  if (!valid_name(name, true)) return bad("bad metric name '", name, "'");
   for (const std::string& l : labels) {
-    if (!valid_name(l, false) || l.rfind("__", 0) == 0 || (kind == kHistogram && l == "le")) {
-      throw std::invalid_argument("metrics: bad label name '" + l + "' of " + name);
+    if (!valid_name(l, false) || l.rfind("__", 0) == 0 || (kind == Kind::kHistogram && l == "le")) {
+      return bad("bad label name '", l, "' of ", name);
     }
   }
-  if (kind == kHistogram) {
+  if (kind == Kind::kHistogram) {
     for (std::size_t i = 0; i < bounds.size(); ++i) {
       if (!std::isfinite(bounds[i]) || (i > 0 && !(bounds[i] > bounds[i - 1]))) {
-        throw std::invalid_argument("metrics: the buckets of " + name +
-                                    " must be finite and ascending");
+        return bad("the buckets of ", name, " must be finite and ascending");
       }
     }
   }
   absl::MutexLock lock(&mu_);
-  for (auto& e : families_) {
-    if (e->name != name) continue;
-    if (e->kind != kind || e->labels != labels || e->bounds != bounds) {
-      throw std::invalid_argument("metrics: " + name + " is already registered differently");
+  for (const auto& e : families_) {
+    if (e->name == name &&
+        (e->kind != static_cast<int>(kind) || e->labels != labels || e->bounds != bounds)) {
+      return bad(name, " is already registered differently");
     }
-    return *e;
+  }
+  return absl::OkStatus();
+}
+
+Registry::Entry& Registry::find_or_add(const std::string& name, Kind kind,
+                                       const std::vector<std::string>& labels,
+                                       const std::vector<double>& bounds) {
+  if (absl::Status s = check(name, kind, labels, bounds); !s.ok()) {
+    std::fprintf(stderr, "%s (a programming error)\n", std::string(s.message()).c_str());
+    std::abort();
+  }
+  absl::MutexLock lock(&mu_);
+  for (auto& e : families_) {
+    if (e->name == name) return *e;
   }
   auto e = std::make_unique<Entry>();
   e->name = name;
-  e->kind = kind;
+  e->kind = static_cast<int>(kind);
   e->labels = labels;
   e->bounds = bounds;
   families_.push_back(std::move(e));
@@ -258,7 +269,7 @@ Registry::Entry& Registry::find_or_add(const std::string& name, int kind,
 
 Family<Counter>& Registry::counter(const std::string& name, const std::string& help,
                                    std::vector<std::string> label_names) {
-  Entry& e = find_or_add(name, kCounter, label_names, {});
+  Entry& e = find_or_add(name, Kind::kCounter, label_names, {});
   absl::MutexLock lock(&mu_);
   if (!e.counter) e.counter.reset(new Family<Counter>(name, help, std::move(label_names), {}));
   return *e.counter;
@@ -266,7 +277,7 @@ Family<Counter>& Registry::counter(const std::string& name, const std::string& h
 
 Family<Gauge>& Registry::gauge(const std::string& name, const std::string& help,
                                std::vector<std::string> label_names) {
-  Entry& e = find_or_add(name, kGauge, label_names, {});
+  Entry& e = find_or_add(name, Kind::kGauge, label_names, {});
   absl::MutexLock lock(&mu_);
   if (!e.gauge) e.gauge.reset(new Family<Gauge>(name, help, std::move(label_names), {}));
   return *e.gauge;
@@ -275,7 +286,7 @@ Family<Gauge>& Registry::gauge(const std::string& name, const std::string& help,
 Family<Histogram>& Registry::histogram(const std::string& name, const std::string& help,
                                        std::vector<std::string> label_names,
                                        std::vector<double> bounds) {
-  Entry& e = find_or_add(name, kHistogram, label_names, bounds);
+  Entry& e = find_or_add(name, Kind::kHistogram, label_names, bounds);
   absl::MutexLock lock(&mu_);
   if (!e.histogram) {
     e.histogram.reset(

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "../../rendezvous/src/store_core.h"
+#include "../../rendezvous/src/store/store_core.h"
 
 using muster::rendezvous::StoreClock;
 using muster::rendezvous::StoreCore;

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "../../rendezvous/src/tcpstore/protocol.h"
+#include "../../rendezvous/src/store/tcpstore/protocol.h"
 
 namespace muster::testing {
 

@@ -8,7 +8,7 @@
 #include "muster/rendezvous/limits.h"
 #include "proc.h"
 // Private to the rendezvous library; the tests drive it directly.
-#include "../../rendezvous/src/store_core.h"
+#include "../../rendezvous/src/store/store_core.h"
 
 using muster::rendezvous::Credentials;
 using muster::rendezvous::load_token_file;

@@ -5,7 +5,7 @@
 
 #include "join_msg.h"
 #include "muster/ops/json.h"
-#include "muster/ops/status_format.h"
+#include "muster/status/status_format.h"
 #include "muster/rendezvous/state_machine.h"
 
 using namespace std::chrono_literals;
@@ -158,7 +158,7 @@ TEST_CASE("status format: the JSON document and the table", "[status]") {
   f->set_reason("worker rank 2 on h1 failed; restart 1 of 3");
   reply.mutable_store()->set_parked_waits(5);
 
-  CHECK(ops::status_json(reply) ==
+  CHECK(muster::status::status_json(reply) ==
         "{\"runs\":[{\"run_id\":\"job\\n1\",\"phase\":\"running\",\"round\":2,\"phase_age_ms\":61500,"
         "\"restart_count\":1,\"max_restarts\":3,\"min_nodes\":1,\"max_nodes\":4,\"world_size\":3,"
         "\"members\":[{\"node_id\":\"n0\",\"host\":\"h0\",\"group_rank\":0,\"local_world_size\":2,"
@@ -170,7 +170,7 @@ TEST_CASE("status format: the JSON document and the table", "[status]") {
         "\"age_ms\":4200,\"reason\":\"worker rank 2 on h1 failed; restart 1 of 3\"}}],"
         "\"store\":{\"parked_waits\":5}}");
 
-  CHECK(ops::status_table(reply) ==
+  CHECK(muster::status::status_table(reply) ==
         "RUN    PHASE    ROUND  RESTARTS  NODES  WORLD  IN PHASE\n"
         "job?1  running  2      1/3       1:4    3      1m01s\n"
         "  STATE    GROUP  RANKS  HOST  NODE\n"
@@ -179,12 +179,12 @@ TEST_CASE("status format: the JSON document and the table", "[status]") {
         "  waiting  -      (4)    h9    spare\n"
         "  last failure: rank 2 on h1, signal 9, round 1, 4.2s ago: worker rank 2 on h1 failed; "
         "restart 1 of 3\n");
-  CHECK(ops::status_table(v1::StatusReply()) == "no runs\n");
-  CHECK(ops::status_json(v1::StatusReply()) == "{\"runs\":[],\"store\":{\"parked_waits\":0}}");
+  CHECK(muster::status::status_table(v1::StatusReply()) == "no runs\n");
+  CHECK(muster::status::status_json(v1::StatusReply()) == "{\"runs\":[],\"store\":{\"parked_waits\":0}}");
   v1::StatusReply built;
   built.set_server_version("0.1.0");
   built.set_server_commit("0123456789ab");
-  CHECK(ops::status_json(built) ==
+  CHECK(muster::status::status_json(built) ==
         "{\"runs\":[],\"store\":{\"parked_waits\":0},"
         "\"server\":{\"version\":\"0.1.0\",\"commit\":\"0123456789ab\"}}");
 }
@@ -201,12 +201,12 @@ TEST_CASE("status format: an event as JSON has only the fields of its kind", "[s
   e.spares = 1;
   e.took = 850ms;
   e.node_id = "ignored";
-  CHECK(ops::event_json(e, wall) ==
+  CHECK(muster::status::event_json(e, wall) ==
         "{\"event\":\"round_formed\",\"time\":\"2023-11-14T22:13:20.123Z\",\"unix_ms\":1700000000123,"
         "\"source\":\"server\",\"run\":\"job\",\"round\":2,\"restart_count\":1,\"nodes\":2,\"world_size\":4,\"spares\":1,"
         "\"took_ms\":850}");
   e.round = 1;  // a first round: no restart to time it from
-  CHECK(ops::event_json(e, wall).find("took_ms") == std::string::npos);
+  CHECK(muster::status::event_json(e, wall).find("took_ms") == std::string::npos);
 
   RunEvent f;
   f.kind = RunEvent::Kind::kWorkerFailed;
@@ -216,7 +216,7 @@ TEST_CASE("status format: an event as JSON has only the fields of its kind", "[s
   f.host = "h";
   f.rank = 3;
   f.signal = 9;
-  CHECK(ops::event_json(f, wall, 7) ==
+  CHECK(muster::status::event_json(f, wall, 7) ==
         "{\"seq\":7,\"event\":\"worker_failed\",\"time\":\"2023-11-14T22:13:20.123Z\","
         "\"unix_ms\":1700000000123,\"source\":\"server\",\"run\":\"job\",\"round\":1,\"restart_count\":0,\"node\":\"n\","
         "\"host\":\"h\",\"rank\":3,\"signal\":9}");
@@ -227,7 +227,7 @@ TEST_CASE("status format: an event as JSON has only the fields of its kind", "[s
   l.node_id = "n";
   l.cause = "silent";
   l.nodes = 1;
-  CHECK_THAT(ops::event_json(l, wall), Catch::EndsWith("\"node\":\"n\",\"cause\":\"silent\",\"member\":true}"));
+  CHECK_THAT(muster::status::event_json(l, wall), Catch::EndsWith("\"node\":\"n\",\"cause\":\"silent\",\"member\":true}"));
 
   RunEvent r;
   r.kind = RunEvent::Kind::kRestart;
@@ -235,8 +235,8 @@ TEST_CASE("status format: an event as JSON has only the fields of its kind", "[s
   r.cause = "worker_failure";
   r.counts = true;
   r.reason = "why";
-  CHECK_THAT(ops::event_json(r, wall),
+  CHECK_THAT(muster::status::event_json(r, wall),
              Catch::EndsWith("\"cause\":\"worker_failure\",\"counts\":true,\"reason\":\"why\"}"));
-  CHECK(ops::iso8601_ms(std::chrono::system_clock::time_point(std::chrono::milliseconds(-1))) ==
+  CHECK(muster::status::iso8601_ms(std::chrono::system_clock::time_point(std::chrono::milliseconds(-1))) ==
         "1969-12-31T23:59:59.999Z");
 }

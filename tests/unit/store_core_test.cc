@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 
 // Private to the rendezvous library; the tests drive it directly.
-#include "../../rendezvous/src/store_core.h"
+#include "../../rendezvous/src/store/store_core.h"
 
 using namespace std::chrono_literals;
 using muster::rendezvous::StoreClock;

@@ -16,7 +16,7 @@
 #include "muster/v1/rendezvous.grpc.pb.h"
 #include "proc.h"
 // The store service itself (private to the rendezvous library; tests drive it directly).
-#include "../../rendezvous/src/store_server.h"
+#include "../../rendezvous/src/store/store_server.h"
 
 using namespace std::chrono_literals;
 using muster::rendezvous::Store;

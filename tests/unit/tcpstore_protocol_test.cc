@@ -1,12 +1,12 @@
-// The TCPStore frame parser (rendezvous/src/tcpstore/protocol.h): dialects told apart by the
+// The TCPStore frame parser (rendezvous/src/store/tcpstore/protocol.h): dialects told apart by the
 // first bytes, lengths checked as they arrive, prefixes that wait for more; and the address
 // helpers the per-run listeners use.
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
 
-#include "../../rendezvous/src/tcpstore/agent_stores.h"
-#include "../../rendezvous/src/tcpstore/protocol.h"
+#include "../../rendezvous/src/store/tcpstore/agent_stores.h"
+#include "../../rendezvous/src/store/tcpstore/protocol.h"
 #include "muster/rendezvous/resolve.h"
 
 namespace wire = muster::rendezvous::tcpstore;

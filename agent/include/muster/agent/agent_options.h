@@ -13,7 +13,7 @@
 #include "muster/agent/endpoints.h"
 #include "muster/agent/numa.h"
 #include "muster/agent/supervisor.h"
-#include "muster/rendezvous/state_machine.h"
+#include "muster/rendezvous/timeouts.h"
 #include "muster/rendezvous/tls.h"
 
 namespace muster::agent {

@@ -15,7 +15,7 @@
 #include "muster/launcher/hostfile.h"
 #include "muster/launcher/python.h"
 #include "muster/ops/endpoint.h"
-#include "muster/rendezvous/state_machine.h"
+#include "muster/rendezvous/timeouts.h"
 #include "muster/rendezvous/tls.h"
 
 namespace muster::launcher {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "muster/ops/http_server.h"
 
@@ -130,16 +131,23 @@ class Registry {
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
-  // The family of that name, made on first use. REQUIRES: a valid Prometheus metric name
-  // ([a-zA-Z_:][a-zA-Z0-9_:]*) and label names ([a-zA-Z_][a-zA-Z0-9_]*, not "le" for a
-  // histogram); a name asked for again must be of the same kind with the same labels (and
-  // buckets). These are programming errors: std::invalid_argument at start-up.
+  // The family of that name, made on first use. REQUIRES: check() is OK for it. A family
+  // that breaks the rules is a programming error: the process prints check()'s message and
+  // aborts at start-up (no exception leaves the module).
   Family<Counter>& counter(const std::string& name, const std::string& help,
                            std::vector<std::string> label_names = {});
   Family<Gauge>& gauge(const std::string& name, const std::string& help,
                        std::vector<std::string> label_names = {});
   Family<Histogram>& histogram(const std::string& name, const std::string& help,
                                std::vector<std::string> label_names, std::vector<double> bounds);
+
+  enum class Kind { kCounter, kGauge, kHistogram };
+  // Whether a family may be registered: a valid Prometheus metric name
+  // ([a-zA-Z_:][a-zA-Z0-9_:]*), label names ([a-zA-Z_][a-zA-Z0-9_]*, not "__..." nor, for a
+  // histogram, "le"), finite ascending buckets; a name registered before must come again with
+  // the same kind, labels and buckets. InvalidArgument saying which rule it breaks.
+  absl::Status check(const std::string& name, Kind kind, const std::vector<std::string>& labels,
+                     const std::vector<double>& bounds = {}) const;
 
   // A function run before every render() (on the scraping thread), to refresh gauges and
   // mirrored counters from state kept elsewhere. It must be bounded in time. Returns an id
@@ -156,10 +164,10 @@ class Registry {
 
  private:
   struct Collector;
-  Entry& find_or_add(const std::string& name, int kind, const std::vector<std::string>& labels,
+  Entry& find_or_add(const std::string& name, Kind kind, const std::vector<std::string>& labels,
                      const std::vector<double>& bounds);
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Entry>> families_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::shared_ptr<Collector>> collectors_ ABSL_GUARDED_BY(mu_);
   int next_collector_ ABSL_GUARDED_BY(mu_) = 1;

@@ -105,6 +105,7 @@
 #include "absl/status/status.h"
 #include "muster/rendezvous/events.h"
 #include "muster/rendezvous/limits.h"
+#include "muster/rendezvous/timeouts.h"
 #include "muster/rendezvous/text.h"
 #include "muster/v1/rendezvous.pb.h"
 
@@ -114,40 +115,11 @@ using Clock = std::chrono::steady_clock;
 using TimePoint = Clock::time_point;
 using SessionId = std::uint64_t;
 
-// Timing rules, with torchrun's c10d defaults. These are the server's (the operator's)
-// defaults and are not clamped; what a Join sets is (see above).
-struct RendezvousTimeouts {
-  // A node waiting for a round that has not reached min_nodes gives up after this.
-  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
-  // Once min_nodes have joined, the round stays open this long for more (unless max is reached).
-  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
-  // A finished run's id is remembered this long, so a late join gets a clear error.
-  std::chrono::milliseconds finished_run_grace{std::chrono::seconds(60)};
-  // The liveness rule: a node that sends nothing for keep_alive_interval *
-  // keep_alive_max_attempt (the liveness window) is lost, and a node that hears nothing from
-  // its server for that long knows it is out. (A node whose process dies is lost at once:
-  // its stream ends.) Default 0.5 s x 4 = 2 s, where torchrun's is 5 s x 3: a silent host is
-  // noticed in 2 s (docs/rendezvous.md, "Liveness").
-  std::chrono::milliseconds keep_alive_interval = limits::kDefaultKeepAliveInterval;
-  int keep_alive_max_attempt = limits::kDefaultKeepAliveAttempts;
-  // --hang_timeout (docs/hangs.md): a rank whose progress has not moved this long while
-  // another rank's got further is stalled; its node is told (Stalled). 0: off.
-  std::chrono::milliseconds hang_timeout{0};
-  // How long a restarted server holds a running run's places for its members to re-attach,
-  // and how long their agents try (limits.h, kDefaultReattachTimeout).
-  std::chrono::milliseconds reattach_timeout = limits::kDefaultReattachTimeout;
-};
-
 // The RunRecord format this machine writes and restores.
 inline constexpr int kRunRecordFormat = 1;
 // Sessions from here up stand for detached members of a restored run; a caller's session ids
 // must stay below.
 inline constexpr std::uint64_t kFirstDetachedSession = std::uint64_t{1} << 62;
-
-// Bounds on what one Join may carry (the server also caps the message size).
-inline constexpr std::size_t kMaxIdLength = limits::kMaxIdBytes;
-inline constexpr int kMaxLocalWorldSize = 1 << 16;
-inline constexpr int kMaxNodes = 1 << 20;
 
 // One thing for the server to do: send `msg` on `session`, or end the session's stream
 // with `status` (after every message queued before it).
