@@ -200,6 +200,18 @@ TEST_CASE("session: the silence timer is armed once and follows the last word he
   CHECK_FALSE(has<session::CloseStream>(b));
 }
 
+TEST_CASE("session: silence is the whole window, not a millisecond less") {
+  Node n;
+  n.running();
+  n.advance(2s - 1ms);
+  Actions& early = n.timer(session::Timer::kSilence);  // a timer that fired early: wait on
+  CHECK_FALSE(has<session::CloseStream>(early));
+  REQUIRE(armed(early, session::Timer::kSilence) != nullptr);
+  CHECK(armed(early, session::Timer::kSilence)->at == n.t + 1ms);
+  n.advance(1ms);
+  CHECK(has<session::CloseStream>(n.timer(session::Timer::kSilence)));
+}
+
 TEST_CASE("session: a round starts the workers, another Assignment meanwhile is ignored") {
   Node n;
   n.start();
