@@ -68,7 +68,7 @@ std::vector<Outgoing> StateMachine::on_message(SessionId session, const v1::Agen
         close_with(session, absl::FailedPreconditionError("protocol error: message before join")));
     return out;
   }
-  if (auto seen = run->last_seen.find(session); seen != run->last_seen.end()) seen->second = now;
+  run->nodes.refresh(session, now);
   if (msg.has_failure()) {
     on_failure(*run, session, msg.failure(), now, out);
   } else if (msg.has_success()) {
@@ -129,7 +129,7 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
   if (run.phase == Phase::kRunning) {
     if (auto m = find_session(run.members, session); m != run.members.end()) {
       run.members.erase(m);
-      run.succeeded.erase(session);
+      run.nodes.set_succeeded(session, false);
       was_member = true;
     }
   }
@@ -189,9 +189,9 @@ absl::Status StateMachine::join_fits(const Run& run, const v1::Join& join) const
 }
 
 bool StateMachine::give_up_held_place(Run& run, const v1::Join& join, TimePoint now) {
-  if (run.phase != Phase::kRunning || run.detached.empty()) return false;
+  if (run.phase != Phase::kRunning || run.nodes.detached_count() == 0) return false;
   auto m = std::find_if(run.members.begin(), run.members.end(), [&](const Node& n) {
-    return run.detached.count(n.session) > 0 && n.join.node_id() == join.node_id();
+    return run.nodes.detached(n.session) && n.join.node_id() == join.node_id();
   });
   if (m == run.members.end()) return false;
   RunEvent& e = emit(RunEvent::Kind::kNodeLost, run, now);
@@ -199,9 +199,9 @@ bool StateMachine::give_up_held_place(Run& run, const v1::Join& join, TimePoint 
   e.nodes = 1;
   e.node_id = m->join.node_id();
   e.host = m->join.host();
-  run.detached.erase(m->session);
+  run.nodes.erase(m->session);
   run.members.erase(m);
-  if (run.detached.empty()) run.reattach_until.reset();
+  if (run.nodes.detached_count() == 0) run.reattach_until.reset();
   return true;
 }
 
@@ -211,28 +211,26 @@ void StateMachine::add_waiting(Run& run, SessionId session, const v1::Join& join
   v1::Join kept = join;
   kept.clear_token();
   kept.DiscardUnknownFields();
-  const bool newcomer = !was_member && run.restarted_at.count(session) == 0 &&
+  const NodeState* known = run.nodes.find(session);
+  const bool newcomer = !was_member && (known == nullptr || !known->restarted_at) &&
                         find_session(run.waiting, session) == run.waiting.end();
   if (newcomer) {
     RunEvent& e = emit(RunEvent::Kind::kNodeJoined, run, now);
     e.node_id = kept.node_id();
     e.host = kept.host();
   }
+  run.nodes.seen(session, now);
   // A survivor back after a restart: learn how long it takes, if longer than it says.
-  if (auto r = run.restarted_at.find(session); r != run.restarted_at.end()) {
-    const auto took = std::chrono::duration_cast<milliseconds>(now - r->second);
-    if (took > shutdown_timeout_of(join)) {
-      run.rejoin_took[session] = took;
-    } else {
-      run.rejoin_took.erase(session);
-    }
-    run.restarted_at.erase(r);
+  if (auto r = run.nodes.take_restarted(session)) {
+    const auto took = std::chrono::duration_cast<milliseconds>(now - *r);
+    run.nodes.set_rejoin_took(session, took > shutdown_timeout_of(join)
+                                           ? std::optional<milliseconds>(took)
+                                           : std::nullopt);
   }
   // A rejoin on the same stream (after a Restart) replaces any earlier entry.
   if (auto w = find_session(run.waiting, session); w != run.waiting.end()) run.waiting.erase(w);
   run.waiting.push_back(Node{session, std::move(kept)});
   session_run_[session] = run.id;
-  run.last_seen[session] = now;
   if (!run.keep_alive_check) {
     run.keep_alive_check = deadline(now, run.timeouts.keep_alive_interval);
   }
@@ -294,19 +292,18 @@ std::vector<Outgoing> StateMachine::on_reattach(SessionId session, const v1::Joi
   }
   Node& member = run.members[g];
   const SessionId old = member.session;
-  if (run.detached.erase(old) == 0) {
+  if (!run.nodes.detached(old)) {
     // Its old stream is still open here (its end not seen yet): the newer one takes over.
     out.push_back(close_with(old, absl::AbortedError("replaced by a newer stream of the same "
                                                      "node (it re-attached)")));
     session_run_.erase(old);
-    run.last_seen.erase(old);
-    run.progress.erase(old);
   }
-  if (run.detached.empty()) run.reattach_until.reset();
-  if (run.succeeded.erase(old) > 0) run.succeeded.insert(session);
+  const bool succeeded = run.nodes.erase(old).succeeded;  // what it reported stays with it
+  if (run.nodes.detached_count() == 0) run.reattach_until.reset();
   member.session = session;
   session_run_[session] = run.id;
-  run.last_seen[session] = now;  // its liveness counts from here
+  run.nodes.seen(session, now);  // its liveness counts from here
+  run.nodes.set_succeeded(session, succeeded);
   if (!run.keep_alive_check || *run.keep_alive_check > deadline(now, run.timeouts.keep_alive_interval)) {
     run.keep_alive_check = deadline(now, run.timeouts.keep_alive_interval);
   }
@@ -314,7 +311,7 @@ std::vector<Outgoing> StateMachine::on_reattach(SessionId session, const v1::Joi
     RunEvent& e = emit(RunEvent::Kind::kNodeReattached, run, now);
     e.node_id = member.join.node_id();
     e.host = member.join.host();
-    e.nodes = static_cast<int>(run.detached.size());  // places still waiting
+    e.nodes = static_cast<int>(run.nodes.detached_count());  // places still waiting
   }
   answer(true, "", &run);
   return out;
@@ -323,9 +320,9 @@ std::vector<Outgoing> StateMachine::on_reattach(SessionId session, const v1::Joi
 std::vector<std::string> StateMachine::drop_detached(Run& run, TimePoint now,
                                                      std::string_view cause) {
   std::vector<std::string> lost;
-  if (run.detached.empty()) return lost;
+  if (run.nodes.detached_count() == 0) return lost;
   for (auto m = run.members.begin(); m != run.members.end();) {
-    if (run.detached.count(m->session) == 0) {
+    if (!run.nodes.detached(m->session)) {
       ++m;
       continue;
     }
@@ -335,10 +332,9 @@ std::vector<std::string> StateMachine::drop_detached(Run& run, TimePoint now,
     e.node_id = m->join.node_id();
     e.host = m->join.host();
     lost.push_back(m->join.node_id());
-    run.succeeded.erase(m->session);
+    run.nodes.erase(m->session);
     m = run.members.erase(m);
   }
-  run.detached.clear();
   run.reattach_until.reset();
   return lost;
 }
@@ -355,15 +351,17 @@ void StateMachine::maybe_close_round(Run& run, TimePoint now, std::vector<Outgoi
   // time): a round closed without them is restarted again by their Join, and with workers
   // slower to stop than the last call that repeats for ever.
   bool pending = false;
-  for (const auto& [session, until] : run.expected) {
-    if (!survivor_back(run, session)) pending = true;
+  if (run.nodes.expected_count() > 0) {
+    for (const auto& [session, node] : run.nodes.all()) {
+      if (node.expected_until && !survivor_back(node)) pending = true;
+    }
   }
   if (pending) {
     run.last_call_deadline.reset();
     return;
   }
   // Full, or every survivor is back: nobody else is worth waiting for.
-  if (n >= run.max_nodes || !run.expected.empty()) {
+  if (n >= run.max_nodes || run.nodes.expected_count() > 0) {
     close_round(run, now, out);
     return;
   }
@@ -374,7 +372,7 @@ void StateMachine::maybe_close_round(Run& run, TimePoint now, std::vector<Outgoi
 }
 
 void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& out) {
-  run.progress.clear();
+  run.nodes.clear_all_progress();
   run.stall_sent = false;
   run.next_stall_check.reset();
   run.round_steps.clear();
@@ -412,11 +410,11 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
 
   ++run.round;
   run.members = std::move(ordered);
-  run.succeeded.clear();
+  run.nodes.clear_all_succeeded();
   run.last_rank.clear();
   run.phase = Phase::kRunning;
   run.phase_since = now;
-  run.expected.clear();
+  run.nodes.clear_all_expected();
   run.join_deadline.reset();
   run.last_call_deadline.reset();
 
@@ -470,19 +468,19 @@ void StateMachine::restart(Run& run, const std::string& reason, std::string_view
     e.counts = counts;
   }
   run.restarted_since = now;
-  run.expected.clear();
+  run.nodes.clear_all_expected();
   for (const Node& n : run.members) {
     // Each survivor holds the next round for as long as its agent may take to stop its
     // workers, plus a margin: bounded, so a node that never comes back cannot stall the run.
-    run.expected[n.session] = after(after(now, hold_of(run, n)), limits::kRejoinMargin);
-    run.restarted_at[n.session] = now;
+    run.nodes.set_expected(n.session, after(after(now, hold_of(run, n)), limits::kRejoinMargin));
+    run.nodes.set_restarted(n.session, now);
     v1::ServerMsg msg;
     msg.mutable_restart()->set_reason(reason);
     msg.mutable_restart()->set_restart_count(run.restart_count);
     out.push_back(send(n.session, std::move(msg)));
   }
   run.members.clear();
-  run.succeeded.clear();
+  run.nodes.clear_all_succeeded();
   run.phase = Phase::kJoining;
   run.phase_since = now;
   run.join_deadline.reset();  // a fresh one, from now, while below min
@@ -492,8 +490,8 @@ void StateMachine::restart(Run& run, const std::string& reason, std::string_view
 
 std::chrono::milliseconds StateMachine::hold_of(const Run& run, const Node& node) const {
   milliseconds hold = shutdown_timeout_of(node.join);
-  if (auto took = run.rejoin_took.find(node.session); took != run.rejoin_took.end()) {
-    hold = std::max(hold, took->second);
+  if (const NodeState* n = run.nodes.find(node.session); n != nullptr && n->rejoin_took) {
+    hold = std::max(hold, *n->rejoin_took);
   }
   return std::min(hold, limits::kMaxShutdownTimeout);
 }
@@ -509,21 +507,17 @@ void StateMachine::finish(Run& run, const v1::ServerMsg& last, TimePoint now,
   }
   // Every connected node hears the end: members, spares, and a survivor that was not back
   // in time for the round.
-  for (const auto& [session, seen] : run.last_seen) {
+  for (const auto& [session, node] : run.nodes.all()) {
+    if (!node.last_seen) continue;
     out.push_back(send(session, last));
     out.push_back(close_with(session, absl::OkStatus()));
     session_run_.erase(session);
   }
   run.members.clear();
   run.waiting.clear();
-  run.succeeded.clear();
-  run.expected.clear();
-  run.restarted_at.clear();
-  run.rejoin_took.clear();
-  run.last_seen.clear();
+  run.nodes.clear();
   run.phase = Phase::kFinished;
   run.result = last;
-  run.detached.clear();
   run.reattach_until.reset();
   run.held_until.reset();
   run.phase_since = now;
@@ -610,8 +604,8 @@ void StateMachine::on_success(Run& run, SessionId session, const v1::ReportSucce
       s.round() != run.round) {
     return;
   }
-  run.succeeded.insert(session);
-  if (run.succeeded.size() == run.members.size()) {
+  run.nodes.set_succeeded(session, true);
+  if (run.nodes.succeeded_count() == run.members.size()) {
     v1::ServerMsg msg;
     msg.mutable_done();
     finish(run, msg, now, out);
@@ -645,7 +639,7 @@ void StateMachine::refuse(SessionId session, absl::Status status, TimePoint now,
 bool StateMachine::drop_if_unheld(const std::string& run_id) {
   auto it = runs_.find(run_id);
   if (it == runs_.end() || it->second.phase == Phase::kFinished ||
-      !it->second.last_seen.empty() || !it->second.detached.empty() || it->second.held_until) {
+      run_held(it->second) || it->second.held_until) {
     return false;
   }
   // Nobody holds the run: whatever its round, nobody can finish it or be told about it.
@@ -656,7 +650,7 @@ bool StateMachine::drop_if_unheld(const std::string& run_id) {
 
 std::optional<std::string> StateMachine::remove_session(Run& run, SessionId session,
                                                        TimePoint now, std::string_view cause) {
-  if (run.phase != Phase::kFinished && run.last_seen.count(session) > 0) {
+  if (run.phase != Phase::kFinished && run.nodes.connected(session)) {
     const Node* node = nullptr;
     if (auto m = find_session(run.members, session); m != run.members.end()) node = &*m;
     if (auto w = find_session(run.waiting, session); w != run.waiting.end()) node = &*w;
@@ -670,13 +664,8 @@ std::optional<std::string> StateMachine::remove_session(Run& run, SessionId sess
     }
   }
   session_run_.erase(session);
-  run.last_seen.erase(session);
-  // A survivor that dies before it rejoins is no longer waited for.
-  run.expected.erase(session);
-  run.restarted_at.erase(session);
-  run.rejoin_took.erase(session);
-  run.succeeded.erase(session);
-  run.progress.erase(session);
+  // Its record goes: a survivor that dies before it rejoins is no longer waited for.
+  if (run.nodes.connected(session)) run.nodes.erase(session);
   if (auto w = find_session(run.waiting, session); w != run.waiting.end()) run.waiting.erase(w);
   auto member = find_session(run.members, session);
   if (run.phase != Phase::kRunning || member == run.members.end()) return std::nullopt;

@@ -54,13 +54,17 @@ auto find_session(Nodes& nodes, SessionId session) {
                       [session](const auto& n) { return n.session == session; });
 }
 
-// Whether an expected survivor has joined again since the restart (it is then waiting):
-// restarted_at holds it from the restart until its Join, or until it goes. O(log n), where
-// a scan of `waiting` would cost O(n) per survivor on every event (check_invariants checks
-// that the two agree).
+// Whether an expected survivor has joined again since the restart (it is then waiting): its
+// record's restart time is kept from the restart until its Join, or until it goes.
+template <typename NodeState>
+bool survivor_back(const NodeState& node) {
+  return !node.restarted_at.has_value();
+}
+
+// Whether anybody holds the run: a connected node, or a detached member's place.
 template <typename Run>
-bool survivor_back(const Run& run, SessionId session) {
-  return run.restarted_at.count(session) == 0;
+bool run_held(const Run& run) {
+  return !run.nodes.all().empty();
 }
 
 }  // namespace muster::rendezvous::internal

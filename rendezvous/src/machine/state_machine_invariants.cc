@@ -18,8 +18,9 @@ absl::Status broken(Parts&&... what) {
   return absl::InternalError(absl::StrCat(std::forward<Parts>(what)...));
 }
 
-// The run's nodes: each in one of members and waiting, connected unless detached, kept
-// without its token; every per-session table names connected nodes only.
+// The run's nodes: each in one of members and waiting, with a record, connected unless a
+// detached member, kept without its token; every record is such a node's or an expected
+// survivor's; the table's counts are what its records say.
 template <typename Run, typename SessionRuns>
 absl::Status check_nodes(const std::string& id, const Run& run, const SessionRuns& session_run) {
   std::set<SessionId> in_round;
@@ -28,13 +29,16 @@ absl::Status check_nodes(const std::string& id, const Run& run, const SessionRun
       if (!in_round.insert(n.session).second) {
         return broken("session ", n.session, " is twice in run '", id, "' (member/waiting)");
       }
-      if (run.detached.count(n.session) > 0) {
-        if (n.session < kFirstDetachedSession || session_run.count(n.session) > 0 ||
-            run.last_seen.count(n.session) > 0) {
+      if (run.nodes.find(n.session) == nullptr) {
+        return broken("session ", n.session, " of run '", id, "' has no record");
+      }
+      if (run.nodes.detached(n.session)) {
+        if (n.session < kFirstDetachedSession || session_run.count(n.session) > 0) {
           return broken("detached member ", n.session, " of run '", id, "' has a stream");
         }
-      } else if (run.last_seen.count(n.session) == 0) {
-        return broken("session ", n.session, " of run '", id, "' is not connected");
+        if (group != &run.members) {
+          return broken("detached session ", n.session, " of run '", id, "' is no member");
+        }
       }
       if (!n.join.token().empty() || !n.join.GetReflection()->GetUnknownFields(n.join).empty()) {
         return broken("run '", id, "' keeps a token or unknown fields");
@@ -44,33 +48,28 @@ absl::Status check_nodes(const std::string& id, const Run& run, const SessionRun
       }
     }
   }
-  for (SessionId s : run.detached) {
-    if (find_session(run.members, s) == run.members.end()) {
-      return broken("detached session ", s, " of run '", id, "' is no member");
+  std::size_t connected = 0, detached = 0, expected = 0, succeeded = 0;
+  for (const auto& [session, node] : run.nodes.all()) {
+    node.last_seen ? ++connected : ++detached;
+    if (node.expected_until) ++expected;
+    if (node.succeeded) ++succeeded;
+    if (!node.last_seen && (node.expected_until || node.restarted_at || node.rejoin_took)) {
+      return broken("detached session ", session, " of run '", id, "' is expected or restarted");
+    }
+    if (node.succeeded && find_session(run.members, session) == run.members.end()) {
+      return broken("session ", session, " succeeded in run '", id, "' but is no member");
+    }
+    if (!in_round.count(session) && !node.restarted_at) {
+      // Connected but in neither list: only a survivor not back yet (told Restart).
+      return broken("session ", session, " of run '", id, "' is in no round and not a survivor");
     }
   }
-  if (!run.detached.empty() != run.reattach_until.has_value()) {
+  if (connected != run.nodes.connected_count() || detached != run.nodes.detached_count() ||
+      expected != run.nodes.expected_count() || succeeded != run.nodes.succeeded_count()) {
+    return broken("run '", id, "' counts its node records wrong");
+  }
+  if ((detached > 0) != run.reattach_until.has_value()) {
     return broken("run '", id, "' has detached members without a hold, or a hold without");
-  }
-  for (const auto& [session, until] : run.expected) {
-    if (run.last_seen.count(session) == 0) {
-      return broken("expected session ", session, " of run '", id, "' is not connected");
-    }
-  }
-  for (const auto& [session, t] : run.restarted_at) {
-    if (run.last_seen.count(session) == 0) {
-      return broken("restarted session ", session, " of run '", id, "' is not connected");
-    }
-  }
-  for (const auto& [session, took] : run.rejoin_took) {
-    if (run.last_seen.count(session) == 0) {
-      return broken("session ", session, " of run '", id, "' has a rejoin time, not connected");
-    }
-  }
-  for (SessionId s : run.succeeded) {
-    if (find_session(run.members, s) == run.members.end()) {
-      return broken("session ", s, " succeeded in run '", id, "' but is no member");
-    }
   }
   return absl::OkStatus();
 }
@@ -80,18 +79,21 @@ template <typename Run>
 absl::Status check_joining(const std::string& id, const Run& run) {
   const int waiting = static_cast<int>(run.waiting.size());
   if (!run.members.empty()) return broken("joining run '", id, "' has members");
-  if (run.last_seen.empty() && !run.held_until) return broken("run '", id, "' is held by nobody");
+  if (run.nodes.connected_count() == 0 && !run.held_until) {
+    return broken("run '", id, "' is held by nobody");
+  }
   bool pending = false;
-  for (const auto& [session, until] : run.expected) {
+  for (const auto& [session, node] : run.nodes.all()) {
+    if (!node.expected_until) continue;
     const bool waits = find_session(run.waiting, session) != run.waiting.end();
-    if (waits != survivor_back(run, session)) {
+    if (waits != survivor_back(node)) {
       return broken("survivor ", session, " of run '", id, "': waiting ", waits, ", rejoined ",
-                    survivor_back(run, session));
+                    survivor_back(node));
     }
     pending |= !waits;
   }
   if (!pending && waiting >= run.min_nodes &&
-      (waiting >= run.max_nodes || !run.expected.empty())) {
+      (waiting >= run.max_nodes || run.nodes.expected_count() > 0)) {
     return broken("run '", id, "' should have closed its round");
   }
   if (waiting < run.min_nodes && !run.join_deadline) {
@@ -115,7 +117,7 @@ absl::Status check_phase(const std::string& id, const Run& run) {
   const int waiting = static_cast<int>(run.waiting.size());
   switch (run.phase) {
     case Phase::kFinished:
-      if (members || waiting || !run.last_seen.empty() || !run.expected.empty() ||
+      if (members || waiting || !run.nodes.all().empty() ||
           !run.expires_at || !run.result) {
         return broken("finished run '", id, "' holds nodes or has no expiry");
       }
@@ -127,10 +129,10 @@ absl::Status check_phase(const std::string& id, const Run& run) {
       if (members < run.max_nodes && waiting > 0) {
         return broken("run '", id, "' has room but leaves ", waiting, " waiting");
       }
-      if (!run.expected.empty() || run.join_deadline || run.last_call_deadline) {
+      if (run.nodes.expected_count() > 0 || run.join_deadline || run.last_call_deadline) {
         return broken("running run '", id, "' has joining state");
       }
-      if (run.last_seen.empty() && run.detached.empty()) {
+      if (!run_held(run)) {
         return broken("running run '", id, "' is held by nobody");
       }
       break;
@@ -150,13 +152,14 @@ absl::Status StateMachine::check_invariants() const {
     if (r->second.phase == Phase::kFinished) {
       return broken("session ", session, " is in finished run '", id, "'");
     }
-    if (r->second.last_seen.count(session) == 0) {
+    if (!r->second.nodes.connected(session)) {
       return broken("session ", session, " of run '", id, "' is not seen as connected");
     }
   }
   for (const auto& [id, run] : runs_) {
     if (run.id != id) return broken("run '", id, "' names itself '", run.id, "'");
-    for (const auto& [session, seen] : run.last_seen) {
+    for (const auto& [session, node] : run.nodes.all()) {
+      if (!node.last_seen) continue;
       auto s = session_run_.find(session);
       if (s == session_run_.end() || s->second != id) {
         return broken("session ", session, " is connected to run '", id, "' but not in it");

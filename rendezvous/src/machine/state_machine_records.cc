@@ -188,7 +188,7 @@ StateMachine::RestoreResult StateMachine::restore(const std::vector<v1::RunRecor
         for (const v1::Join& j : rec.members()) {
           const SessionId placeholder = next_detached_++;
           run.members.push_back(Node{placeholder, j});
-          run.detached.insert(placeholder);
+          run.nodes.add_detached(placeholder);
         }
         run.reattach_until = deadline(now, t.reattach_timeout);
         run.keep_alive_check = deadline(now, t.keep_alive_interval);

@@ -44,7 +44,7 @@ void StateMachine::on_progress(Run& run, SessionId session, const v1::Progress& 
     if (!fresh) it->second.second = std::max(it->second.second, r.step());
   }
   if (run.timeouts.hang_timeout.count() == 0 || run.stall_sent) return;  // nobody asked, or told
-  run.progress[session] = {now, p};
+  run.nodes.set_progress(session, now, p);
   if (run.next_stall_check && now < *run.next_stall_check) return;
   run.next_stall_check = after(now, std::clamp(run.timeouts.hang_timeout / 4,
                                                std::chrono::milliseconds(50),
@@ -53,9 +53,9 @@ void StateMachine::on_progress(Run& run, SessionId session, const v1::Progress& 
   std::vector<RankProgress> ranks;
   std::map<int, const Node*> holder;
   for (const Node& n : run.members) {
-    auto it = run.progress.find(n.session);
-    if (it == run.progress.end()) continue;
-    const auto& [at, prog] = it->second;
+    const NodeState* node = run.nodes.find(n.session);
+    if (node == nullptr || !node->progress) continue;
+    const auto& [at, prog] = *node->progress;
     for (const v1::RankProgress& r : prog.ranks()) {
       RankProgress x;
       x.rank = r.rank();
@@ -87,8 +87,8 @@ void StateMachine::check_keep_alive(Run& run, TimePoint now, std::vector<Outgoin
   const milliseconds limit =
       times(run.timeouts.keep_alive_interval, run.timeouts.keep_alive_max_attempt);
   std::vector<SessionId> silent;
-  for (const auto& [session, seen] : run.last_seen) {
-    if (after(seen, limit) <= now) silent.push_back(session);
+  for (const auto& [session, node] : run.nodes.all()) {
+    if (node.last_seen && after(*node.last_seen, limit) <= now) silent.push_back(session);
   }
   // All of them first, then one restart: dropping them one by one could close a round
   // with a silent node that the next step drops again.
@@ -103,8 +103,9 @@ void StateMachine::check_keep_alive(Run& run, TimePoint now, std::vector<Outgoin
   // The next check is when the node heard from longest ago would become silent, so a
   // silent node is dropped exactly at the end of the window, not up to an interval later.
   std::optional<TimePoint> next;
-  for (const auto& [session, seen] : run.last_seen) {
-    const TimePoint due = after(seen, limit);
+  for (const auto& [session, node] : run.nodes.all()) {
+    if (!node.last_seen) continue;
+    const TimePoint due = after(*node.last_seen, limit);
     if (!next || due < *next) next = due;
   }
   run.keep_alive_check = next ? next : deadline(now, run.timeouts.keep_alive_interval);
@@ -140,14 +141,17 @@ void StateMachine::tick_run(const std::string& run_id, TimePoint now,
   if (run.phase != Phase::kJoining) return;
   // Survivors past their hold no longer hold the round.
   std::optional<TimePoint> latest_hold;
-  for (auto e = run.expected.begin(); e != run.expected.end();) {
-    const bool back = survivor_back(run, e->first);
-    if (!back && now >= e->second) {
-      e = run.expected.erase(e);
-      continue;
+  if (run.nodes.expected_count() > 0) {
+    std::vector<SessionId> given_up;
+    for (const auto& [session, node] : run.nodes.all()) {
+      if (!node.expected_until || survivor_back(node)) continue;
+      if (now >= *node.expected_until) {
+        given_up.push_back(session);
+      } else if (!latest_hold || *node.expected_until > *latest_hold) {
+        latest_hold = node.expected_until;
+      }
     }
-    if (!back && (!latest_hold || e->second > *latest_hold)) latest_hold = e->second;
-    ++e;
+    for (SessionId s : given_up) run.nodes.clear_expected(s);
   }
   maybe_close_round(run, now, out);  // the last call, or survivors given up on
   if (run.phase != Phase::kJoining || !run.join_deadline || now < *run.join_deadline) return;
@@ -168,7 +172,8 @@ void StateMachine::tick_run(const std::string& run_id, TimePoint now,
     e.cause = "join_timeout";
     e.reason = std::string(st.message());
   }
-  for (const auto& [session, seen] : run.last_seen) {
+  for (const auto& [session, node] : run.nodes.all()) {
+    if (!node.last_seen) continue;
     out.push_back(close_with(session, st));
     session_run_.erase(session);
   }
@@ -199,8 +204,10 @@ std::optional<TimePoint> StateMachine::next_deadline() const {
     consider(run.reattach_until);
     consider(run.held_until);
     if (run.phase == Phase::kJoining) {
-      for (const auto& [session, until] : run.expected) {
-        if (!survivor_back(run, session)) consider(until);
+      if (run.nodes.expected_count() > 0) {
+        for (const auto& [session, node] : run.nodes.all()) {
+          if (node.expected_until && !survivor_back(node)) consider(node.expected_until);
+        }
       }
     }
   }

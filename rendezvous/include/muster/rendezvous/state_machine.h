@@ -210,6 +210,65 @@ class StateMachine {
     v1::Join join;  // as kept: no token, no unknown fields
   };
   enum class Phase { kJoining, kRunning, kFinished };
+  // What a run knows of one of its nodes beyond its Join: one record per node, by session (as
+  // etcd raft's tracker keeps one Progress per peer). A node is connected (its stream open,
+  // last_seen set) or a detached member (a restored run's member without a stream yet, its
+  // placeholder session from kFirstDetachedSession up). The record goes when the node does.
+  struct NodeState {
+    std::optional<TimePoint> last_seen;  // connected: when last heard from
+    // After a restart: until when this survivor holds the next round (kept once it is back in
+    // `waiting`; cleared when the round closes). A connected node may be in none of members,
+    // waiting and expected: a survivor that was not back in time, until it joins again.
+    std::optional<TimePoint> expected_until;
+    // Told Restart then, until it joins again: how long it took (survivor_back: none).
+    std::optional<TimePoint> restarted_at;
+    // How long it took to come back when that was longer than its shutdown timeout: it is
+    // held that long next time, so that two nodes slower than they say cannot take turns
+    // closing the round without each other (a livelock of late rejoins).
+    std::optional<std::chrono::milliseconds> rejoin_took;
+    // Its last progress report in the running round (--hang_timeout), with when it came.
+    std::optional<std::pair<TimePoint, v1::Progress>> progress;
+    bool succeeded = false;  // it reported success in the running round
+  };
+  // A run's node records and the counts the rules ask for at every event (kept as records
+  // change, so that no rule scans every node to learn them). machine/node_table.cc.
+  class NodeTable {
+   public:
+    using Map = std::map<SessionId, NodeState>;
+    const Map& all() const { return nodes_; }
+    const NodeState* find(SessionId s) const;
+    bool connected(SessionId s) const;
+    bool detached(SessionId s) const;
+    std::size_t connected_count() const { return connected_; }
+    std::size_t detached_count() const { return detached_; }
+    std::size_t expected_count() const { return expected_; }
+    std::size_t succeeded_count() const { return succeeded_; }
+
+    // Heard from `s` now: connects it (a new record, or a detached one's) or refreshes it.
+    void seen(SessionId s, TimePoint now);
+    // Only a connected node's time moves (a message from one that is not is not a sign).
+    void refresh(SessionId s, TimePoint now);
+    void add_detached(SessionId s);
+    void set_expected(SessionId s, TimePoint until);
+    void clear_expected(SessionId s);
+    void clear_all_expected();
+    void set_restarted(SessionId s, TimePoint at);
+    // Its restart time, now cleared (none when it was not told Restart).
+    std::optional<TimePoint> take_restarted(SessionId s);
+    void set_rejoin_took(SessionId s, std::optional<std::chrono::milliseconds> took);
+    void set_progress(SessionId s, TimePoint at, v1::Progress p);
+    void clear_all_progress();
+    void set_succeeded(SessionId s, bool succeeded);
+    void clear_all_succeeded();
+    // Takes the record out (the node left, or its placeholder was re-attached); what it held.
+    NodeState erase(SessionId s);
+    void clear();
+
+   private:
+    void count(const NodeState& n, int sign);
+    Map nodes_;
+    std::size_t connected_ = 0, detached_ = 0, expected_ = 0, succeeded_ = 0;
+  };
   struct Run {
     std::string id;
     RendezvousTimeouts timeouts;  // the server's defaults, overridden by the first Join
@@ -221,28 +280,13 @@ class StateMachine {
     int restart_count = 0;
     std::vector<Node> waiting;  // joined for the next round, in join order (spares included)
     std::vector<Node> members;  // the running round, by group rank
-    std::set<SessionId> succeeded;
     std::map<std::string, int> last_rank;  // node_id -> group rank in the previous round
-    // After a restart: the previous round's members still connected, each with the time
-    // until which it holds the round (an entry stays once its node is back in `waiting`).
-    // Emptied when the round closes. A connected node may be in none of members, waiting
-    // and expected: a survivor that was not back in time, until it joins again.
-    std::map<SessionId, TimePoint> expected;
-    // Members told Restart, with when, until they join again: how long they took.
-    std::map<SessionId, TimePoint> restarted_at;
-    // How long a survivor took to come back when that was longer than its shutdown timeout:
-    // it is held that long next time, so that two nodes slower than they say cannot take
-    // turns closing the round without each other (a livelock of late rejoins).
-    std::map<SessionId, std::chrono::milliseconds> rejoin_took;
-    std::map<SessionId, TimePoint> last_seen;  // every connected node of the run
+    NodeTable nodes;  // every node of the run that is connected, and detached members
     std::optional<TimePoint> keep_alive_check;
     std::optional<TimePoint> join_deadline;
     std::optional<TimePoint> last_call_deadline;
     std::optional<TimePoint> expires_at;  // when a finished run's state is dropped
-    // The running round's progress reports (--hang_timeout), by member, with when each came;
-    // emptied when a round closes. One Stalled per round.
-    std::map<SessionId, std::pair<TimePoint, v1::Progress>> progress;
-    bool stall_sent = false;
+    bool stall_sent = false;  // one Stalled per round
     // The rule runs over every rank, so at most once per quarter of the timeout, not on every
     // node's report (1,000 nodes would make that quadratic).
     std::optional<TimePoint> next_stall_check;
@@ -256,9 +300,8 @@ class StateMachine {
     int budget_from = 0;
     // Since the last restart, until the next round closes (its kRoundFormed's `took`).
     std::optional<TimePoint> restarted_since;
-    // A restored run: members without a stream yet (their placeholder sessions, all from
-    // kFirstDetachedSession up), and when their places go; a joining run held for its nodes.
-    std::set<SessionId> detached;
+    // A restored run: when the places of its detached members go; a joining run held for
+    // its nodes.
     std::optional<TimePoint> reattach_until;
     std::optional<TimePoint> held_until;
     std::optional<v1::ServerMsg> result;  // finished: the Done or Fail every member was told
