@@ -19,7 +19,7 @@
 #include "muster/agent/line_splitter.h"
 #include "muster/agent/worker_group.h"
 #include "muster/rendezvous/client.h"
-#include "muster/rendezvous/host_id.h"
+#include "muster/ops/host_id.h"
 #include "muster/rendezvous/resolve.h"
 
 namespace muster::agent {
@@ -290,7 +290,7 @@ class Agent::Impl {
   asio::steady_timer timers_[3];  // by session::Timer
   std::unique_ptr<rendezvous::SessionClient> client_;
   std::unique_ptr<FileTimerServer> file_timers_;
-  const std::string host_identity_ = rendezvous::host_identity();
+  const std::string host_identity_ = ops::host_identity();
 };
 
 Agent::Agent(asio::io_context& io, AgentOptions options)

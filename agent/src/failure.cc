@@ -18,7 +18,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "muster/rendezvous/text.h"
+#include "muster/ops/text.h"
 #include "muster/rendezvous/limits.h"
 
 namespace muster::agent {
@@ -247,7 +247,7 @@ class PrefixJson {
 // could drive the terminal) replaced by U+FFFD; the server checks ids, not messages, but a
 // message is for people to read.
 std::string sanitize_utf8(const std::string& in) {
-  return rendezvous::printable_utf8(in, std::string_view::npos, /*replace_controls=*/true);
+  return ops::printable_utf8(in, std::string_view::npos, /*replace_controls=*/true);
 }
 
 // The largest length <= n that does not split a UTF-8 sequence of s.

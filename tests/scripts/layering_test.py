@@ -25,10 +25,10 @@ ROOMS = [
 ]
 
 # The rendezvous client side (muster_rendezvous_client): these may include only each other.
-CLIENT_SOURCES = {"client.cc", "grpc_store.cc", "host_id.cc", "kv_table.cc", "memory_store.cc",
-                  "resolve.cc", "text.cc", "tls.cc"}
-CLIENT_HEADERS = {"client.h", "grpc_store.h", "host_id.h", "kv_table.h", "memory_store.h",
-                  "resolve.h", "text.h", "tls.h", "limits.h", "store.h", "prefix_store.h",
+CLIENT_SOURCES = {"client.cc", "grpc_store.cc", "kv_table.cc", "memory_store.cc", "resolve.cc",
+                  "tls.cc"}
+CLIENT_HEADERS = {"client.h", "grpc_store.h", "kv_table.h", "memory_store.h",
+                  "resolve.h", "tls.h", "limits.h", "store.h", "prefix_store.h",
                   "timeouts.h", "status_convert.h"}
 # What the worker runtime may include of the rendezvous (a training program links the client only).
 WORKER_MAY_INCLUDE = CLIENT_HEADERS

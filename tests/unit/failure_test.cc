@@ -1,5 +1,5 @@
 #include "muster/agent/failure.h"
-#include "muster/rendezvous/text.h"
+#include "muster/ops/text.h"
 
 #include <catch2/catch.hpp>
 #include <csignal>
@@ -84,7 +84,7 @@ TEST_CASE("error file: a plain message, garbage, and no file", "[failure]") {
   CHECK(g.traceback().empty());
 }
 
-using muster::rendezvous::is_valid_utf8;
+using muster::ops::is_valid_utf8;
 
 TEST_CASE("error file: a huge message and traceback are cut with a note", "[failure]") {
   namespace limits = muster::rendezvous::limits;

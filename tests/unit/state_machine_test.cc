@@ -1137,7 +1137,7 @@ TEST_CASE("join: the token and unknown fields are not kept", "[rdzv][state_machi
 }
 
 TEST_CASE("utf-8: the validator", "[rdzv][state_machine]") {
-  using muster::rendezvous::is_valid_utf8;
+  using muster::ops::is_valid_utf8;
   CHECK(is_valid_utf8(""));
   CHECK(is_valid_utf8("plain ascii"));
   CHECK(is_valid_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x9a\x80 \xf4\x8f\xbf\xbf"));
@@ -1157,7 +1157,7 @@ TEST_CASE("utf-8: the validator", "[rdzv][state_machine]") {
 TEST_CASE("failure: cutting keeps characters whole and the restart reason parseable",
           "[rdzv][state_machine]") {
   using muster::rendezvous::cap_failure;
-  using muster::rendezvous::is_valid_utf8;
+  using muster::ops::is_valid_utf8;
   v1::WorkerFailure f;
   std::string euros;
   while (euros.size() < 3 * limits::kMaxFailureTracebackBytes) euros += "\xe2\x82\xac";

@@ -538,7 +538,7 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
   const v1::WorkerFailure rc = cap_failure(f.root_cause());
   {
     RunEvent& e = emit(RunEvent::Kind::kWorkerFailed, run, now);
-    e.host = printable_utf8(rc.host(), limits::kMaxIdBytes);
+    e.host = ops::printable_utf8(rc.host(), limits::kMaxIdBytes);
     e.rank = rc.rank();
     e.exit_code = rc.exit_code();
     e.signal = rc.signal();
@@ -572,7 +572,7 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
   const int spent = run.restart_count - run.budget_from;
   if (spent < run.max_restarts && !no_progress_stop) {
     const std::string reason = absl::StrCat(
-        "worker rank ", rc.rank(), " on ", printable_utf8(rc.host(), limits::kMaxIdBytes),
+        "worker rank ", rc.rank(), " on ", ops::printable_utf8(rc.host(), limits::kMaxIdBytes),
         " failed; restart ", spent + 1, " of ", run.max_restarts, note);
     run.last_failure->set_reason(reason);
     restart(run, reason, "worker_failure", true, now, out);

@@ -99,7 +99,7 @@ absl::Status check_text(const std::string& what, const std::string& s) {
     return absl::InvalidArgumentError(absl::StrCat("join: ", what, " is ", s.size(),
                                                    " bytes, longer than ", limits::kMaxIdBytes));
   }
-  if (!is_valid_utf8(s)) {
+  if (!ops::is_valid_utf8(s)) {
     return absl::InvalidArgumentError(absl::StrCat("join: ", what, " is not valid UTF-8"));
   }
   return absl::OkStatus();

@@ -43,7 +43,7 @@ absl::Status check_nodes(const std::string& id, const Run& run, const SessionRun
       if (!n.join.token().empty() || !n.join.GetReflection()->GetUnknownFields(n.join).empty()) {
         return broken("run '", id, "' keeps a token or unknown fields");
       }
-      if (!is_valid_utf8(n.join.node_id()) || !is_valid_utf8(n.join.host())) {
+      if (!ops::is_valid_utf8(n.join.node_id()) || !ops::is_valid_utf8(n.join.host())) {
         return broken("run '", id, "' keeps text that is not UTF-8");
       }
     }

@@ -21,7 +21,7 @@ absl::Status check_record(const v1::RunRecord& r) {
     return bad("record format ", r.format(), " (this server reads ", kRunRecordFormat, ")");
   }
   if (r.run_id().empty() || r.run_id().size() > limits::kMaxIdBytes ||
-      !is_valid_utf8(r.run_id())) {
+      !ops::is_valid_utf8(r.run_id())) {
     return bad("the run id is empty, too long or not UTF-8");
   }
   if (r.min_nodes() < 1 || r.max_nodes() < r.min_nodes() || r.max_nodes() > kMaxNodes ||
@@ -64,7 +64,7 @@ absl::Status check_record(const v1::RunRecord& r) {
   if (r.last_rank_size() > r.max_nodes()) return bad(r.last_rank_size(), " last ranks");
   for (const v1::RankOf& l : r.last_rank()) {
     if (l.rank() < 0 || l.rank() >= r.max_nodes() || l.node_id().size() > limits::kMaxIdBytes ||
-        !is_valid_utf8(l.node_id())) {
+        !ops::is_valid_utf8(l.node_id())) {
       return bad("bad last rank ", l.rank());
     }
   }
@@ -143,7 +143,7 @@ StateMachine::RestoreResult StateMachine::restore(const std::vector<v1::RunRecor
                                                   TimePoint now) {
   RestoreResult res;
   for (const v1::RunRecord& rec : records) {
-    const std::string name = printable_utf8(rec.run_id(), limits::kMaxIdBytes);
+    const std::string name = ops::printable_utf8(rec.run_id(), limits::kMaxIdBytes);
     if (absl::Status st = check_record(rec); !st.ok()) {
       res.refused.push_back(absl::StrCat("run '", name, "': ", st.message()));
       continue;

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "muster/rendezvous/limits.h"
-#include "muster/rendezvous/text.h"
+#include "muster/ops/text.h"
 
 namespace muster::rendezvous {
 
@@ -37,8 +37,8 @@ absl::StatusOr<RunTokens> parse_token_file(absl::string_view text, absl::string_
     if (run.size() > limits::kMaxIdBytes || token.size() > limits::kMaxIdBytes) {
       return fail(absl::StrCat("a run id or token is longer than ", limits::kMaxIdBytes, " bytes"));
     }
-    if (!is_valid_utf8(std::string_view(run.data(), run.size())) ||
-        !is_valid_utf8(std::string_view(token.data(), token.size()))) {
+    if (!ops::is_valid_utf8(std::string_view(run.data(), run.size())) ||
+        !ops::is_valid_utf8(std::string_view(token.data(), token.size()))) {
       return fail("not valid UTF-8");
     }
     if (auto [it, fresh] = line_of.emplace(std::string(run), n); !fresh) {
@@ -81,15 +81,15 @@ bool Credentials::allows(std::string_view run_id, std::string_view token) const 
     // Run ids are not secret: finding one takes what it takes; its token is compared in
     // constant time (never empty: the parser has no empty words).
     auto it = runs->find(std::string(run_id));
-    if (it != runs->end()) return token_matches(token, it->second);
+    if (it != runs->end()) return ops::token_matches(token, it->second);
     if (shared_.empty()) return false;
   }
-  return token_matches(token, shared_);
+  return ops::token_matches(token, shared_);
 }
 
 bool Credentials::allows_all_runs(std::string_view token) const {
   if (shared_.empty()) return table() == nullptr;
-  return token_matches(token, shared_);
+  return ops::token_matches(token, shared_);
 }
 
 void Credentials::set_run_tokens(RunTokens runs) {

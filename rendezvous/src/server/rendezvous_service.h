@@ -26,7 +26,7 @@ class Service final : public v1::Rendezvous::CallbackService {
                                    "rendezvous refused the status call: wrong or missing token"));
       return reactor;
     }
-    if (request->run_id().size() > limits::kMaxIdBytes || !is_valid_utf8(request->run_id())) {
+    if (request->run_id().size() > limits::kMaxIdBytes || !ops::is_valid_utf8(request->run_id())) {
       reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                    "status: the run id is longer than 256 bytes or not UTF-8"));
       return reactor;

@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "muster/ops/build_info.h"
-#include "muster/rendezvous/host_id.h"
+#include "muster/ops/host_id.h"
 #include "muster/rendezvous/limits.h"
 #include "server/health.h"
 #include "server/memory_trim.h"
@@ -27,7 +27,7 @@
 #include "client/status_convert.h"
 #include "store/tcpstore/agent_stores.h"
 #include "store/store_server.h"
-#include "muster/rendezvous/text.h"
+#include "muster/ops/text.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
 #include "server/rendezvous_service.h"
 #include "server/server_core.h"
@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   // reach the store there, faster than over TCP loopback (docs/worker_runtime.md). Not with
   // TLS: a plaintext socket beside the TLS port would let a local client past the
   // client-certificate check.
-  const std::string host = tls ? std::string() : host_identity();
+  const std::string host = tls ? std::string() : ops::host_identity();
   if (!host.empty()) {
     impl->local_target = absl::StrCat("unix-abstract:muster-rdzv-", ::getpid(), "-",
                                       std::random_device{}());

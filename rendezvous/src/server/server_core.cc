@@ -71,7 +71,7 @@ bool Core::persist() {
     }
     if (st.ok()) {
       if (not_durable_.erase(r.run_id()) > 0) {
-        spdlog::info("rendezvous: run '{}' is durable again", printable_utf8(r.run_id(), limits::kMaxIdBytes));
+        spdlog::info("rendezvous: run '{}' is durable again", ops::printable_utf8(r.run_id(), limits::kMaxIdBytes));
       }
       continue;
     }
@@ -81,7 +81,7 @@ bool Core::persist() {
     if (not_durable_.insert(r.run_id()).second) {
       spdlog::error("rendezvous: {}; run '{}' is not durable until a write succeeds (a restart "
                     "of the server would forget it)",
-                    std::string(st.message()), printable_utf8(r.run_id(), limits::kMaxIdBytes));
+                    std::string(st.message()), ops::printable_utf8(r.run_id(), limits::kMaxIdBytes));
     }
   }
   for (const std::string& id : changes.erased) {

@@ -25,13 +25,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "muster/ops/build_info.h"
-#include "muster/rendezvous/host_id.h"
+#include "muster/ops/host_id.h"
 #include "muster/rendezvous/limits.h"
 #include "server/server_metrics.h"
 #include "client/status_convert.h"
 #include "store/tcpstore/agent_stores.h"
 #include "store/store_server.h"
-#include "muster/rendezvous/text.h"
+#include "muster/ops/text.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
 
 namespace muster::rendezvous::server_internal {

@@ -15,7 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/run_store.h"
-#include "muster/rendezvous/text.h"
+#include "muster/ops/text.h"
 
 namespace muster::rendezvous {
 namespace {
@@ -104,7 +104,7 @@ class FileRunStore final : public RunStore {
   absl::Status put(const v1::RunRecord& record) override {
     std::string payload;
     if (!record.SerializeToString(&payload)) return absl::InternalError("cannot serialize a record");
-    const std::string run = printable_utf8(record.run_id(), limits::kMaxIdBytes);
+    const std::string run = ops::printable_utf8(record.run_id(), limits::kMaxIdBytes);
     if (payload.size() > limits::kMaxRunRecordBytes) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the record of run '", run, "' is ", payload.size(),

@@ -1,6 +1,6 @@
 #include "store/store_core.h"
 
-#include "muster/rendezvous/text.h"
+#include "muster/ops/text.h"
 
 #include <malloc.h>
 
@@ -48,7 +48,7 @@ absl::Status StoreCore::validate(const v1::StoreRequest& req) const {
   if (!shape_ok || req.run_id().empty() || req.run_id().size() > limits::kMaxIdBytes) {
     return absl::InvalidArgumentError("store: malformed request");
   }
-  if (!is_valid_utf8(req.run_id())) {
+  if (!ops::is_valid_utf8(req.run_id())) {
     return absl::InvalidArgumentError("store: the run id is not valid UTF-8");
   }
   return absl::OkStatus();

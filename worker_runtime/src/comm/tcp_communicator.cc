@@ -25,7 +25,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "muster/rendezvous/host_id.h"
+#include "muster/ops/host_id.h"
 #include "muster/worker/half.h"
 
 namespace muster::worker {
@@ -442,7 +442,7 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
   if (ec) return absl::UnavailableError("tcp communicator: cannot listen: " + ec.message());
   unix_stream::acceptor uacceptor(io_);
   std::string uname;  // without the leading NUL of the abstract namespace
-  const std::string identity = opts_.same_host_unix ? rendezvous::host_identity() : std::string();
+  const std::string identity = opts_.same_host_unix ? ops::host_identity() : std::string();
   if (!identity.empty()) {
     uname = absl::StrCat("muster-ring-", ::getpid(), "-", std::random_device{}());
     boost::system::error_code uec;

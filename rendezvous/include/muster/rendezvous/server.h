@@ -110,7 +110,7 @@ class RendezvousServer {
   // Any thread, replicated mode: `name` leads (another replica).
   void set_leader(std::string name);
   // The store's gRPC target on an abstract Unix-domain socket ("unix-abstract:NAME"), for
-  // clients with this process's host_identity(); empty when there is none.
+  // clients with this process's ops::host_identity(); empty when there is none.
   const std::string& local_store_target() const;
 
   // Any thread: what GetStatus would answer for `run_id` (every run when empty), taken on the

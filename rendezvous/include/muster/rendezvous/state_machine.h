@@ -106,7 +106,7 @@
 #include "muster/rendezvous/events.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/timeouts.h"
-#include "muster/rendezvous/text.h"
+#include "muster/ops/text.h"
 #include "muster/v1/rendezvous.pb.h"
 
 namespace muster::rendezvous {

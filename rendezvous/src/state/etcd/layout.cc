@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/state_machine.h"
-#include "muster/rendezvous/text.h"
+#include "muster/ops/text.h"
 
 namespace muster::rendezvous::etcd_layout {
 
@@ -79,7 +79,7 @@ Joined join(const std::string& prefix, const std::map<std::string, std::string>&
     const std::string hex = key.substr(runs.size(), key.size() - runs.size() - 2);
     const std::string run_id = absl::HexStringToBytes(hex);
     auto skip = [&](auto&&... why) {
-      out.skipped.push_back(absl::StrCat("run '", printable_utf8(run_id, limits::kMaxIdBytes),
+      out.skipped.push_back(absl::StrCat("run '", ops::printable_utf8(run_id, limits::kMaxIdBytes),
                                          "' in etcd (", key, "): ", why...));
     };
     if (hex.empty() || hex.find('/') != std::string::npos ||

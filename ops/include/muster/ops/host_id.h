@@ -5,10 +5,10 @@
 
 #include <string>
 
-namespace muster::rendezvous {
+namespace muster::ops {
 
 // "<boot id> <network namespace>", e.g. "0b9c...-41d2 net:[4026531840]"; empty when either
 // cannot be read (then nothing is assumed to be local).
 std::string host_identity();
 
-}  // namespace muster::rendezvous
+}  // namespace muster::ops

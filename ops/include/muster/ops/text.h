@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace muster::rendezvous {
+namespace muster::ops {
 
 // The length of the well-formed UTF-8 sequence at s[i] (i < s.size()), or 0 if there is none
 // (a stray continuation byte, an overlong form, a surrogate, beyond U+10FFFF, cut short).
@@ -25,4 +25,4 @@ std::string printable_utf8(std::string_view s, std::size_t max = std::string_vie
 // cannot learn a token byte by byte from response times.
 bool token_matches(std::string_view given, std::string_view expected);
 
-}  // namespace muster::rendezvous
+}  // namespace muster::ops

@@ -1,8 +1,8 @@
-#include "muster/rendezvous/text.h"
+#include "muster/ops/text.h"
 
 #include <cstdint>
 
-namespace muster::rendezvous {
+namespace muster::ops {
 
 std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
   const auto c = static_cast<unsigned char>(s[i]);
@@ -72,4 +72,4 @@ bool token_matches(std::string_view given, std::string_view expected) {
   return diff == 0;
 }
 
-}  // namespace muster::rendezvous
+}  // namespace muster::ops

@@ -1,10 +1,10 @@
-#include "muster/rendezvous/host_id.h"
+#include "muster/ops/host_id.h"
 
 #include <unistd.h>
 
 #include <fstream>
 
-namespace muster::rendezvous {
+namespace muster::ops {
 
 std::string host_identity() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
@@ -16,4 +16,4 @@ std::string host_identity() {
   return boot + " " + std::string(ns, static_cast<std::size_t>(n));
 }
 
-}  // namespace muster::rendezvous
+}  // namespace muster::ops
