@@ -163,14 +163,7 @@ std::map<std::string, StateMachine::Run>::iterator StateMachine::create_run(cons
   run.budget_reset_steps = std::max<std::int64_t>(0, join.restart_budget_reset_after_steps());
   // The first node sets the run's timing, within bounds: one client must not be able to
   // make a run (or its nodes) wait for ever, nor make a deadline wrap.
-  TimingRequest asked;
-  asked.join_timeout_ms = join.join_timeout_ms();
-  asked.last_call_timeout_ms = join.last_call_timeout_ms();
-  asked.keep_alive_interval_ms = join.keep_alive_interval_ms();
-  asked.keep_alive_max_attempt = join.keep_alive_max_attempt();
-  asked.hang_timeout_ms = join.hang_timeout_ms();
-  asked.reattach_timeout_ms = join.reattach_timeout_ms();
-  run.timeouts = run_timing(timeouts_, asked, TimingSource::kJoin);
+  run.timeouts = run_timing(timeouts_, timing_asked(join), TimingSource::kJoin);
   return it;
 }
 

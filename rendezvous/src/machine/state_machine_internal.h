@@ -41,6 +41,20 @@ enum class TimingSource {
   // defaults where those are larger. The finished-run grace is a record's only.
   kRecord,
 };
+// What a Join or a RunRecord asks for (the fields they share; a record's finished-run grace is
+// its own).
+template <typename Message>
+TimingRequest timing_asked(const Message& m) {
+  TimingRequest t;
+  t.join_timeout_ms = m.join_timeout_ms();
+  t.last_call_timeout_ms = m.last_call_timeout_ms();
+  t.keep_alive_interval_ms = m.keep_alive_interval_ms();
+  t.keep_alive_max_attempt = m.keep_alive_max_attempt();
+  t.hang_timeout_ms = m.hang_timeout_ms();
+  t.reattach_timeout_ms = m.reattach_timeout_ms();
+  return t;
+}
+
 // The timing rules, once: the operator's `defaults` with what was asked (0 or less: the
 // default).
 RendezvousTimeouts run_timing(const RendezvousTimeouts& defaults, const TimingRequest& asked,

@@ -171,14 +171,8 @@ StateMachine::RestoreResult StateMachine::restore(const std::vector<v1::RunRecor
     run.budget_from = rec.budget_from();
     // The timing within the bounds a Join gets, or the operator's own (unclamped) defaults
     // where those are larger (a record is input too); 0 or less: the server's default.
-    TimingRequest asked;
-    asked.join_timeout_ms = rec.join_timeout_ms();
-    asked.last_call_timeout_ms = rec.last_call_timeout_ms();
-    asked.keep_alive_interval_ms = rec.keep_alive_interval_ms();
-    asked.keep_alive_max_attempt = rec.keep_alive_max_attempt();
-    asked.hang_timeout_ms = rec.hang_timeout_ms();
+    TimingRequest asked = timing_asked(rec);
     asked.finished_run_grace_ms = rec.finished_run_grace_ms();
-    asked.reattach_timeout_ms = rec.reattach_timeout_ms();
     run.timeouts = run_timing(timeouts_, asked, TimingSource::kRecord);
     const RendezvousTimeouts& t = run.timeouts;
     for (const v1::RankOf& l : rec.last_rank()) run.last_rank[l.node_id()] = l.rank();
