@@ -69,7 +69,7 @@ struct Fuzz {
   std::map<rdzv::SessionId, std::string> prefix_run;  // run of its last assignment
   std::map<std::string, int> last_round;  // per run id, while the run is held
 
-  explicit Fuzz(rdzv::RendezvousTimeouts t) : sm(t) {}
+  explicit Fuzz(rdzv::RendezvousTimeouts t) : sm(t) { sm.enable_records(); }
 
   rdzv::SessionId session(int slot) const { return static_cast<rdzv::SessionId>(slot) * 1000000 + gen[slot] + 1; }
 
@@ -89,7 +89,18 @@ struct Fuzz {
     }
   }
 
-  void check(const std::vector<rdzv::Outgoing>& out, bool tick) {
+  // One decision, committed as the server does: the touched runs' records, then the
+  // messages (the invariants hold that no record changed without its run touched).
+  void check(const rdzv::Decision& d, bool tick) {
+    const auto& out = d.messages;
+    const rdzv::StateMachine::RecordChanges changes = sm.records(d.touched);
+    for (const v1::RunRecord& r : changes.put) {
+      require(d.touched.count(r.run_id()) == 1, "a record written for a run not touched");
+      require(sm.has_run(r.run_id()), "a record written for a run not held");
+    }
+    for (const std::string& id : changes.erased) {
+      require(!sm.has_run(id), "a record erased for a run still held");
+    }
     std::set<rdzv::SessionId> closed_here;
     struct Seat {
       rdzv::SessionId session;
@@ -167,7 +178,7 @@ struct Fuzz {
                   (s.members_size() >= s.min_nodes() && s.members_size() <= s.max_nodes()),
               "a running round outside min..max");
     }
-    end_closed_streams(out);
+    end_closed_streams(d.messages);
   }
 };
 
@@ -187,7 +198,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   while (in.remaining_bytes() > 0) {
     const int slot = in.ConsumeIntegralInRange(0, kSlots - 1);
     const rdzv::SessionId s = f.session(slot);
-    std::vector<rdzv::Outgoing> out;
+    rdzv::Decision out;
     bool tick = false;
     switch (in.ConsumeIntegralInRange(0, 11)) {
       case 0:

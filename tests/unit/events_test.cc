@@ -1,6 +1,7 @@
 // The state machine's event feed (events.h), driven with a fake clock.
 #include <catch2/catch.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "join_msg.h"
@@ -26,6 +27,25 @@ v1::AgentMsg failure(int round) {
   return m;
 }
 
+// A machine and what its decisions said, as the server's event sinks hear it.
+struct Feed {
+  StateMachine sm;
+  std::vector<RunEvent> heard;
+
+  explicit Feed(muster::rendezvous::RendezvousTimeouts t = {}) : sm(t) {}
+  void message(muster::rendezvous::SessionId s, const v1::AgentMsg& m, TimePoint now) {
+    hear(sm.on_message(s, m, now));
+  }
+  void tick(TimePoint now) { hear(sm.on_tick(now)); }
+  void closed(muster::rendezvous::SessionId s, TimePoint now) {
+    hear(sm.on_stream_closed(s, now));
+  }
+  void hear(muster::rendezvous::Decision d) {
+    for (RunEvent& e : d.events) heard.push_back(std::move(e));
+  }
+  std::vector<RunEvent> take() { return std::exchange(heard, {}); }
+};
+
 std::vector<std::string> names(const std::vector<RunEvent>& events) {
   std::vector<std::string> out;
   for (const auto& e : events) out.emplace_back(muster::rendezvous::event_name(e.kind));
@@ -38,11 +58,11 @@ TEST_CASE("events: a run's life, in order, with what each decision carried", "[r
   muster::rendezvous::RendezvousTimeouts t;
   t.keep_alive_interval = 500ms;
   t.keep_alive_max_attempt = 4;
-  StateMachine sm(t);
+  Feed sm(t);
   TimePoint now{};
-  sm.on_message(1, join_msg("a", 2, 2, 1), now);
-  sm.on_message(2, join_msg("b", 2, 2, 1), now);
-  auto ev = sm.take_events();
+  sm.message(1, join_msg("a", 2, 2, 1), now);
+  sm.message(2, join_msg("b", 2, 2, 1), now);
+  auto ev = sm.take();
   REQUIRE(names(ev) == std::vector<std::string>{"node_joined", "node_joined", "round_formed"});
   CHECK(ev[0].node_id == "a");
   CHECK(ev[1].host == "host-b");
@@ -50,12 +70,14 @@ TEST_CASE("events: a run's life, in order, with what each decision carried", "[r
   CHECK(ev[2].nodes == 2);
   CHECK(ev[2].world_size == 4);
   CHECK(ev[2].took == 0ms);  // a first round: no restart to recover from
-  CHECK(sm.take_events().empty());  // drained
+  CHECK(sm.take().empty());  // drained
 
   // A worker failure: worker_failed, then a restart that counts.
   now += 100ms;
-  sm.on_message(2, failure(1), now);
-  ev = sm.take_events();
+  // One decision carries what it made happen: the Restarts to send and both events.
+  muster::rendezvous::Decision failed = sm.sm.on_message(2, failure(1), now);
+  CHECK(failed.messages.size() == 2);
+  ev = failed.events;
   REQUIRE(names(ev) == std::vector<std::string>{"worker_failed", "restart"});
   CHECK(ev[0].rank == 3);
   CHECK(ev[0].signal == 9);
@@ -65,9 +87,9 @@ TEST_CASE("events: a run's life, in order, with what each decision carried", "[r
   CHECK(ev[1].restart_count == 1);
   // The survivors come back 250 ms later: the new round says how long recovery took.
   now += 250ms;
-  sm.on_message(1, join_msg("a", 2, 2, 1), now);
-  sm.on_message(2, join_msg("b", 2, 2, 1), now);
-  ev = sm.take_events();
+  sm.message(1, join_msg("a", 2, 2, 1), now);
+  sm.message(2, join_msg("b", 2, 2, 1), now);
+  ev = sm.take();
   REQUIRE(names(ev) == std::vector<std::string>{"round_formed"});  // rejoins are not newcomers
   CHECK(ev[0].round == 2);
   CHECK(ev[0].took == 250ms);
@@ -77,10 +99,10 @@ TEST_CASE("events: a run's life, in order, with what each decision carried", "[r
   ka.mutable_keep_alive();
   for (int i = 0; i < 6; ++i) {
     now += 500ms;
-    sm.on_message(1, ka, now);
-    sm.on_tick(now);
+    sm.message(1, ka, now);
+    sm.tick(now);
   }
-  ev = sm.take_events();
+  ev = sm.take();
   REQUIRE(names(ev) == std::vector<std::string>{"node_lost", "restart"});
   CHECK(ev[0].node_id == "b");
   CHECK(ev[0].cause == "silent");
@@ -89,30 +111,30 @@ TEST_CASE("events: a run's life, in order, with what each decision carried", "[r
   CHECK_FALSE(ev[1].counts);
 
   // a's stream ends: the run had no one else, so it goes; its node is lost, not failed.
-  sm.on_stream_closed(1, now);
-  ev = sm.take_events();
+  sm.closed(1, now);
+  ev = sm.take();
   REQUIRE(names(ev) == std::vector<std::string>{"node_lost"});
   CHECK(ev[0].cause == "stream_closed");
   CHECK(ev[0].nodes == 0);  // waiting, not a member
 }
 
 TEST_CASE("events: a spent budget fails the run, success finishes it", "[rdzv][events]") {
-  StateMachine sm;
+  Feed sm;
   TimePoint now{};
-  sm.on_message(1, join_msg("a", 1, 1, 0), now);
-  sm.take_events();
-  sm.on_message(1, failure(1), now);
-  auto ev = sm.take_events();
+  sm.message(1, join_msg("a", 1, 1, 0), now);
+  sm.take();
+  sm.message(1, failure(1), now);
+  auto ev = sm.take();
   REQUIRE(names(ev) == std::vector<std::string>{"worker_failed", "failed"});
   CHECK(ev[1].cause == "budget_spent");
   CHECK(ev[1].reason == "a worker failed and max_restarts is 0");
 
-  StateMachine ok;
-  ok.on_message(1, join_msg("a", 1, 1, 0), now);
+  Feed ok;
+  ok.message(1, join_msg("a", 1, 1, 0), now);
   v1::AgentMsg done;
   done.mutable_success()->set_round(1);
-  ok.on_message(1, done, now);
-  CHECK(names(ok.take_events()) ==
+  ok.message(1, done, now);
+  CHECK(names(ok.take()) ==
         std::vector<std::string>{"node_joined", "round_formed", "succeeded"});
 }
 
@@ -120,23 +142,23 @@ TEST_CASE("events: a join timeout fails the run, a newcomer scales up", "[rdzv][
   muster::rendezvous::RendezvousTimeouts t;
   t.join_timeout = 1s;
   t.keep_alive_interval = std::chrono::hours(1);
-  StateMachine sm(t);
+  Feed sm(t);
   TimePoint now{};
-  sm.on_message(1, join_msg("a", 2, 3, 0), now);
+  sm.message(1, join_msg("a", 2, 3, 0), now);
   now += 2s;
-  sm.on_tick(now);
-  auto ev = sm.take_events();
+  sm.tick(now);
+  auto ev = sm.take();
   REQUIRE(names(ev) == std::vector<std::string>{"node_joined", "failed"});
   CHECK(ev[1].cause == "join_timeout");
 
   t.last_call_timeout = 0ms;
-  StateMachine up(t);
-  up.on_message(1, join_msg("a", 1, 2, 0), now);
+  Feed up(t);
+  up.message(1, join_msg("a", 1, 2, 0), now);
   now += 1ms;  // the last call's floor
-  up.on_tick(now);
-  CHECK(names(up.take_events()) == std::vector<std::string>{"node_joined", "round_formed"});
-  up.on_message(2, join_msg("b", 1, 2, 0), now);
-  ev = up.take_events();
+  up.tick(now);
+  CHECK(names(up.take()) == std::vector<std::string>{"node_joined", "round_formed"});
+  up.message(2, join_msg("b", 1, 2, 0), now);
+  ev = up.take();
   REQUIRE(names(ev).size() >= 2);
   CHECK(names(ev)[0] == "node_joined");
   CHECK(ev[1].kind == Kind::kRestart);

@@ -22,6 +22,7 @@
 #include "muster/rendezvous/state_machine.h"
 
 using namespace std::chrono_literals;
+using muster::rendezvous::Decision;
 using muster::rendezvous::Outgoing;
 using muster::rendezvous::RendezvousTimeouts;
 using muster::rendezvous::RunEvent;
@@ -214,10 +215,11 @@ class World {
   // One decision: the machine's answer to one event, then what the server does with it:
   // write the records, then send the messages. With `inject` the leader may die before the
   // write (nobody hears of the decision) or after it, mid-send.
-  void call(const std::function<std::vector<Outgoing>()>& fn, bool inject, bool tick = false) {
-    std::vector<Outgoing> out = fn();
-    StateMachine::RecordChanges changes = sm_->take_record_changes();
-    std::vector<RunEvent> events = sm_->take_events();
+  void call(const std::function<Decision()>& fn, bool inject, bool tick = false) {
+    Decision d = fn();
+    const std::vector<Outgoing>& out = d.messages;
+    StateMachine::RecordChanges changes = sm_->records(d.touched);
+    const std::vector<RunEvent>& events = d.events;
     ++decision_;
     const bool something = !out.empty() || !changes.put.empty() || !changes.erased.empty();
     const int fate = inject && something ? static_cast<int>(rng_() % 100) : 100;
@@ -284,9 +286,7 @@ class World {
     auto res = sm_->restore(records, now_);
     REQUIRE(res.refused.empty());
     REQUIRE(res.restored == static_cast<int>(store_.size()));
-    auto changes = sm_->take_record_changes();
-    write(changes);
-    check_events(sm_->take_events(), false);
+    check_events(res.events, false);
     for (const auto& [id, count] : counts_before) {
       auto st = sm_->status(id);
       REQUIRE(st.size() == 1);
@@ -746,15 +746,14 @@ struct Cluster {
     REQUIRE(res.refused.empty());
     decide({});
   }
-  std::vector<Outgoing> decide(std::vector<Outgoing> out) {
-    auto c = sm->take_record_changes();
+  std::vector<Outgoing> decide(Decision d) {
+    auto c = sm->records(d.touched);
     for (auto& r : c.put) store[r.run_id()] = r;
     for (auto& id : c.erased) store.erase(id);
-    sm->take_events();
     absl::Status st = sm->check_invariants();
     INFO(st.ToString());
     REQUIRE(st.ok());
-    return out;
+    return std::move(d.messages);
   }
   std::vector<Outgoing> on(SessionId s, const v1::AgentMsg& m) {
     return decide(sm->on_message(s, m, now));
@@ -787,7 +786,7 @@ TEST_CASE("failover: a failure whose decision was lost is counted once, after it
           "[rdzv][failover]") {
   Round1 r;
   // a's worker fails. The leader decides (restart 1 of 3) and dies before writing it.
-  auto lost = r.c.sm->on_message(1, failure_msg(1), r.c.now);
+  auto lost = r.c.sm->on_message(1, failure_msg(1), r.c.now).messages;
   REQUIRE(to(lost, 2, v1::ServerMsg::kRestart).size() == 1);
   REQUIRE(to(lost, 2, v1::ServerMsg::kRestart)[0].restart().restart_count() == 1);
   CHECK(r.c.store.at("run").restart_count() == 0);  // nothing written, nobody told

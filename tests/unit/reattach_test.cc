@@ -1,5 +1,5 @@
 // Restarting the server without restarting workers, in the pure state machine with a fake
-// clock: run records out (take_record_changes) and back in (restore), detached members that
+// clock: run records out (a Decision's touched runs, records()) and back in (restore), detached members that
 // re-attach or not, and a randomized kill-and-restore that keeps the invariants.
 #include <catch2/catch.hpp>
 #include <map>
@@ -11,6 +11,7 @@
 #include "muster/rendezvous/state_machine.h"
 
 using namespace std::chrono_literals;
+using muster::rendezvous::Decision;
 using muster::rendezvous::Outgoing;
 using muster::rendezvous::RunEvent;
 using muster::rendezvous::SessionId;
@@ -34,18 +35,19 @@ struct Server {
   std::map<std::string, v1::RunRecord> store;
   std::vector<Outgoing> last;
   std::vector<RunEvent> events;
+  StateMachine::RecordChanges written;  // by the last decision
 
   explicit Server(muster::rendezvous::RendezvousTimeouts t = timing())
       : sm(std::make_unique<StateMachine>(t)) {
     sm->enable_records();
   }
   // What the server does after every call: the records first, then the messages.
-  std::vector<Outgoing>& done(std::vector<Outgoing> out) {
-    auto c = sm->take_record_changes();
-    for (auto& r : c.put) store[r.run_id()] = r;
-    for (auto& id : c.erased) store.erase(id);
-    for (auto& e : sm->take_events()) events.push_back(std::move(e));
-    return last = std::move(out);
+  std::vector<Outgoing>& done(Decision d) {
+    written = sm->records(d.touched);
+    for (auto& r : written.put) store[r.run_id()] = r;
+    for (auto& id : written.erased) store.erase(id);
+    for (auto& e : d.events) events.push_back(std::move(e));
+    return last = std::move(d.messages);
   }
   // kill -9 and a restart on the same store.
   StateMachine::RestoreResult restart(TimePoint now,
@@ -55,7 +57,9 @@ struct Server {
     std::vector<v1::RunRecord> records;
     for (auto& [id, r] : store) records.push_back(r);
     auto res = sm->restore(records, now);
-    done({});
+    Decision restored;
+    restored.events = res.events;
+    done(std::move(restored));
     return res;
   }
   // The store holds exactly each run's record.
@@ -182,14 +186,16 @@ TEST_CASE("records: the record holds what the run needs, keep-alives write nothi
   CHECK(rec.last_rank_size() == 2);
   CHECK(rec.reattach_timeout_ms() == 10000);
   r.srv.keep_alive(1, r.now);
-  CHECK(r.srv.sm->take_record_changes().put.empty());
+  CHECK(r.srv.written.put.empty());
+  CHECK(r.srv.written.erased.empty());
   // Without records the machine tracks nothing and says nothing of re-attach.
   StateMachine plain(timing());
   v1::AgentMsg j = Server::join_msg("a", 1, 1, 0);
-  auto out = plain.on_message(1, j, r.now);
-  REQUIRE(out.size() == 1);
-  CHECK(out[0].msg->assignment().reattach_timeout_ms() == 0);
-  CHECK(plain.take_record_changes().put.empty());
+  Decision d = plain.on_message(1, j, r.now);
+  REQUIRE(d.messages.size() == 1);
+  CHECK(d.messages[0].msg->assignment().reattach_timeout_ms() == 0);
+  CHECK(d.touched.empty());
+  CHECK(plain.records({"run"}).put.empty());
 }
 
 TEST_CASE("restore: members re-attach with their ranks, no restart, no budget spent",

@@ -40,27 +40,28 @@ struct Harness {
   }
   std::vector<Outgoing>& join(SessionId s, const std::string& node, int min, int max,
                               int max_restarts = 0, int nproc = 2, int requested = -1) {
-    return last = sm.on_message(s, join_msg(node, min, max, max_restarts, nproc, requested), now);
+    last = sm.on_message(s, join_msg(node, min, max, max_restarts, nproc, requested), now).messages;
+    return last;
   }
   std::vector<Outgoing>& fail(SessionId s, int round) {
     v1::AgentMsg m;
     m.mutable_failure()->set_round(round);
     m.mutable_failure()->mutable_root_cause()->set_rank(3);
     m.mutable_failure()->mutable_root_cause()->set_exit_code(7);
-    return last = sm.on_message(s, m, now);
+    return last = sm.on_message(s, m, now).messages;
   }
   std::vector<Outgoing>& succeed(SessionId s, int round) {
     v1::AgentMsg m;
     m.mutable_success()->set_round(round);
-    return last = sm.on_message(s, m, now);
+    return last = sm.on_message(s, m, now).messages;
   }
   std::vector<Outgoing>& advance(std::chrono::milliseconds d) {
     now += d;
-    return last = sm.on_tick(now);
+    return last = sm.on_tick(now).messages;
   }
-  std::vector<Outgoing>& closed(SessionId s) { return last = sm.on_stream_closed(s, now); }
+  std::vector<Outgoing>& closed(SessionId s) { return last = sm.on_stream_closed(s, now).messages; }
   std::vector<Outgoing>& send(SessionId s, const v1::AgentMsg& m) {
-    return last = sm.on_message(s, m, now);
+    return last = sm.on_message(s, m, now).messages;
   }
   // A join whose fields `edit` changes from join_msg's.
   std::vector<Outgoing>& join_with(SessionId s, const std::string& node, int min, int max,
@@ -79,7 +80,7 @@ struct Harness {
   std::vector<Outgoing>& keep_alive(SessionId s) {
     v1::AgentMsg m;
     m.mutable_keep_alive();
-    return last = sm.on_message(s, m, now);
+    return last = sm.on_message(s, m, now).messages;
   }
 
   // The messages of one kind sent to `s` in the last step.
@@ -304,7 +305,7 @@ TEST_CASE("rendezvous: the first join sets the run's timing", "[rdzv][state_mach
   Harness h;
   auto m = Harness::join_msg("a", 1, 2);
   m.mutable_join()->set_last_call_timeout_ms(1000);
-  h.last = h.sm.on_message(1, m, h.now);
+  h.last = h.sm.on_message(1, m, h.now).messages;
   CHECK(h.last.empty());
   h.advance(999ms);
   CHECK(h.last.empty());

@@ -26,10 +26,24 @@ RunEvent& StateMachine::emit(RunEvent::Kind kind, const Run& run, TimePoint now)
   return e;
 }
 
-std::vector<RunEvent> StateMachine::take_events() {
-  std::vector<RunEvent> out;
-  out.swap(events_);
-  return out;
+void Decision::merge(Decision&& later) {
+  for (Outgoing& o : later.messages) messages.push_back(std::move(o));
+  for (RunEvent& e : later.events) events.push_back(std::move(e));
+  // A commit held back by a slow store keeps the newest events, like the machine does.
+  if (events.size() > limits::kMaxPendingEvents) {
+    events.erase(events.begin(),
+                 events.begin() + static_cast<std::ptrdiff_t>(events.size() -
+                                                              limits::kMaxPendingEvents));
+  }
+  touched.merge(later.touched);
+}
+
+Decision StateMachine::decided(std::vector<Outgoing> out) {
+  Decision d;
+  d.messages = std::move(out);
+  d.events.swap(events_);
+  d.touched.swap(touched_);
+  return d;
 }
 
 StateMachine::Run* StateMachine::run_of(SessionId session) {
@@ -39,8 +53,12 @@ StateMachine::Run* StateMachine::run_of(SessionId session) {
   return r == runs_.end() ? nullptr : &r->second;
 }
 
-std::vector<Outgoing> StateMachine::on_message(SessionId session, const v1::AgentMsg& msg,
-                                               TimePoint now) {
+Decision StateMachine::on_message(SessionId session, const v1::AgentMsg& msg, TimePoint now) {
+  return decided(handle_message(session, msg, now));
+}
+
+std::vector<Outgoing> StateMachine::handle_message(SessionId session, const v1::AgentMsg& msg,
+                                                   TimePoint now) {
   std::vector<Outgoing> out;
   // The server refuses larger messages before they get here; this is the second edge, so
   // that nothing larger is ever kept or forwarded whoever drives the machine.
@@ -605,10 +623,10 @@ void StateMachine::on_success(Run& run, SessionId session, const v1::ReportSucce
   }
 }
 
-std::vector<Outgoing> StateMachine::on_stream_closed(SessionId session, TimePoint now) {
+Decision StateMachine::on_stream_closed(SessionId session, TimePoint now) {
   std::vector<Outgoing> out;
   leave(session, now, out);
-  return out;
+  return decided(std::move(out));
 }
 
 void StateMachine::leave(SessionId session, TimePoint now, std::vector<Outgoing>& out) {

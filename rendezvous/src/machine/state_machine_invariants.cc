@@ -169,7 +169,7 @@ absl::Status StateMachine::check_invariants() const {
     if (absl::Status st = check_phase(id, run); !st.ok()) return st;
     if (recording_) {
       auto rec = recorded_.find(id);
-      if (touched_.count(id) == 0 &&
+      if (unrecorded_.count(id) == 0 &&
           (rec == recorded_.end() || rec->second != record_of(run).SerializeAsString())) {
         return broken("run '", id, "' changed its record without an event");
       }

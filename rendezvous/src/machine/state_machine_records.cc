@@ -1,4 +1,4 @@
-// The state machine's durable state: RunRecords out (record, take_record_changes) and back in
+// The state machine's durable state: RunRecords out (record, records) and back in
 // (restore). The rules are in state_machine.h ("Durability and re-attach").
 #include <algorithm>
 #include <set>
@@ -73,11 +73,6 @@ absl::Status check_record(const v1::RunRecord& r) {
 
 }  // namespace
 
-void StateMachine::enable_records() {
-  recording_ = true;
-  for (const auto& [id, run] : runs_) touched_.insert(id);
-}
-
 v1::RunRecord StateMachine::record_of(const Run& run) const {
   v1::RunRecord r;
   r.set_format(kRunRecordFormat);
@@ -120,9 +115,11 @@ std::optional<v1::RunRecord> StateMachine::record(const std::string& run_id) con
   return record_of(it->second);
 }
 
-StateMachine::RecordChanges StateMachine::take_record_changes() {
+StateMachine::RecordChanges StateMachine::records(const std::set<std::string>& runs) {
   RecordChanges c;
-  for (const std::string& id : touched_) {
+  if (!recording_) return c;
+  for (const std::string& id : runs) {
+    unrecorded_.erase(id);
     auto it = runs_.find(id);
     if (it == runs_.end()) {
       if (recorded_.erase(id) > 0) c.erased.push_back(id);
@@ -135,7 +132,6 @@ StateMachine::RecordChanges StateMachine::take_record_changes() {
     last = std::move(bytes);
     c.put.push_back(std::move(r));
   }
-  touched_.clear();
   return c;
 }
 
@@ -205,8 +201,12 @@ StateMachine::RestoreResult StateMachine::restore(const std::vector<v1::RunRecor
       e.nodes = static_cast<int>(run.members.size());
     }
     if (recording_) recorded_[run.id] = record_of(run).SerializeAsString();
+    // What was just loaded is what the store holds: nothing to write for it.
+    touched_.erase(run.id);
+    unrecorded_.erase(run.id);
     ++res.restored;
   }
+  res.events.swap(events_);
   return res;
 }
 

@@ -181,14 +181,14 @@ void StateMachine::tick_run(const std::string& run_id, TimePoint now,
   touch(run_id);
 }
 
-std::vector<Outgoing> StateMachine::on_tick(TimePoint now) {
+Decision StateMachine::on_tick(TimePoint now) {
   std::vector<Outgoing> out;
   // By id, not by iterator: a run's tick may drop it.
   std::vector<std::string> ids;
   ids.reserve(runs_.size());
   for (const auto& [id, run] : runs_) ids.push_back(id);
   for (const std::string& id : ids) tick_run(id, now, out);
-  return out;
+  return decided(std::move(out));
 }
 
 std::optional<TimePoint> StateMachine::next_deadline() const {

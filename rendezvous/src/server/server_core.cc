@@ -46,6 +46,9 @@ absl::StatusOr<RestoreSummary> Core::restore() {
   summary.skipped = std::move(loaded->skipped);
   StateMachine::RestoreResult r = machine_.restore(loaded->records, Clock::now());
   for (std::string& line : r.refused) summary.skipped.push_back(std::move(line));
+  Decision restored;
+  restored.events = std::move(r.events);  // to the sinks with the next decision
+  uncommitted_.merge(std::move(restored));
   for (const v1::RunRecord& rec : loaded->records) {
     // A record the machine refused (said in `skipped`) is left where it is: it may be of a
     // newer server's format. A run of that id formed anew writes over it.
@@ -56,13 +59,12 @@ absl::StatusOr<RestoreSummary> Core::restore() {
     // the keys workers set are not kept) for its workers' next call.
     if (seen_runs_.insert(rec.run_id()).second) open_tables(rec.run_id());
   }
-  (void)machine_.take_record_changes();  // what was just loaded is what the store holds
   return summary;
 }
 
-bool Core::persist() {
+bool Core::persist(const std::set<std::string>& touched) {
   if (!opts_.run_store) return true;
-  StateMachine::RecordChanges changes = machine_.take_record_changes();
+  StateMachine::RecordChanges changes = machine_.records(touched);
   for (const v1::RunRecord& r : changes.put) {
     absl::Status st = opts_.run_store->put(r);
     if (!st.ok() && opts_.on_store_lost) {
@@ -252,14 +254,14 @@ void Core::on_message(SessionId id, const v1::AgentMsg& msg) {
     return;
   }
   if (!decides()) return;
-  std::vector<Outgoing> out = machine_.on_message(id, msg, Clock::now());
+  Decision decision = machine_.on_message(id, msg, Clock::now());
   // The store serves only runs the state machine holds, so a run's table exists before its
   // first Assignment is sent and goes when the run goes (drop_finished_tables).
   if (msg.has_join()) {
     const std::string& run = msg.join().run_id();
     if (machine_.has_run(run) && seen_runs_.insert(run).second) open_tables(run);
   }
-  apply(std::move(out));
+  apply(std::move(decision));
 }
 
 void Core::on_closed(SessionId id) {
@@ -272,14 +274,14 @@ void Core::on_closed(SessionId id) {
   apply(machine_.on_stream_closed(id, Clock::now()));
 }
 
-void Core::apply(std::vector<Outgoing> out) {
+void Core::apply(Decision decision) {
   // Every call into the machine ends here (message, closed stream, tick).
   if (store_lost_) return;
   if (!opts_.run_store) {
-    deliver(std::move(out));
+    deliver(std::move(decision));
     return;
   }
-  for (Outgoing& o : out) unsent_.push_back(std::move(o));
+  uncommitted_.merge(std::move(decision));
   if (flush_posted_) return;
   flush_posted_ = true;
   // After what the loop already holds: a burst of joins is written once, not once each.
@@ -293,20 +295,20 @@ void Core::flush() {
   {
     absl::MutexLock lock(&write_mu_);
     if (store_lost_ || !decides()) return;
-    if (!persist()) {  // before any of the decisions' messages leaves
+    if (!persist(uncommitted_.touched)) {  // before any of the decisions' messages leaves
       store_lost_ = true;
-      unsent_.clear();
+      uncommitted_ = {};
       return;
     }
   }
-  deliver(std::exchange(unsent_, {}));
+  deliver(std::exchange(uncommitted_, {}));
 }
 
-void Core::deliver(std::vector<Outgoing> out) {
-  for (const RunEvent& e : machine_.take_events()) {
+void Core::deliver(Decision decision) {
+  for (const RunEvent& e : decision.events) {
     for (const auto& sink : opts_.event_sinks) sink(e);
   }
-  for (Outgoing& o : out) {
+  for (Outgoing& o : decision.messages) {
     auto it = links_.find(o.session);
     if (it == links_.end()) continue;
     absl::MutexLock lock(&it->second->mu);

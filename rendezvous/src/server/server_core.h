@@ -73,7 +73,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void on_open(SessionId id, std::shared_ptr<SessionLink> link) { links_[id] = std::move(link); }
   void on_message(SessionId id, const v1::AgentMsg& msg);
   void on_closed(SessionId id);
-  void apply(std::vector<Outgoing> out);
+  void apply(Decision decision);
   // io thread: replicated mode (ServerOptions::standby). Until lead(), a session's messages
   // are held (its keep-alives answered), not decided; lead() restores from `store` and then
   // decides what was held, in order. set_leader(): another replica leads, so the held
@@ -132,13 +132,15 @@ class Core : public std::enable_shared_from_this<Core> {
 
  private:
   void arm_timer();
-  // Write-ahead: the records the decisions since the last flush changed go to the run store
-  // before any of their messages is sent (false: the store is lost, nothing may be sent).
-  bool persist();
-  // Group commit: with a run store, apply() queues a decision's messages and one flush per
-  // turn of the loop writes what every decision queued so far changed, then sends them all.
+  // Write-ahead: the records of the runs the decisions since the last flush touched go to
+  // the run store before any of their messages is sent (false: the store is lost, nothing
+  // may be sent).
+  bool persist(const std::set<std::string>& touched);
+  // Group commit: with a run store, apply() merges a decision into uncommitted_ and one
+  // flush per turn of the loop writes what every decision merged so far changed, then sends
+  // them all.
   void flush();
-  void deliver(std::vector<Outgoing> out);
+  void deliver(Decision decision);
   void hold(SessionId id, const v1::AgentMsg& msg);
   void arm_hold_timer();
   void end_held(SessionId id, grpc::Status status);
@@ -168,7 +170,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::set<std::string> seen_runs_;  // runs that have had a Join, for dropping their tables
   std::set<std::string> not_durable_;  // runs whose last write failed (said once each)
 
-  std::vector<Outgoing> unsent_;  // decided, waiting for the flush that writes them
+  Decision uncommitted_;  // decided, waiting for the flush that writes them
   bool flush_posted_ = false;
   bool store_lost_ = false;       // a write failed with on_store_lost set: nothing more is sent
 

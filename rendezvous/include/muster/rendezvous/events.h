@@ -1,7 +1,7 @@
 // What happened to a run, as the state machine decided it: the feed behind the server's
-// metrics, its event log and the live page (docs/operations.md). Pure data; the machine
-// appends one RunEvent per decision and the server drains them after each call
-// (StateMachine::take_events) and hands them to its event sinks on the io thread.
+// metrics, its event log and the live page (docs/operations.md). Pure data; each of the
+// machine's Decisions carries the RunEvents it made, and the server hands them to its event
+// sinks on the io thread when it sends the decision's messages.
 #pragma once
 
 #include <chrono>

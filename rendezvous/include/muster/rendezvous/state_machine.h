@@ -69,8 +69,9 @@
 // Durability and re-attach (docs/rendezvous.md, "Restarting the server without restarting
 // workers"). With enable_records(), every change to a run's durable state (RunRecord: its
 // config and timing, round, phase, restart count and budget, members with their Joins in
-// group-rank order, last ranks, a finished run's result) is reported by take_record_changes(),
-// and every Assignment carries the run's reattach_timeout. Every such change emits a RunEvent
+// group-rank order, last ranks, a finished run's result) names the run in its Decision's
+// `touched`, records() gives what to write, and every Assignment carries the run's
+// reattach_timeout. Every such change emits a RunEvent
 // of the run (or drops it), which is how changes are found. Not durable: waiting nodes,
 // sessions, timers, success reports (a re-attached node sends its own again), this round's
 // progress reports.
@@ -130,6 +131,21 @@ struct Outgoing {
   absl::Status status;  // meaningful when close
 };
 
+// The machine's whole answer to one input, as etcd's raft hands back one Ready: what must be
+// durable before anything leaves, what to send, and what happened. The caller writes
+// records(touched) first (a failed write sends nothing), then sends `messages` in order and
+// hands `events` to its sinks. Decisions committed together are merged in order: a burst of
+// joins is written once, and a big run's record is built once per commit, not once per join.
+struct Decision {
+  std::vector<Outgoing> messages;
+  std::vector<RunEvent> events;   // oldest first, at most limits::kMaxPendingEvents
+  std::set<std::string> touched;  // runs whose record may have changed (enable_records only)
+
+  bool empty() const { return messages.empty() && events.empty() && touched.empty(); }
+  // Appends `later` (decided after this one) to this one.
+  void merge(Decision&& later);
+};
+
 // A WorkerFailure as the server keeps and forwards it: message and traceback cut to their
 // bounds with a note (see the rules above). Exposed for tests.
 v1::WorkerFailure cap_failure(const v1::WorkerFailure& f);
@@ -139,13 +155,13 @@ class StateMachine {
   explicit StateMachine(RendezvousTimeouts timeouts = {}) : timeouts_(timeouts) {}
 
   // A message from an agent's stream. The caller has checked the token.
-  std::vector<Outgoing> on_message(SessionId session, const v1::AgentMsg& msg, TimePoint now);
+  Decision on_message(SessionId session, const v1::AgentMsg& msg, TimePoint now);
 
   // The agent's stream ended (the agent exited, was killed, or its connection broke).
-  std::vector<Outgoing> on_stream_closed(SessionId session, TimePoint now);
+  Decision on_stream_closed(SessionId session, TimePoint now);
 
   // Applies every timeout due at `now`. Afterwards no deadline is at or before `now`.
-  std::vector<Outgoing> on_tick(TimePoint now);
+  Decision on_tick(TimePoint now);
 
   // When on_tick next has work; nullopt when no timer is pending.
   std::optional<TimePoint> next_deadline() const;
@@ -177,25 +193,23 @@ class StateMachine {
   std::vector<v1::RunStatus> status(const std::string& run_id,
                                     std::optional<TimePoint> now = std::nullopt) const;
 
-  // What happened since the last call (events.h), oldest first; the list is then empty. The
-  // server drains it after every call; a caller that never does holds at most
-  // limits::kMaxPendingEvents (older ones are dropped first).
-  std::vector<RunEvent> take_events();
-
   // --- Durable state (see "Durability and re-attach" above) ------------------------------
   // Turns record tracking on (off by default; a server without a run store never pays).
-  void enable_records();
+  // Call it before the first input or restore.
+  void enable_records() { recording_ = true; }
   // What a restarted server needs to go on with `run_id`; nullopt when it is not held.
   std::optional<v1::RunRecord> record(const std::string& run_id) const;
   struct RecordChanges {
     std::vector<v1::RunRecord> put;    // runs created or changed: each one's whole record
     std::vector<std::string> erased;   // runs dropped
   };
-  // What changed since the last call (nothing before enable_records()).
-  RecordChanges take_record_changes();
+  // What to write for `runs` (the `touched` of the decisions being committed): the record of
+  // each one that changed since it was last given here or restored, and those dropped.
+  RecordChanges records(const std::set<std::string>& runs);
   struct RestoreResult {
     int restored = 0;
     std::vector<std::string> refused;  // one line per record not restored, saying why
+    std::vector<RunEvent> events;      // a kRunRestored for each run restored
   };
   // Loads `records` into a machine that holds no run (see above).
   RestoreResult restore(const std::vector<v1::RunRecord>& records, TimePoint now);
@@ -312,6 +326,10 @@ class StateMachine {
     TimePoint last_failure_at;
   };
 
+  // The decision of the input just handled: `out`, and the events and touched runs it made.
+  Decision decided(std::vector<Outgoing> out);
+  std::vector<Outgoing> handle_message(SessionId session, const v1::AgentMsg& msg,
+                                       TimePoint now);
   std::vector<Outgoing> on_join(SessionId session, const v1::Join& join, TimePoint now);
   std::vector<Outgoing> on_reattach(SessionId session, const v1::Join& join, TimePoint now);
   // on_join's steps: a new run from its first Join; whether a Join fits its run (finished,
@@ -326,7 +344,9 @@ class StateMachine {
   std::vector<std::string> drop_detached(Run& run, TimePoint now, std::string_view cause);
   v1::RunRecord record_of(const Run& run) const;
   void touch(const std::string& run_id) {
-    if (recording_) touched_.insert(run_id);
+    if (!recording_) return;
+    touched_.insert(run_id);
+    unrecorded_.insert(run_id);
   }
   void on_failure(Run& run, SessionId session, const v1::ReportFailure& f, TimePoint now,
                   std::vector<Outgoing>& out);
@@ -366,10 +386,11 @@ class StateMachine {
   std::map<std::string, Run> runs_;
   std::map<SessionId, std::string> session_run_;
   std::vector<RunEvent> events_;
-  // Records (enable_records): runs that may have changed since take_record_changes, and each
-  // run's record as last reported.
+  // Records (enable_records): runs touched by the input being decided, runs touched and not
+  // yet given to records() (the invariants' view), and each run's record as last given.
   bool recording_ = false;
   std::set<std::string> touched_;
+  std::set<std::string> unrecorded_;
   std::map<std::string, std::string> recorded_;
   SessionId next_detached_ = kFirstDetachedSession;
 };
