@@ -24,14 +24,16 @@ ROOMS = [
     ("examples/", "examples", {"ops", "rendezvous", "worker", "v1"}),
 ]
 
-# The rendezvous client side (muster_rendezvous_client): these may include only each other.
+# The rendezvous client side (muster_rendezvous_client: src/client/, src/common/ and these of
+# src/store/): these may include only each other.
 CLIENT_SOURCES = {"client.cc", "grpc_store.cc", "kv_table.cc", "memory_store.cc", "resolve.cc",
-                  "tls.cc"}
+                  "tls.cc", "stall.cc"}
 CLIENT_HEADERS = {"client.h", "grpc_store.h", "kv_table.h", "memory_store.h",
                   "resolve.h", "tls.h", "limits.h", "store.h", "prefix_store.h",
-                  "timeouts.h", "status_convert.h"}
-# What the worker runtime may include of the rendezvous (a training program links the client only).
-WORKER_MAY_INCLUDE = CLIENT_HEADERS
+                  "timeouts.h", "status_convert.h", "stall.h"}
+# What the worker runtime and the agent may include of the rendezvous: both link the client
+# side only (a training program, and an agent, never link the server).
+CLIENT_ONLY_ROOMS = {"worker", "agent"}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
@@ -67,11 +69,11 @@ def check(files):
                 if target_room not in allowed:
                     problems.append(f"{rel}: includes {inc}: room '{room}' may not include "
                                     f"'{target_room}' (docs/architecture.md)")
-                if room == "worker" and target_room == "rendezvous" and name not in WORKER_MAY_INCLUDE:
-                    problems.append(f"{rel}: includes {inc}: the worker runtime includes only the "
+                if room in CLIENT_ONLY_ROOMS and target_room == "rendezvous" and name not in CLIENT_HEADERS:
+                    problems.append(f"{rel}: includes {inc}: room '{room}' includes only the "
                                     f"rendezvous client side")
                 base = os.path.basename(rel)
-                client_side = (rel.startswith("rendezvous/src/client/")
+                client_side = (rel.startswith(("rendezvous/src/client/", "rendezvous/src/common/"))
                                or (rel.startswith("rendezvous/src/store/") and base in CLIENT_SOURCES)
                                or (os.path.dirname(rel) == "rendezvous/include/muster/rendezvous"
                                    and base in CLIENT_HEADERS))
@@ -90,8 +92,9 @@ def check(files):
                     if cand in files:
                         resolved.append(cand)
                         break
-                if (room == "rendezvous" and rel.startswith("rendezvous/src/client/")
-                        and not inc.startswith("client/")):
+                if (room == "rendezvous"
+                        and rel.startswith(("rendezvous/src/client/", "rendezvous/src/common/"))
+                        and not inc.startswith(("client/", "common/"))):
                     problems.append(f"{rel}: includes {inc}: the rendezvous client side includes "
                                     f"its server side")
         headers[rel] = resolved
@@ -118,11 +121,14 @@ def check(files):
 
 def main():
     root = sys.argv[1]
-    # The check must be able to fail: a made-up arrow back up, and a made-up cycle.
+    # The check must be able to fail: a made-up arrow back up, a made-up cycle, and an agent
+    # that reaches the rendezvous server.
     fake = {"ops/src/x.cc": '#include "muster/agent/agent.h"\n',
-            "agent/src/a.h": '#include "b.h"\n', "agent/src/b.h": '#include "a.h"\n'}
+            "agent/src/a.h": '#include "b.h"\n', "agent/src/b.h": '#include "a.h"\n',
+            "agent/src/c.cc": '#include "muster/rendezvous/server.h"\n'}
     bad, _ = check(fake)
-    if not any("may not include 'agent'" in p for p in bad) or not any("cycle" in p for p in bad):
+    if (not any("may not include 'agent'" in p for p in bad) or not any("cycle" in p for p in bad)
+            or not any("includes only the rendezvous client side" in p for p in bad)):
         print("layering_test: FAILED: the self-check found nothing wrong in a made-up bad tree")
         return 1
     files = {}
