@@ -135,7 +135,8 @@ class Agent::Impl {
                        rendezvous::StallClock::time_point at) {
                   apply(machine_.on_progress(progress_message(ranks, at), now()));
                 }}),
-        timers_{asio::steady_timer(io), asio::steady_timer(io), asio::steady_timer(io)} {}
+        timers_{asio::steady_timer(io), asio::steady_timer(io), asio::steady_timer(io),
+                asio::steady_timer(io)} {}
 
   int run() {
     if (!opts_.file_timer_path.empty()) {
@@ -152,6 +153,7 @@ class Agent::Impl {
     apply(machine_.start(now()));
     io_.run();
     if (client_) client_->close();
+    if (probe_) probe_->close();
     return machine_.exit_code();
   }
 
@@ -165,29 +167,64 @@ class Agent::Impl {
     for (Action& a : actions) std::visit([this](auto& x) { carry_out(x); }, a);
   }
 
-  void carry_out(session::OpenStream& o) {
-    if (client_) client_->close();
-    client_ = std::make_unique<rendezvous::SessionClient>(
-        io_, [this](const v1::ServerMsg& m) { apply(machine_.on_message(m, now())); },
-        [this](const absl::Status& s) { apply(machine_.on_stream_closed(s, now())); });
+  // A stream to `endpoint`; its messages and end go to the machine as the current stream's,
+  // or as the probe's while *probe holds (AdoptProbe turns it off).
+  std::unique_ptr<rendezvous::SessionClient> open_client(const RdzvEndpoint& endpoint,
+                                                         bool wait_for_ready,
+                                                         std::chrono::milliseconds connect_timeout,
+                                                         std::shared_ptr<bool> probe) {
+    auto client = std::make_unique<rendezvous::SessionClient>(
+        io_,
+        [this, probe](const v1::ServerMsg& m) {
+          apply(*probe ? machine_.on_probe_message(m, now()) : machine_.on_message(m, now()));
+        },
+        [this, probe](const absl::Status& s) {
+          apply(*probe ? machine_.on_probe_closed(s, now()) : machine_.on_stream_closed(s, now()));
+        });
     rendezvous::SessionClient::OpenOptions opts;
-    opts.target = o.endpoint.target;
-    opts.name = o.endpoint.name;
-    opts.wait_for_ready = o.wait_for_ready;
-    opts.connect_timeout = o.connect_timeout;
+    opts.target = endpoint.target;
+    opts.name = endpoint.name;
+    opts.wait_for_ready = wait_for_ready;
+    opts.connect_timeout = connect_timeout;
     opts.liveness_window = std::chrono::duration_cast<std::chrono::milliseconds>(
         opts_.rdzv_timeouts.keep_alive_interval * opts_.rdzv_timeouts.keep_alive_max_attempt);
-    opts.on_ready = [this] { apply(machine_.on_stream_ready(now())); };
+    opts.on_ready = [this, probe] {
+      if (!*probe) apply(machine_.on_stream_ready(now()));
+    };
     opts.tls = opts_.tls;
-    client_->open(std::move(opts));
+    client->open(std::move(opts));
+    return client;
+  }
+  void send_on(rendezvous::SessionClient* client, v1::AgentMsg& msg) {
+    if (msg.has_join()) msg.mutable_join()->set_master_port_candidate(pick_free_port());
+    if (client != nullptr) client->send(msg);
+  }
+
+  void carry_out(session::OpenStream& o) {
+    if (client_) client_->close();
+    client_ = open_client(o.endpoint, o.wait_for_ready, o.connect_timeout,
+                          std::make_shared<bool>(false));
   }
   void carry_out(session::CloseStream&) {
     if (client_) client_->close();
   }
-  void carry_out(session::Send& s) {
-    if (s.msg.has_join()) s.msg.mutable_join()->set_master_port_candidate(pick_free_port());
-    if (client_) client_->send(s.msg);
+  void carry_out(session::OpenProbe& o) {
+    if (probe_) probe_->close();
+    probe_role_ = std::make_shared<bool>(true);
+    probe_ = open_client(o.endpoint, true, o.connect_timeout, probe_role_);
+    for (v1::AgentMsg& m : o.msgs) send_on(probe_.get(), m);
   }
+  void carry_out(session::CloseProbe&) {
+    if (probe_) probe_->close();
+    probe_.reset();
+  }
+  void carry_out(session::AdoptProbe&) {
+    if (client_) client_->close();
+    client_ = std::move(probe_);
+    if (probe_role_) *probe_role_ = false;
+    probe_role_.reset();
+  }
+  void carry_out(session::Send& s) { send_on(client_.get(), s.msg); }
   void carry_out(session::StartWorkers& s) {
     WorkerGroup::Started started = group_.start(s.assignment, round_spec(s.assignment));
     if (started.failure) {
@@ -287,8 +324,12 @@ class Agent::Impl {
   const AgentOptions opts_;
   session::SessionMachine machine_;
   WorkerGroup group_;
-  asio::steady_timer timers_[3];  // by session::Timer
+  asio::steady_timer timers_[session::kTimers];  // by session::Timer
   std::unique_ptr<rendezvous::SessionClient> client_;
+  // The probe (session_machine.h), and whether its callbacks still go to the machine as the
+  // probe's.
+  std::unique_ptr<rendezvous::SessionClient> probe_;
+  std::shared_ptr<bool> probe_role_;
   std::unique_ptr<FileTimerServer> file_timers_;
   const std::string host_identity_ = ops::host_identity();
 };

@@ -12,6 +12,9 @@ namespace muster::agent::session {
 namespace {
 
 double seconds(std::chrono::milliseconds d) { return static_cast<double>(d.count()) / 1000; }
+double seconds(Clock::duration d) {
+  return seconds(std::chrono::duration_cast<std::chrono::milliseconds>(d));
+}
 
 std::vector<RdzvEndpoint> named(std::vector<RdzvEndpoint> list) {
   for (RdzvEndpoint& e : list) {
@@ -39,6 +42,7 @@ class SessionMachine::Step {
 SessionMachine::SessionMachine(Config config)
     : config_(std::move(config)),
       window_(config_.keep_alive_interval * config_.keep_alive_max_attempt),
+      probe_after_(config_.keep_alive_interval * kProbeAfterIntervals),
       endpoints_(named(config_.endpoints)) {}
 
 AgentEvent SessionMachine::event(AgentEvent::Kind kind, Time now) const {
@@ -113,13 +117,24 @@ void SessionMachine::reopen_soon(Step& s, std::optional<Time>* deadline, bool re
 
 // The liveness rule, this side: the server answers every keep-alive, so hearing nothing from
 // it for one window means this node is out of the run (the server, if it is there, drops a
-// node silent for as long).
+// node silent for as long). Before that, a node in a round probes (see the header).
 void SessionMachine::heard(Step& s) {
   last_heard_ = s.now;
-  if (!silence_armed_) {
-    silence_armed_ = true;
-    s.add(ArmTimer{Timer::kSilence, last_heard_ + window_});
-  }
+  arm_silence(s);
+}
+
+// Arms the silence timer for silence_due(), unless it is armed for then or earlier already
+// (a timer that fires before it is due is armed again by on_silence).
+void SessionMachine::arm_silence(Step& s) {
+  const Time due = silence_due();
+  if (silence_armed_ && silence_at_ <= due) return;
+  silence_armed_ = true;
+  silence_at_ = due;
+  s.add(ArmTimer{Timer::kSilence, due});
+}
+
+Time SessionMachine::silence_due() const {
+  return last_heard_ + (can_probe() && !probing_ ? probe_after_ : window_);
 }
 
 void SessionMachine::stop_silence(Step& s) {
@@ -129,7 +144,7 @@ void SessionMachine::stop_silence(Step& s) {
 
 Actions SessionMachine::on_stream_ready(Time now) {
   Step s(now);
-  if (phase_ != Phase::kExiting) heard(s);
+  if (phase_ != Phase::kExiting && !probing_) heard(s);
   return std::move(s.out);
 }
 
@@ -147,6 +162,9 @@ Actions SessionMachine::on_timer(Timer timer, Time now) {
       break;
     case Timer::kSilence:
       if (silence_armed_) on_silence(s);
+      break;
+    case Timer::kProbe:
+      if (probing_ && !probe_open_) open_probe(s);
       break;
     case Timer::kReopen: {
       std::optional<Time>* deadline = std::exchange(reopen_deadline_, nullptr);
@@ -168,16 +186,23 @@ Actions SessionMachine::on_timer(Timer timer, Time now) {
 }
 
 void SessionMachine::on_silence(Step& s) {
-  const Time due = last_heard_ + window_;
+  const Time due = silence_due();
   if (s.now < due) {
-    s.add(ArmTimer{Timer::kSilence, due});  // heard from it since: the new end of the window
+    silence_armed_ = false;
+    arm_silence(s);  // heard from it since: the new end of the wait
     return;
   }
   silence_armed_ = false;
   if (phase_ == Phase::kExiting || after_ == After::kExit || after_ == After::kFail ||
       after_ == After::kReconnect) {
+    end_probe(s);
     return;
   }
+  if (can_probe() && !probing_) {
+    start_probe(s);
+    return;
+  }
+  end_probe(s);
   s.add(CloseStream{});  // give the stream up: whatever the server says now comes too late
   const std::string silence = absl::StrFormat(
       "nothing heard from it for %g s, the run's liveness window", seconds(window_));
@@ -191,12 +216,114 @@ void SessionMachine::on_silence(Step& s) {
     never_reached(s, absl::StrCat("connected, but ", silence));
     return;
   }
+  // Not cut off from everyone: a standby answered the probe. Its leader may be what is gone;
+  // the standby holds this node's re-attach until it leads.
+  if (std::exchange(standby_heard_, false) && can_reattach()) {
+    reattach(s, absl::StrCat(silence, "; another replica answered"));
+    return;
+  }
   lost_server(s, silence);
+}
+
+// --- the probe (see the header) ------------------------------------------------------------
+
+bool SessionMachine::can_probe() const {
+  if (probe_after_ >= window_ || !attached_ || reattach_deadline_ || rejoin_deadline_ ||
+      assignment_.round() == 0) {
+    return false;
+  }
+  return phase_ == Phase::kRunning || phase_ == Phase::kAwaitingDone ||
+         (phase_ == Phase::kStopping && after_ == After::kNone);
+}
+
+void SessionMachine::start_probe(Step& s) {
+  probing_ = true;
+  probe_k_ = 0;
+  probe_open_ = false;
+  standby_heard_ = false;
+  probe_since_ = s.now;
+  s.log(Level::kWarn,
+        absl::StrFormat("rendezvous: nothing heard from the server at %s for %g s; probing on "
+                        "new connections while the workers keep running (out after %g s of "
+                        "silence)",
+                        endpoints_.current().name, seconds(s.now - last_heard_), seconds(window_)));
+  arm_silence(s);  // the window's end
+  open_probe(s);
+}
+
+// One attempt: a fresh connection to the next endpoint, for at most half a keep-alive
+// interval (a blip's end is met by a new connection, a new SYN, within that, not by TCP's
+// back-off), a re-attach Join and a keep-alive on it.
+void SessionMachine::open_probe(Step& s) {
+  const Time end = last_heard_ + window_;
+  if (s.now >= end) return;  // the window's end decides
+  OpenProbe p;
+  p.endpoint = endpoints_.after(probe_k_);
+  p.connect_timeout =
+      std::min(std::chrono::duration_cast<std::chrono::milliseconds>(end - s.now),
+               std::max(config_.keep_alive_interval / kProbeAttemptsPerInterval,
+                        std::chrono::milliseconds(1)));
+  p.msgs.push_back(join_message(true));
+  p.msgs.emplace_back().mutable_keep_alive();
+  probe_open_ = true;
+  s.add(std::move(p));
+}
+
+void SessionMachine::end_probe(Step& s) {
+  if (!probing_) return;
+  probing_ = false;
+  if (std::exchange(probe_open_, false)) s.add(CloseProbe{});
+  s.add(CancelTimer{Timer::kProbe});
+}
+
+// The probe's server holds this node's round (it answered the re-attach): it is the stream
+// now, and the answer is handled as any re-attach's.
+void SessionMachine::adopt_probe(Step& s) {
+  s.add(AdoptProbe{});
+  for (std::size_t k = 0; k < probe_k_ % endpoints_.size(); ++k) endpoints_.next();
+  probing_ = false;
+  probe_open_ = false;
+  standby_heard_ = false;
+  s.add(CancelTimer{Timer::kProbe});
+  attached_ = false;
+  reattach_deadline_ = last_heard_ + window_;
+  reattach_since_ = probe_since_;
+}
+
+Actions SessionMachine::on_probe_message(const v1::ServerMsg& m, Time now) {
+  Step s(now);
+  if (!probing_ || !probe_open_ || phase_ == Phase::kExiting) return {};
+  if (m.has_attached() && m.attached().round() == assignment_.round()) {
+    adopt_probe(s);
+    handle(s, m);
+  } else if (m.has_keep_alive()) {
+    // Answered without Attached: a standby holds the Join. The others get their turn.
+    standby_heard_ = true;
+    s.add(CloseProbe{});
+    probe_open_ = false;
+    ++probe_k_;
+    s.add(ArmTimer{Timer::kProbe, now});
+  }
+  return std::move(s.out);
+}
+
+Actions SessionMachine::on_probe_closed(const absl::Status& status, Time now) {
+  Step s(now);
+  if (!probing_ || !probe_open_) return {};
+  probe_open_ = false;
+  s.log(Level::kDebug, absl::StrFormat("rendezvous: probe of %s: %s",
+                                       endpoints_.after(probe_k_).name, status.message()));
+  ++probe_k_;
+  s.add(ArmTimer{Timer::kProbe, now});  // the next endpoint, on the loop's next turn
+  return std::move(s.out);
 }
 
 Actions SessionMachine::on_stream_closed(const absl::Status& status, Time now) {
   Step s(now);
   if (phase_ == Phase::kExiting || after_ == After::kExit || after_ == After::kFail) return {};
+  // The probe and the window decide: the server may have closed the old stream because a
+  // probe took the node's place (ABORTED), or the old connection broke at last.
+  if (probing_) return {};
   stop_silence(s);
   // A refusal (token, bad config, timeout) carries its own message; a lost connection says
   // which server went away, or that it was never reached.
@@ -281,6 +408,14 @@ void SessionMachine::lost_server(Step& s, const std::string& why) {
 Actions SessionMachine::on_message(const v1::ServerMsg& m, Time now) {
   Step s(now);
   if (phase_ == Phase::kExiting) return {};
+  end_probe(s);  // the stream was only slow
+  handle(s, m);
+  return std::move(s.out);
+}
+
+// A message of the current stream.
+void SessionMachine::handle(Step& s, const v1::ServerMsg& m) {
+  const Time now = s.now;
   reached_ = true;
   rejoin_deadline_.reset();
   heard(s);
@@ -311,7 +446,6 @@ Actions SessionMachine::on_message(const v1::ServerMsg& m, Time now) {
       s.add(DumpStalled{m.stalled().rank(), m.stalled().description()});
     }
   }
-  return std::move(s.out);
 }
 
 void SessionMachine::on_assignment(Step& s, const v1::Assignment& a) {
@@ -327,6 +461,7 @@ void SessionMachine::on_assignment(Step& s, const v1::Assignment& a) {
   last_report_.reset();
   stopped_emitted_ = false;
   s.add(StartWorkers{a});
+  arm_silence(s);  // a round can be probed for: maybe sooner than the armed window
 }
 
 Actions SessionMachine::on_workers_started(int workers, Time now) {
@@ -412,6 +547,7 @@ void SessionMachine::on_attached(Step& s, const v1::Attached& a) {
     s.add(Emit{std::move(e)});
     // What this node last reported may have died with the old stream or the old server.
     if (last_report_) s.add(Send{*last_report_});
+    arm_silence(s);
     return;
   }
   if (phase_ == Phase::kAwaitingDone) {
@@ -570,11 +706,13 @@ void SessionMachine::after_group_gone(Step& s, int workers) {
 
 void SessionMachine::finish(Step& s, int code) {
   exit_code_ = code;
+  end_probe(s);
   phase_ = Phase::kExiting;
   silence_armed_ = false;
   s.add(CancelTimer{Timer::kKeepAlive});
   s.add(CancelTimer{Timer::kSilence});
   s.add(CancelTimer{Timer::kReopen});
+  s.add(CancelTimer{Timer::kProbe});
   s.add(Exit{code, after_ == After::kExit ? signal_ : 0});
 }
 
@@ -592,6 +730,7 @@ Actions SessionMachine::on_signal(int sig, Time now) {
   s.log(Level::kWarn, absl::StrCat("received ", signal_name(sig), "; stopping workers"));
   after_ = After::kExit;
   s.add(CloseStream{});  // leave the run (or the wait for the server) at once
+  end_probe(s);
   stop_silence(s);
   stop(s, sig);
   return std::move(s.out);

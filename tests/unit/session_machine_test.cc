@@ -117,6 +117,8 @@ struct Node {
     return hear(k);
   }
   Actions& closed(const absl::Status& s) { return go(m->on_stream_closed(s, t)); }
+  Actions& probe_hears(const v1::ServerMsg& msg) { return go(m->on_probe_message(msg, t)); }
+  Actions& probe_closed(const absl::Status& s) { return go(m->on_probe_closed(s, t)); }
   Actions& timer(session::Timer which) { return go(m->on_timer(which, t)); }
   Actions& gone(int workers = 2) { return go(m->on_group_gone(workers, t)); }
   Actions& signal(int sig) { return go(m->on_signal(sig, t)); }
@@ -204,7 +206,8 @@ TEST_CASE("session: silence is the whole window, not a millisecond less") {
   Node n;
   n.running();
   n.advance(2s - 1ms);
-  Actions& early = n.timer(session::Timer::kSilence);  // a timer that fired early: wait on
+  Actions& early = n.timer(session::Timer::kSilence);  // a probe, but no verdict yet
+  CHECK(has<session::OpenProbe>(early));
   CHECK_FALSE(has<session::CloseStream>(early));
   REQUIRE(armed(early, session::Timer::kSilence) != nullptr);
   CHECK(armed(early, session::Timer::kSilence)->at == n.t + 1ms);
@@ -414,7 +417,10 @@ TEST_CASE("session: connected but never heard from for a window: never reached")
 TEST_CASE("session: silence while running: the node stops its workers and joins again") {
   Node n;
   n.running();
-  n.advance(2s);
+  n.advance(1s);
+  REQUIRE(has<session::OpenProbe>(n.timer(session::Timer::kSilence)));
+  n.probe_closed(absl::DeadlineExceededError("not reachable"));  // nobody answers
+  n.advance(1s);
   Actions& a = n.timer(session::Timer::kSilence);
   CHECK(has<session::CloseStream>(a));
   CHECK(logged(a, session::Level::kError,
@@ -693,8 +699,214 @@ TEST_CASE("session: the end cancels every timer") {
   Actions& a = n.done();
   std::vector<session::Timer> cancelled;
   for (const auto* c : all<session::CancelTimer>(a)) cancelled.push_back(c->timer);
-  CHECK(cancelled.size() == 3);
+  CHECK(cancelled.size() == 4);
   // The exit comes last, after everything it must follow.
   REQUIRE(!a.empty());
   CHECK(std::holds_alternative<session::Exit>(a.back()));
+}
+
+// --- the probe ------------------------------------------------------------------------------
+
+namespace {
+v1::ServerMsg attached(int round, bool ok) {
+  v1::ServerMsg m;
+  m.mutable_attached()->set_round(round);
+  m.mutable_attached()->set_ok(ok);
+  if (!ok) m.mutable_attached()->set_reason("the round is over");
+  return m;
+}
+v1::ServerMsg keep_alive_msg() {
+  v1::ServerMsg k;
+  k.mutable_keep_alive();
+  return k;
+}
+}  // namespace
+
+TEST_CASE("session: two intervals of silence in a round open a probe, the workers run on") {
+  Node n;
+  n.running(1, 0);  // a server without re-attach windows probes too: it still holds the place
+  const auto heard = n.t;
+  n.advance(1s - 1ms);
+  Actions& early = n.timer(session::Timer::kSilence);
+  CHECK_FALSE(has<session::OpenProbe>(early));
+  REQUIRE(armed(early, session::Timer::kSilence) != nullptr);
+  CHECK(armed(early, session::Timer::kSilence)->at == heard + 1s);
+  n.advance(1ms);
+  Actions& a = n.timer(session::Timer::kSilence);
+  CHECK(logged(a, session::Level::kWarn,
+               "nothing heard from the server at node1:29400 for 1 s; probing on new "
+               "connections while the workers keep running (out after 2 s of silence)"));
+  const auto* p = first<session::OpenProbe>(a);
+  REQUIRE(p != nullptr);
+  CHECK(p->endpoint.name == "node1:29400");  // its own server first, on a fresh connection
+  CHECK(p->connect_timeout == 250ms);          // half an interval
+  REQUIRE(p->msgs.size() == 2);
+  CHECK(p->msgs[0].join().reattach_round() == 1);
+  CHECK(p->msgs[0].join().reattach_group_rank() == 1);
+  CHECK(p->msgs[1].has_keep_alive());
+  CHECK_FALSE(has<session::CloseStream>(a));
+  CHECK_FALSE(has<session::StopWorkers>(a));
+  REQUIRE(armed(a, session::Timer::kSilence) != nullptr);
+  CHECK(armed(a, session::Timer::kSilence)->at == heard + 2s);  // the window's end decides
+  CHECK(n.m->probing());
+  CHECK(n.m->attached());
+  // The attempt times out; the next one opens on the loop's next turn, the last one only
+  // for what is left of the window.
+  n.advance(500ms);
+  REQUIRE(armed(n.probe_closed(absl::DeadlineExceededError("timeout")), session::Timer::kProbe));
+  n.advance(300ms);
+  const auto* q = first<session::OpenProbe>(n.timer(session::Timer::kProbe));
+  REQUIRE(q != nullptr);
+  CHECK(q->connect_timeout == 200ms);
+  // A probe's end after its window is not one more attempt.
+  n.advance(200ms);
+  Actions& end = n.timer(session::Timer::kSilence);
+  CHECK(has<session::CloseProbe>(end));
+  CHECK(has<session::StopWorkers>(end));
+  CHECK_FALSE(n.m->probing());
+  CHECK(n.probe_closed(absl::CancelledError("closed")).empty());
+}
+
+TEST_CASE("session: a probe answered with Attached becomes the stream, nothing restarts") {
+  Node n;
+  n.running(1, 0);
+  n.advance(1s);
+  n.timer(session::Timer::kSilence);
+  // A worker fails meanwhile: its report goes out on the old stream, and is kept.
+  n.advance(100ms);
+  REQUIRE(sent(n.go(n.m->on_worker_failed(failure(3, 1), n.t)), v1::AgentMsg::kFailure));
+  // The old stream ends (the server closed it when the probe took the place): the probe
+  // decides.
+  CHECK(n.closed(absl::AbortedError("replaced by a newer stream")).empty());
+  n.advance(150ms);
+  Actions& a = n.probe_hears(attached(1, true));
+  CHECK(has<session::AdoptProbe>(a));
+  CHECK(logged(a, session::Level::kWarn,
+               "re-attached to run job round 1 at node1:29400 after 250 ms; the workers kept "
+               "running"));
+  REQUIRE(emitted(a, AgentEvent::Kind::kReattached) != nullptr);
+  CHECK(sent(a, v1::AgentMsg::kFailure) != nullptr);  // what may have died with the old one
+  CHECK_FALSE(has<session::OpenStream>(a));
+  CHECK_FALSE(has<session::StopWorkers>(a));  // stopping for the failure, not for the probe
+  CHECK(n.m->attached());
+  CHECK_FALSE(n.m->probing());
+  // From now on it is the stream: its messages are on_message, and the silence rule counts
+  // from what it said.
+  REQUIRE(armed(n.keep_alive_answer(), session::Timer::kSilence) == nullptr);
+  n.advance(1s);
+  // Still in its round (stopping for the failure, the server's word to come): probed again.
+  CHECK(has<session::OpenProbe>(n.timer(session::Timer::kSilence)));
+}
+
+TEST_CASE("session: anything heard on the old stream ends the probe") {
+  Node n;
+  n.running();
+  n.advance(1s);
+  n.timer(session::Timer::kSilence);
+  n.advance(300ms);
+  Actions& a = n.keep_alive_answer();
+  CHECK(has<session::CloseProbe>(a));
+  CHECK_FALSE(n.m->probing());
+  CHECK(n.probe_hears(attached(1, true)).empty());  // too late: ignored
+  CHECK(n.probe_closed(absl::CancelledError("closed")).empty());
+  // The window's end as armed is no verdict: heard 700 ms ago, the next probe is 300 ms off.
+  n.advance(700ms);
+  Actions& b = n.timer(session::Timer::kSilence);
+  CHECK_FALSE(has<session::StopWorkers>(b));
+  CHECK_FALSE(has<session::OpenProbe>(b));
+  REQUIRE(armed(b, session::Timer::kSilence) != nullptr);
+  CHECK(armed(b, session::Timer::kSilence)->at == n.t + 300ms);
+}
+
+TEST_CASE("session: a standby that answers a probe keeps the workers: the node re-attaches") {
+  Node n(2);
+  n.running(1, 10000);
+  n.advance(1s);
+  REQUIRE(first<session::OpenProbe>(n.timer(session::Timer::kSilence))->endpoint.name ==
+          "node1:29400");
+  n.advance(500ms);
+  n.probe_closed(absl::DeadlineExceededError("not reachable"));  // the leader's host is cut
+  Actions& b = n.timer(session::Timer::kProbe);
+  REQUIRE(first<session::OpenProbe>(b)->endpoint.name == "node2:29400");
+  n.advance(10ms);
+  Actions& c = n.probe_hears(keep_alive_msg());  // no Attached: a standby holds the Join
+  CHECK(has<session::CloseProbe>(c));
+  CHECK_FALSE(has<session::AdoptProbe>(c));
+  REQUIRE(armed(c, session::Timer::kProbe) != nullptr);
+  REQUIRE(first<session::OpenProbe>(n.timer(session::Timer::kProbe))->endpoint.name ==
+          "node1:29400");  // the leader gets its turn again (a blip may end)
+  n.advance(490ms);
+  Actions& d = n.timer(session::Timer::kSilence);
+  CHECK(has<session::CloseStream>(d));
+  CHECK(has<session::CloseProbe>(d));
+  CHECK_FALSE(has<session::StopWorkers>(d));
+  CHECK(logged(d, session::Level::kWarn, "another replica answered"));
+  Actions& e = n.timer(session::Timer::kReopen);
+  REQUIRE(has<session::OpenStream>(e));
+  CHECK(first<session::OpenStream>(e)->endpoint.name == "node2:29400");
+  REQUIRE(sent(e, v1::AgentMsg::kJoin) != nullptr);
+  CHECK(sent(e, v1::AgentMsg::kJoin)->msg.join().reattach_round() == 1);
+  // The standby leads and answers.
+  n.advance(1s);
+  Actions& f = n.hear(attached(1, true));
+  CHECK(emitted(f, AgentEvent::Kind::kReattached) != nullptr);
+  CHECK_FALSE(has<session::StopWorkers>(f));
+}
+
+TEST_CASE("session: a standby answered but the round keeps no runs: out after the window") {
+  Node n(2);
+  n.running(1, 0);
+  n.advance(1s);
+  n.timer(session::Timer::kSilence);
+  n.probe_closed(absl::DeadlineExceededError("not reachable"));
+  n.timer(session::Timer::kProbe);
+  n.probe_hears(keep_alive_msg());
+  n.advance(1s);
+  CHECK(has<session::StopWorkers>(n.timer(session::Timer::kSilence)));
+}
+
+TEST_CASE("session: a refused probe stops the workers and joins again") {
+  Node n;
+  n.running(1, 0);
+  n.advance(1s);
+  n.timer(session::Timer::kSilence);
+  Actions& a = n.probe_hears(attached(1, false));  // the server dropped the node already
+  CHECK(has<session::AdoptProbe>(a));
+  CHECK(logged(a, session::Level::kWarn, "could not re-attach to run job (the round is over)"));
+  REQUIRE(has<session::StopWorkers>(a));
+  CHECK(sent(n.gone(), v1::AgentMsg::kJoin) != nullptr);  // on the adopted stream
+}
+
+TEST_CASE("session: no probe before a round, after its end, or in a window of two intervals") {
+  Node joining;
+  joining.start();
+  joining.ready();
+  joining.advance(1s);
+  CHECK_FALSE(has<session::OpenProbe>(joining.timer(session::Timer::kSilence)));
+
+  Node restarting;
+  restarting.running();
+  restarting.restart();
+  restarting.advance(1s);
+  CHECK_FALSE(has<session::OpenProbe>(restarting.timer(session::Timer::kSilence)));
+
+  Node tight;
+  tight.config.keep_alive_max_attempt = 2;
+  tight.m = std::make_unique<SessionMachine>(tight.config);
+  tight.running();
+  tight.advance(1s);
+  Actions& a = tight.timer(session::Timer::kSilence);
+  CHECK_FALSE(has<session::OpenProbe>(a));
+  CHECK(has<session::StopWorkers>(a));
+}
+
+TEST_CASE("session: a signal during a probe closes it") {
+  Node n;
+  n.running();
+  n.advance(1s);
+  n.timer(session::Timer::kSilence);
+  Actions& a = n.signal(SIGTERM);
+  CHECK(has<session::CloseProbe>(a));
+  CHECK(has<session::CloseStream>(a));
+  CHECK(n.timer(session::Timer::kProbe).empty());
 }

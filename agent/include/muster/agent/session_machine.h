@@ -13,7 +13,23 @@
 // being stopped; `after` says what comes next: the server's word, a rejoin, a reconnect, the
 // failure summary, or exit) -> Exiting. Beside the phase, the stream's own state: whether the
 // server was ever reached, and the three bounded waits (the first wait for a server, a
-// re-attach after a lost stream, a rejoin after a lost server).
+// re-attach after a lost stream, a rejoin after a lost server), and the probe.
+//
+// The probe (docs/rendezvous.md, "Silence: a probe before a verdict"). A node in a round that
+// hears nothing for kProbeAfterIntervals keep-alive intervals (the server answers every one)
+// does not wait for the whole window with its old stream: that stream may be stuck in TCP's
+// back-off after a blip, or its server may be gone while another replica is there. It opens
+// fresh connections, one endpoint after the other starting with its own, each for at most
+// half an interval, and on each asks for its place back (a re-attach Join, then a keep-alive);
+// the workers keep running and the old stream stays open meanwhile.
+//  - An Attached on a probe (the server that holds the round, reached again, or a new
+//    leader) makes the probe the stream: the server closed the old one, nothing restarts.
+//  - A keep-alive answered without Attached is a standby holding the Join: another replica
+//    is there and may lead soon. The probe goes on to the next endpoint.
+//  - Anything heard on the old stream ends the probe: it was only slow.
+//  - At the end of the window with no Attached: when a standby answered and the round keeps
+//    its runs (re-attach), the node re-attaches, as after a lost stream, and its workers keep
+//    running; otherwise it is out, as before the probe: it stops its workers and rejoins.
 #pragma once
 
 #include <chrono>
@@ -34,6 +50,12 @@ namespace muster::agent {
 // kept failing before any rank made a step (--max_restarts_without_progress; docs/hangs.md).
 inline constexpr int kExitDoNotRequeue = 3;
 
+// A node in a round probes its server after this many keep-alive intervals of silence (when
+// that is less than the liveness window: keep_alive_max_attempt above it).
+inline constexpr int kProbeAfterIntervals = 2;
+// Each probe attempt waits for its connection at most this share of an interval.
+inline constexpr int kProbeAttemptsPerInterval = 2;
+
 namespace session {
 
 using Clock = std::chrono::steady_clock;
@@ -44,7 +66,9 @@ enum class Timer {
   kKeepAlive,  // the next keep-alive to send
   kSilence,    // the end of the liveness window since the server was last heard
   kReopen,     // a new stream to open (armed for "now": the next turn of the loop)
+  kProbe,      // the next probe to open (armed for "now")
 };
+inline constexpr int kTimers = 4;
 
 enum class Level { kDebug, kInfo, kWarn, kError };
 
@@ -57,6 +81,19 @@ struct OpenStream {
   std::chrono::milliseconds connect_timeout{0};
 };
 struct CloseStream {};
+// Open a probe (a second stream, beside the current one) to `endpoint` and write `msgs` on
+// it; a probe open already is closed first. Its messages and its end come back as
+// on_probe_message and on_probe_closed. A Join goes with master_port_candidate unset, as in
+// Send.
+struct OpenProbe {
+  RdzvEndpoint endpoint;
+  std::chrono::milliseconds connect_timeout{0};
+  std::vector<v1::AgentMsg> msgs;
+};
+struct CloseProbe {};
+// The probe becomes the current stream: the current one is closed, and the probe's messages
+// and end come back as on_message and on_stream_closed from now on.
+struct AdoptProbe {};
 // Write `msg` on the current stream. A Join goes with master_port_candidate unset: the sender
 // fills in a free port of this host.
 struct Send {
@@ -103,9 +140,9 @@ struct Exit {
   int signal = 0;
 };
 
-using Action = std::variant<OpenStream, CloseStream, Send, StartWorkers, StopWorkers, KillWorkers,
-                            ReleaseWorkers, DumpStalled, ArmTimer, CancelTimer, Emit, Log,
-                            PrintFailure, Exit>;
+using Action = std::variant<OpenStream, CloseStream, OpenProbe, CloseProbe, AdoptProbe, Send,
+                            StartWorkers, StopWorkers, KillWorkers, ReleaseWorkers, DumpStalled,
+                            ArmTimer, CancelTimer, Emit, Log, PrintFailure, Exit>;
 using Actions = std::vector<Action>;
 
 // What the machine needs to know of the node and its run.
@@ -140,6 +177,10 @@ class SessionMachine {
   // The stream ended (OK after Done/Fail, else the server's or the transport's error).
   Actions on_stream_closed(const absl::Status& status, Time now);
   Actions on_timer(Timer timer, Time now);
+  // The probe's messages, and its end (the attempt timed out, was refused, or its stream
+  // broke), until AdoptProbe or CloseProbe.
+  Actions on_probe_message(const v1::ServerMsg& msg, Time now);
+  Actions on_probe_closed(const absl::Status& status, Time now);
 
   // After StartWorkers: `workers` processes run.
   Actions on_workers_started(int workers, Time now);
@@ -169,6 +210,8 @@ class SessionMachine {
   const Endpoints& endpoints() const { return endpoints_; }
   // Whether the node is attached to its round (its reports are sent, not held).
   bool attached() const { return attached_; }
+  // Whether a probe is under way (see the probe, above).
+  bool probing() const { return probing_; }
 
  private:
   class Step;  // one event's actions, being collected
@@ -178,8 +221,16 @@ class SessionMachine {
   void open_stream(Step& s, bool wait_for_ready, std::chrono::milliseconds connect_timeout);
   void reopen_soon(Step& s, std::optional<Time>* deadline, bool reattach);
   void heard(Step& s);
+  void arm_silence(Step& s);
   void stop_silence(Step& s);
+  Time silence_due() const;
   void on_silence(Step& s);
+  void handle(Step& s, const v1::ServerMsg& m);
+  bool can_probe() const;
+  void start_probe(Step& s);
+  void open_probe(Step& s);
+  void end_probe(Step& s);
+  void adopt_probe(Step& s);
   void on_assignment(Step& s, const v1::Assignment& a);
   void on_attached(Step& s, const v1::Attached& a);
   bool can_reattach() const;
@@ -197,6 +248,7 @@ class SessionMachine {
 
   const Config config_;
   const std::chrono::milliseconds window_;  // the liveness window
+  const std::chrono::milliseconds probe_after_;  // silence that starts a probe
   Endpoints endpoints_;
   Phase phase_ = Phase::kJoining;
   After after_ = After::kNone;
@@ -207,6 +259,7 @@ class SessionMachine {
   bool reached_ = false;  // the server has been heard from (on any stream)
   Time last_heard_{};
   bool silence_armed_ = false;
+  Time silence_at_{};  // when the armed silence timer is due
   // The first wait for a server (wait_for_server), over every endpoint.
   std::optional<Time> first_deadline_;
   // After a lost server, until it is heard from again: back in touch by then, or exit.
@@ -219,6 +272,14 @@ class SessionMachine {
   // The stream kReopen opens: until which deadline, and whether it re-attaches.
   std::optional<Time>* reopen_deadline_ = nullptr;
   bool reopen_reattach_ = false;
+
+  // The probe: under way; the endpoint of its attempt (endpoints_.after(probe_k_)); whether
+  // an attempt is open; since when; whether a standby answered one.
+  bool probing_ = false;
+  std::size_t probe_k_ = 0;
+  bool probe_open_ = false;
+  Time probe_since_{};
+  bool standby_heard_ = false;
 
   // This round's reports.
   std::optional<v1::AgentMsg> last_report_;
