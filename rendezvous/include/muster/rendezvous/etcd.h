@@ -8,9 +8,15 @@
 //  - The leader's run store (run_store()) keeps every RunRecord in etcd (etcd_layout.h) and
 //    fences every write on its election key: a transaction compares that key's creation
 //    revision, so a replica that no longer leads can never write, and its write fails.
-//  - A lease that etcd says is gone, or that could not be renewed for lease_ttl plus
-//    limits::kEtcdRequestTimeout, calls on_lost (from the keep-alive thread): the replica must
-//    stop at once, as another may lead by then.
+//  - A lease that etcd says is gone, or whose renewals have not got through by the time it
+//    may expire (the last renewal sent + lease_ttl, less lease_ttl /
+//    limits::kEtcdStepDownMarginDivisor), calls on_lost (from the keep-alive thread): the
+//    replica must stop at once, as another may lead from then on.
+//  - Every call is bounded per attempt (limits::kEtcdAttemptsPerLease): a member that went
+//    silent (its connection looks open, nothing answers) costs one attempt, and the call goes
+//    on to another member (the channel is round robin over all of them) well inside the
+//    lease, as etcd's own client does. A campaign and the observer are asked again after
+//    each lease TTL, so a silent member does not hold them either.
 #pragma once
 
 #include <chrono>

@@ -177,6 +177,16 @@ inline constexpr milliseconds kMaxEtcdLeaseTtl = std::chrono::minutes(1);
 // How long one etcd call (and its retries through another member) may take; a write that has
 // not succeeded by then ends the leader (it may no longer lead).
 inline constexpr milliseconds kEtcdRequestTimeout = std::chrono::seconds(5);
+// One attempt of an etcd call is bounded by the lease TTL divided by this (a renewal: by
+// twice as much), so that a member that went silent (no answer, no reset) costs one attempt
+// and the call goes on to another member well inside the lease; never less than
+// kEtcdMinAttempt. Long waits (a standby's campaign, the leader observer) are asked again
+// after one lease TTL, on whichever member answers.
+inline constexpr int kEtcdAttemptsPerLease = 2;
+inline constexpr milliseconds kEtcdMinAttempt = std::chrono::milliseconds(100);
+// A leader whose renewals have not got through steps down this share of the lease TTL
+// before the lease can expire (1/N of it): before any standby can win.
+inline constexpr int kEtcdStepDownMarginDivisor = 10;
 // Within etcd's defaults (--max-txn-ops 128, --max-request-bytes 1.5 MiB): the most operations
 // and bytes one transaction of ours holds. A round's node keys take as many as they need.
 inline constexpr int kEtcdMaxOpsPerTxn = 120;

@@ -1,5 +1,8 @@
 #include "state/etcd/client.h"
 
+#include <condition_variable>
+#include <mutex>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -9,7 +12,7 @@
 namespace muster::rendezvous::etcd {
 
 absl::StatusOr<std::shared_ptr<Stubs>> connect(const std::string& endpoints) {
-  std::vector<std::string> v4, v6;
+  std::vector<std::string> v4, v6, each;
   for (absl::string_view e : absl::StrSplit(endpoints, ',', absl::SkipWhitespace())) {
     std::string one(absl::StripAsciiWhitespace(e));
     if (one.starts_with("http://")) one = one.substr(7);
@@ -31,8 +34,10 @@ absl::StatusOr<std::shared_ptr<Stubs>> connect(const std::string& endpoints) {
     const std::string& a = addrs->front();
     if (a.find(':') == std::string::npos) {
       v4.push_back(absl::StrCat(a, ":", port));
+      each.push_back(absl::StrCat("ipv4:", v4.back()));
     } else {
       v6.push_back(absl::StrCat("[", a, "]:", port));
+      each.push_back(absl::StrCat("ipv6:", v6.back()));
     }
   }
   if (v4.empty() && v6.empty()) return absl::InvalidArgumentError("--etcd: no endpoint given");
@@ -56,7 +61,39 @@ absl::StatusOr<std::shared_ptr<Stubs>> connect(const std::string& endpoints) {
   s->kv = etcdserverpb::KV::NewStub(s->channel);
   s->lease = etcdserverpb::Lease::NewStub(s->channel);
   s->election = v3electionpb::Election::NewStub(s->channel);
+  for (const std::string& one : each) {
+    s->members.push_back(etcdserverpb::Maintenance::NewStub(
+        grpc::CreateCustomChannel(one, grpc::InsecureChannelCredentials(), args)));
+  }
   return s;
+}
+
+int reachable_members(const Stubs& s, std::chrono::milliseconds bound) {
+  struct Call {
+    grpc::ClientContext ctx;
+    etcdserverpb::StatusRequest req;
+    etcdserverpb::StatusResponse resp;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t done = 0;
+  int ok = 0;
+  const auto deadline = std::chrono::system_clock::now() + bound;
+  for (const auto& member : s.members) {
+    calls.push_back(std::make_unique<Call>());
+    Call* c = calls.back().get();
+    c->ctx.set_deadline(deadline);
+    member->async()->Status(&c->ctx, &c->req, &c->resp, [&](grpc::Status st) {
+      std::lock_guard<std::mutex> lock(mu);
+      ok += st.ok();
+      ++done;
+      cv.notify_all();
+    });
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done == calls.size(); });
+  return ok;
 }
 
 absl::Status error(const Stubs& s, const char* what, const grpc::Status& st) {

@@ -45,11 +45,11 @@ class EtcdReplica::Impl {
     on_lost(why);
   }
 
-  // One keep-alive: a short stream, one request, one answer. The TTL etcd answers; 0 when the
-  // lease is gone; an error when etcd could not be asked.
-  absl::StatusOr<std::int64_t> renew() {
+  // One keep-alive: a short stream, one request, one answer, within `bound`. The TTL etcd
+  // answers; 0 when the lease is gone; an error when etcd could not be asked.
+  absl::StatusOr<std::int64_t> renew_once(milliseconds bound) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + ttl / 2);
+    ctx.set_deadline(std::chrono::system_clock::now() + bound);
     auto stream = stubs->lease->LeaseKeepAlive(&ctx);
     etcdserverpb::LeaseKeepAliveRequest req;
     req.set_id(lease);
@@ -63,23 +63,52 @@ class EtcdReplica::Impl {
     return resp.ttl();
   }
 
-  // The keep-alive thread: renews every ttl/4. The lease is taken for lost when etcd says it
-  // is gone, or when no renewal got through for ttl plus one request timeout: etcd's new
-  // leader among its members renews every lease on election (so an etcd election is ridden
-  // out), and by then another replica may lead.
+  // Renews until `until`, one attempt after the other (each on the next member the channel
+  // picks, each bounded by a quarter of a lease at most): a silent member costs one attempt.
+  absl::StatusOr<std::int64_t> renew(Clock::time_point until) {
+    const milliseconds each = std::max(limits::kEtcdMinAttempt,
+                                       ttl / (2 * limits::kEtcdAttemptsPerLease));
+    for (;;) {
+      const auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
+      absl::StatusOr<std::int64_t> r = renew_once(std::max(milliseconds(1), std::min(each, left)));
+      if (r.ok() || Clock::now() >= until) return r;
+      std::unique_lock<std::mutex> lock(mu);
+      if (cv.wait_for(lock, milliseconds(20), [&] { return stopping || lost; })) return r;
+    }
+  }
+
+  // The keep-alive thread: renews every ttl/4, each renewal tried on member after member. The
+  // lease is taken for lost when etcd says it is gone, or when no renewal got through by the
+  // time it may expire (the last renewal sent + ttl, less a margin) and this replica is cut
+  // off from etcd (fewer than a quorum of members answer it): etcd cannot have let the lease
+  // go before, so no standby can have won yet, and after it one may. A quorum that answers
+  // but does not renew is etcd electing its own leader, which extends every lease when it
+  // is elected: that is ridden out, up to ttl plus one request timeout.
   void keep() {
     Clock::time_point renewed = Clock::now();
     std::string last_error;
+    bool riding = false;
+    const milliseconds margin = ttl / limits::kEtcdStepDownMarginDivisor;
+    const int quorum = static_cast<int>(stubs->members.size()) / 2 + 1;
     for (;;) {
+      const Clock::time_point give_up = renewed + ttl - margin;
       {
         std::unique_lock<std::mutex> lock(mu);
-        if (cv.wait_for(lock, ttl / 4, [&] { return stopping || lost; })) return;
+        const Clock::time_point next =
+            riding ? Clock::now() + ttl / 8 : std::min(Clock::now() + ttl / 4, give_up);
+        if (cv.wait_until(lock, next, [&] { return stopping || lost; })) return;
       }
       const Clock::time_point sent = Clock::now();
-      absl::StatusOr<std::int64_t> left = renew();
+      // While riding out an election, each renewal gets a quarter of the lease.
+      const Clock::time_point until = riding ? sent + ttl / 4 : give_up;
+      absl::StatusOr<std::int64_t> left =
+          sent < until ? renew(until)
+                       : absl::StatusOr<std::int64_t>(absl::DeadlineExceededError("no time left"));
       if (left.ok() && *left > 0) {
+        if (!last_error.empty()) spdlog::info("rdzvd: etcd renews the lease again");
         renewed = sent;
         last_error.clear();
+        riding = false;
         continue;
       }
       if (left.ok()) {
@@ -88,10 +117,24 @@ class EtcdReplica::Impl {
       }
       if (last_error.empty()) spdlog::warn("rdzvd: {}", std::string(left.status().message()));
       last_error = std::string(left.status().message());
-      if (Clock::now() - renewed > ttl + opts.request_timeout) {
+      if (Clock::now() >= give_up && Clock::now() - renewed < ttl + opts.request_timeout) {
+        const int reach = etcd::reachable_members(
+            *stubs, std::max(limits::kEtcdMinAttempt, ttl / (2 * limits::kEtcdAttemptsPerLease)));
+        if (reach >= quorum) {
+          if (!riding) {
+            spdlog::warn("rdzvd: {} of {} etcd members answer but none renews the lease: etcd "
+                         "is electing its leader (which extends every lease); riding it out",
+                         reach, stubs->members.size());
+          }
+          riding = true;
+          continue;
+        }
+        riding = false;
+      }
+      if (Clock::now() >= give_up) {
         lose(absl::StrCat("its lease could not be renewed for ",
                           std::chrono::duration_cast<milliseconds>(Clock::now() - renewed).count(),
-                          " ms: ", last_error));
+                          " ms, and may expire now (lease ", ttl.count(), " ms): ", last_error));
         return;
       }
     }
@@ -111,7 +154,7 @@ absl::StatusOr<std::unique_ptr<EtcdReplica>> EtcdReplica::connect(
       1, (impl->opts.lease_ttl.count() + 999) / 1000));  // etcd's TTLs are whole seconds
   etcdserverpb::LeaseGrantResponse resp;
   grpc::Status st = etcd::call_with_retry(
-      std::chrono::system_clock::now() + impl->opts.request_timeout,
+      std::chrono::system_clock::now() + impl->opts.request_timeout, impl->stubs->attempt,
       [&](grpc::ClientContext& ctx) { return impl->stubs->lease->LeaseGrant(&ctx, req, &resp); });
   if (!st.ok()) return etcd::error(*impl->stubs, "granting a lease", st);
   if (!resp.error().empty()) {
@@ -120,6 +163,8 @@ absl::StatusOr<std::unique_ptr<EtcdReplica>> EtcdReplica::connect(
   }
   impl->lease = resp.id();
   impl->ttl = milliseconds(resp.ttl() * 1000);
+  impl->stubs->attempt =
+      std::max(limits::kEtcdMinAttempt, impl->ttl / limits::kEtcdAttemptsPerLease);
   Impl* raw = impl.get();
   impl->keeper = std::thread([raw] { raw->keep(); });
   return std::unique_ptr<EtcdReplica>(new EtcdReplica(std::move(impl)));
@@ -149,7 +194,10 @@ absl::Status EtcdReplica::campaign(const std::string& name) {
   req.set_value(name);
   v3electionpb::CampaignResponse resp;
   for (;;) {
-    grpc::ClientContext ctx;  // no deadline: a standby waits as long as another leads
+    // A standby waits as long as another leads, one lease at a time: a member gone silent
+    // under the call (its connection looks open) holds it for one lease, not for ever.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + m.ttl);
     ctx.set_wait_for_ready(true);
     {
       std::lock_guard<std::mutex> lock(m.mu);
@@ -161,10 +209,11 @@ absl::Status EtcdReplica::campaign(const std::string& name) {
     m.campaign_ctx = nullptr;
     if (m.stopping || m.lost) return absl::CancelledError("rdzvd is stopping");
     if (st.ok()) break;
-    // The member that held the call went away (or etcd is electing its own leader): the
-    // same campaign again on another one. It holds no state but this replica's key, which
-    // etcd keeps under the lease, so asking again is safe; only the lease's end stops it.
-    if (st.error_code() != grpc::StatusCode::UNAVAILABLE) {
+    // The member that held the call went away or went silent (or etcd is electing its own
+    // leader), or a lease went by with another one leading: the same campaign again, on
+    // whichever member answers. It holds no state but this replica's key under the lease, so
+    // asking again is safe; only the lease's end stops it.
+    if (!etcd::try_again(st)) {
       return etcd::error(*m.stubs, "campaigning to lead", st);
     }
     if (m.cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return m.stopping || m.lost; })) {
@@ -182,6 +231,7 @@ void EtcdReplica::observe(std::function<void(const std::string&)> on_leader) {
     std::string last;
     for (;;) {
       grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + m->ttl);  // then asked again
       {
         std::lock_guard<std::mutex> lock(m->mu);
         if (m->stopping) return;

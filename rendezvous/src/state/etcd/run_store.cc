@@ -37,8 +37,9 @@ class EtcdRunStore final : public RunStore {
       req.set_range_end(end);
       req.set_limit(limits::kEtcdRangePage);
       etcdserverpb::RangeResponse resp;
-      grpc::Status st = call_with_retry(
-          deadline, [&](grpc::ClientContext& ctx) { return s_->kv->Range(&ctx, req, &resp); });
+      grpc::Status st = call_with_retry(deadline, s_->attempt, [&](grpc::ClientContext& ctx) {
+        return s_->kv->Range(&ctx, req, &resp);
+      });
       if (!st.ok()) return error(*s_, "reading the runs", st);
       for (const auto& kv : resp.kvs()) kvs[kv.key()] = kv.value();
       if (!resp.more() || resp.kvs().empty()) break;
@@ -162,14 +163,14 @@ class EtcdRunStore final : public RunStore {
     const etcdserverpb::TxnRequest req = fenced(ops);
     etcdserverpb::TxnResponse resp;
     grpc::Status st = call_with_retry(
-        std::chrono::system_clock::now() + timeout_,
+        std::chrono::system_clock::now() + timeout_, s_->attempt,
         [&](grpc::ClientContext& ctx) { return s_->kv->Txn(&ctx, req, &resp); });
     return outcome(st, resp, what);
   }
 
   // Independent fenced transactions, up to limits::kEtcdConcurrentTxns in flight at once (etcd
   // batches concurrent proposals into one raft round and one WAL sync); one that could not
-  // reach etcd is tried again alone.
+  // reach etcd in its attempt is tried again alone.
   absl::Status commit_all(const std::vector<std::vector<etcdserverpb::RequestOp>>& batches,
                           const char* what) {
     struct Call {
@@ -189,7 +190,7 @@ class EtcdRunStore final : public RunStore {
         calls.push_back(std::make_unique<Call>());
         Call* c = calls.back().get();
         c->req = fenced(batches[i]);
-        c->ctx.set_deadline(deadline);
+        c->ctx.set_deadline(std::min(deadline, std::chrono::system_clock::now() + s_->attempt));
         s_->kv->async()->Txn(&c->ctx, &c->req, &c->resp, [&, c](grpc::Status st) {
           std::lock_guard<std::mutex> lock(mu);
           c->st = std::move(st);
@@ -202,8 +203,8 @@ class EtcdRunStore final : public RunStore {
         cv.wait(lock, [&] { return done == calls.size(); });
       }
       for (auto& c : calls) {
-        if (c->st.error_code() == grpc::StatusCode::UNAVAILABLE) {
-          c->st = call_with_retry(deadline, [&](grpc::ClientContext& ctx) {
+        if (try_again(c->st) && std::chrono::system_clock::now() < deadline) {
+          c->st = call_with_retry(deadline, s_->attempt, [&](grpc::ClientContext& ctx) {
             return s_->kv->Txn(&ctx, c->req, &c->resp);
           });
         }
