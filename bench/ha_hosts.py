@@ -5,7 +5,8 @@ members m0..m2 on hosts 0-2, rdzvd replicas A (host 3, started first: it leads) 
 agents on hosts 5 and 6 (`--rdzv_endpoint=A,B`, one worker each, `test_worker wait`). Faults are
 silent iptables drops (no FIN, no RST):
 
-  etcd0      the first member of --etcd cut from everyone (the raft leader or a follower)
+  etcd-leader    etcd's raft leader cut from everyone (named first in --etcd)
+  etcd-follower  an etcd follower cut from everyone (named first in --etcd)
   leader     the leading rdzvd's host cut from everyone
   leader-etcd  the leading rdzvd cut from the three etcd members only (agents still reach it)
   kill9      the leading rdzvd killed -9 (no silent fault: the reference row)
@@ -13,9 +14,13 @@ silent iptables drops (no FIN, no RST):
 For each trial: seconds from the fault until both agents are served by the replica they end up
 with ("re-attached ... at X", or no word at all when nothing needed to move), workers
 restarted (new "ready" lines after the fault), and whether both workers of the first round
-still run. The fault is healed once everything settled (or after 30 s).
+still run. The fault is healed once everything settled (or after 30 s). With --finish, then:
+which replicas lead, a worker failure (exit 3), which must restart each worker exactly once
+(the run's state survived the fault), then every worker released (exit 0) and both agents'
+exit codes.
 
-  bench/ha_hosts.sh [--trials N] [--only etcd0,leader,leader-etcd,kill9] [--launch P --rdzvd P]
+  bench/ha_hosts.sh [--trials N] [--only etcd-leader,etcd-follower,leader,leader-etcd,kill9]
+                    [--launch P --rdzvd P] [--finish]
 
 Each trial runs in fresh hosts (`hostnet run 7 -- ha_hosts.py --inner ...`); every time is
 CLOCK_MONOTONIC, which all namespaces share.
@@ -147,8 +152,12 @@ def inner(a):
     t_fault = None
     try:
         procs += start_etcd(tmp)
-        etcd = ",".join(f"{env_addr(i)}:2379" for i in range(3))
-        res["etcd0_was_leader"] = etcd_leader() == 0
+        leader = wait_until(lambda: etcd_leader() + 1, 10) - 1
+        res["etcd_leader"] = leader
+        # The member a fault cuts is named first in --etcd, as the issue's trials had it.
+        first = leader if a.fault == "etcd-leader" else (leader + 1) % 3
+        a.etcd_cut = first
+        etcd = ",".join(f"{env_addr(i)}:2379" for i in [first] + [j for j in range(3) if j != first])
         reps = []
         for k, host in enumerate((3, 4)):
             argv = wrap(host) + [a.rdzvd, "--listen", "0.0.0.0:29400", "--etcd", etcd,
@@ -165,7 +174,7 @@ def inner(a):
             argv = wrap(host) + [a.launch, "--nnodes=2", "--nproc_per_node=1",
                                  "--rdzv_backend=c10d", f"--rdzv_endpoint={ep}", "--rdzv_id=job",
                                  "--max_restarts=3", "--rdzv_conf=reattach_timeout=20",
-                                 WORKER, "wait"]
+                                 WORKER, "signals", tmp]
             p = Proc(f"agent{host}", argv)
             agents.append(p)
             procs.append(p)
@@ -173,8 +182,8 @@ def inner(a):
             raise RuntimeError("the job did not form")
         time.sleep(1.0)
         t_fault = time.monotonic()
-        if a.fault == "etcd0":
-            ctl("cut", os.environ["HOSTNET_NS_0"])
+        if a.fault in ("etcd-leader", "etcd-follower"):
+            ctl("cut", os.environ[f"HOSTNET_NS_{first}"])
         elif a.fault == "leader":
             ctl("cut", os.environ["HOSTNET_NS_3"])
         elif a.fault == "leader-etcd":
@@ -197,6 +206,8 @@ def inner(a):
         res["leading"] = [r.name for r in reps
                           if r.p.poll() is None and r.first(r"rdzvd: leading after", t_fault)]
         res["exited"] = [r.name for r in reps if r.p.poll() is not None]
+        if a.finish:
+            finish(a, reps, agents, res)
     except Exception as e:  # noqa: BLE001 (the result says what went wrong)
         res["error"] = str(e)
     finally:
@@ -209,6 +220,42 @@ def inner(a):
     print("RESULT " + json.dumps(res), flush=True)
 
 
+def heal(a):
+    fault = a.fault
+    if fault in ("etcd-leader", "etcd-follower"):
+        ctl("heal", os.environ[f"HOSTNET_NS_{a.etcd_cut}"])
+    elif fault == "leader":
+        ctl("heal", os.environ["HOSTNET_NS_3"])
+    elif fault == "leader-etcd":
+        for i in range(3):
+            ctl("heal-between", os.environ["HOSTNET_NS_3"], env_addr(i))
+
+
+def worker_pids(agents, after=0.0):
+    return [int(m.group(1)) for p in agents for _, m in p.all(r"\]:ready (\d+)", after)]
+
+
+def finish(a, reps, agents, res):
+    heal(a)
+    t_heal = time.monotonic()
+    time.sleep(3.0)  # a healed replica has its chance to (wrongly) decide
+    res["leading_after_heal"] = [r.name for r in reps if r.p.poll() is None and
+                                 r.first(r"rdzvd: leading after")]
+    first = worker_pids(agents)
+    os.kill(first[0], signal.SIGUSR2)  # a worker failure: exit 3
+    t_fail = time.monotonic()
+    again = wait_until(lambda: len(worker_pids(agents, t_fail)) >= 2, 30)
+    time.sleep(1.0)
+    res["restarted_after_failure"] = len(worker_pids(agents, t_fail)) if again else 0
+    res["restart_count_after"] = sorted(
+        {m.group(1) for p in agents for _, m in p.all(r"\]:ready \d+ .* restart (\d+)", t_fail)})
+    for pid in worker_pids(agents, t_fail):
+        os.kill(pid, signal.SIGUSR1)
+    wait_until(lambda: all(p.p.poll() is not None for p in agents), 30)
+    res["agent_rcs"] = [p.p.poll() for p in agents]
+    res["heal_to_end_s"] = time.monotonic() - t_heal
+
+
 def outer(a):
     faults = a.only.split(",")
     os.makedirs(a.logdir, exist_ok=True)
@@ -218,7 +265,7 @@ def outer(a):
             tag = f"{f}-{t}"
             cmd = [HOSTNET, "run", "7", "--", sys.executable, __file__, "--inner", "--fault", f,
                    "--launch", a.launch, "--rdzvd", a.rdzvd, "--observe", str(a.observe),
-                   "--logdir", a.logdir, "--tag", tag]
+                   "--logdir", a.logdir, "--tag", tag] + (["--finish"] if a.finish else [])
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
             res = json.loads(line[-1][7:]) if line else {"error": r.stderr[-400:]}
@@ -237,13 +284,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--inner", action="store_true")
     ap.add_argument("--fault", default="leader")
-    ap.add_argument("--only", default="etcd0,leader,leader-etcd,kill9")
+    ap.add_argument("--only", default="etcd-leader,etcd-follower,leader,leader-etcd,kill9")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--launch", default=os.path.join(BUILD, "launcher/launch"))
     ap.add_argument("--rdzvd", default=os.path.join(BUILD, "rendezvous/rdzvd"))
     ap.add_argument("--observe", type=float, default=30.0)
     ap.add_argument("--logdir", default="/tmp/ha-hosts")
     ap.add_argument("--tag", default="trial")
+    ap.add_argument("--finish", action="store_true")
     a = ap.parse_args()
     inner(a) if a.inner else outer(a)
 
