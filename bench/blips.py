@@ -15,12 +15,12 @@ CLOCK_MONOTONIC, which all namespaces share; a line's time is when this driver r
 import argparse
 import os
 import random
-import re
-import signal
 import subprocess
 import sys
-import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hostproc import Proc, wait_until  # noqa: E402
 
 BUILD = os.environ.get("BUILD", "/work/build-bench")
 HOSTNET = os.path.join(BUILD, "tests/hostnet")
@@ -28,66 +28,20 @@ WORKER = os.path.join(BUILD, "tests/test_worker")
 PORT = 29400
 
 
-class Proc:
-    """A process in a host, with every stderr/stdout line and when it was read."""
-
-    def __init__(self, argv):
-        self.lines = []
-        self.lock = threading.Lock()
-        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for raw in iter(self.p.stdout.readline, b""):
-            with self.lock:
-                self.lines.append((time.monotonic(), raw.decode(errors="replace").rstrip("\n")))
-
-    def count(self, pattern, after=0.0):
-        rx = re.compile(pattern)
-        with self.lock:
-            return sum(1 for t, text in self.lines if t >= after and rx.search(text))
-
-    def first(self, pattern, after=0.0):
-        rx = re.compile(pattern)
-        with self.lock:
-            for t, text in self.lines:
-                m = rx.search(text) if t >= after else None
-                if m:
-                    return t, m
-        return None
-
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(30)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
-
-
-def wait_until(pred, timeout):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return bool(pred())
-
-
 def inner(launch, fraction, interval, attempts, seed):
     random.seed(seed)
     window = interval * attempts
     ctl = os.environ["HOSTNET_CTL"]
-    ep = f"{os.environ['HOSTNET_HOST_0']}:{PORT}"
+    # BLIPS_BY_ADDR=1: the endpoint by address, not by name (no resolver in the way).
+    host = "HOSTNET_ADDR_0" if os.environ.get("BLIPS_BY_ADDR") else "HOSTNET_HOST_0"
+    ep = f"{os.environ[host]}:{PORT}"
     conf = f"keep_alive_interval={interval},keep_alive_max_attempt={attempts}"
     procs = []
     for i in range(2):
         argv = os.environ[f"HOSTNET_WRAP_{i}"].split() + [
             launch, "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
             f"--rdzv_endpoint={ep}", "--rdzv_id=blip", f"--rdzv_conf={conf}", WORKER, "wait"]
-        procs.append(Proc(argv))
+        procs.append(Proc(f"host{i}", argv))
     result = "no round"
     try:
         if not wait_until(lambda: all(p.count(r"\]:ready ") == 1 for p in procs), 60):
@@ -98,6 +52,18 @@ def inner(launch, fraction, interval, attempts, seed):
         time.sleep(max(0.0, t_cut + fraction * window - time.monotonic()))
         t_heal = time.monotonic()
         subprocess.run([ctl, "heal", os.environ["HOSTNET_NS_1"]], check=True)
+        if os.environ.get("BLIPS_SS"):
+            for k in range(6):
+                time.sleep(0.1)
+                out = []
+                for cmd in (["ip", "netns", "exec", os.environ["HOSTNET_NS_1"], "ss", "-tn"],
+                            ["ip", "netns", "exec", os.environ["HOSTNET_NS_0"], "ss", "-tn"],
+                            ["ip", "netns", "exec", os.environ["HOSTNET_NS_1"], "iptables", "-S"],
+                            ["ip", "netns", "exec", os.environ["HOSTNET_NS_1"], "ip", "neigh"],
+                            ["ip", "netns", "exec", os.environ["HOSTNET_NS_0"], "ip", "neigh"]):
+                    r = subprocess.run(cmd, capture_output=True, text=True)
+                    out.append(" ".join(cmd[3:]) + ":\n" + r.stdout + r.stderr)
+                print(f"ss at {time.monotonic() - t_cut:+.3f}:\n" + "".join(out), flush=True)
         time.sleep(2 * window)
         bad = sum(p.count(r"restarting workers|lost the server|\]:ready ", t_cut) for p in procs)
         back = procs[1].first(r"re-attached to run \S+ round \d+ at \S+ after (\d+) ms", t_cut)

@@ -28,68 +28,21 @@ CLOCK_MONOTONIC, which all namespaces share.
 import argparse
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hostproc import Proc, wait_until  # noqa: E402
 
 BUILD = os.environ.get("BUILD", "/work/build-bench")
 HOSTNET = os.path.join(BUILD, "tests/hostnet")
 WORKER = os.path.join(BUILD, "tests/test_worker")
 ETCD = "/usr/bin/etcd"
 ETCDCTL = "/usr/bin/etcdctl"
-
-
-class Proc:
-    def __init__(self, name, argv, env=None):
-        self.name = name
-        self.lines = []
-        self.lock = threading.Lock()
-        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for raw in iter(self.p.stdout.readline, b""):
-            with self.lock:
-                self.lines.append((time.monotonic(), raw.decode(errors="replace").rstrip("\n")))
-
-    def all(self, pattern, after=0.0):
-        rx = re.compile(pattern)
-        with self.lock:
-            return [(t, m) for t, text in self.lines if t >= after for m in [rx.search(text)] if m]
-
-    def first(self, pattern, after=0.0):
-        r = self.all(pattern, after)
-        return r[0] if r else None
-
-    def stop(self, sig=signal.SIGTERM):
-        if self.p.poll() is None:
-            self.p.send_signal(sig)
-            try:
-                self.p.wait(30)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
-
-    def dump(self, path, since=0.0):
-        with open(path, "w") as f, self.lock:
-            for t, text in self.lines:
-                f.write(f"{t - since:+9.3f} {text}\n")
-
-
-def wait_until(pred, timeout, poll=0.02):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll)
-    return pred()
 
 
 def env_addr(i):

@@ -19,6 +19,9 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hostproc  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("BUILD", "/work/build-bench")
 LAUNCH = os.path.join(BUILD, "launcher/launch")
@@ -101,13 +104,7 @@ class Proc:
 
 
 def wait_until(pred, timeout, poll=0.005):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll)
-    return pred()
+    return hostproc.wait_until(pred, timeout, poll)
 
 
 class PidWatch:

@@ -192,6 +192,7 @@ class Agent::Impl {
       if (!*probe) apply(machine_.on_stream_ready(now()));
     };
     opts.tls = opts_.tls;
+    opts.explain_timeout = !*probe;  // a probe's many short attempts must end on time
     client->open(std::move(opts));
     return client;
   }

@@ -50,6 +50,7 @@ class SessionClient::Impl : public std::enable_shared_from_this<Impl> {
   // Set by the connect timer (io thread) before it cancels the call; read by the reader too.
   std::atomic<bool> timed_out{false};
   std::chrono::milliseconds connect_timeout{0};
+  bool explain_timeout = true;
 
   // The reader thread, after the connect timeout: what a call that does not wait for the
   // server gets now (gRPC's last connection error), or "" when that says nothing more.
@@ -94,7 +95,7 @@ class SessionClient::Impl : public std::enable_shared_from_this<Impl> {
     // The connect timer ended the wait (not close()): why the server could not be reached
     // (refused, a TLS handshake that failed) is the channel's to tell.
     std::string why;
-    if (timed_out && !closed) why = connect_error();
+    if (timed_out && !closed && explain_timeout) why = connect_error();
     boost::asio::post(io, [self = shared_from_this(), status, why] {
       if (self->closed) return;
       if (self->timed_out) {
@@ -142,6 +143,7 @@ void SessionClient::open(OpenOptions o) {
     // is a timer on the caller's loop, so close() and the timer both end it by cancelling.
     impl_->ctx.set_wait_for_ready(true);
     impl_->connect_timeout = o.connect_timeout;
+    impl_->explain_timeout = o.explain_timeout;
     impl_->connect_timer =
         std::make_unique<boost::asio::steady_timer>(impl_->io, o.connect_timeout);
     impl_->connect_timer->async_wait([self = impl_](const boost::system::error_code& ec) {

@@ -37,6 +37,10 @@ class SessionClient {
     // reachable within N s"); otherwise an unreachable server fails at once.
     bool wait_for_ready = false;
     std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+    // After the connect timeout, ask gRPC why the server could not be reached (one call of up
+    // to limits::kConnectErrorProbe) for on_closed's message. Off for the agent's short probe
+    // attempts, which are many and whose reason nobody reads: their end must come on time.
+    bool explain_timeout = true;
     // The run's liveness window (keep_alive_interval x keep_alive_max_attempt): each
     // connection attempt is given this long (at least limits::kMinConnectAttempt), so a
     // server that comes back, or a link that heals, is reached within about one window.
