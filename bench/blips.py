@@ -11,6 +11,8 @@ server") and both workers of the first round still run.
 
 Each trial runs in fresh hosts (`hostnet run 2 -- blips.py --inner ...`). Every time is
 CLOCK_MONOTONIC, which all namespaces share; a line's time is when this driver read it.
+Diagnostics: BLIPS_VERBOSE=1 prints every line after the cut, BLIPS_SS=1 the hosts' sockets,
+iptables rules and neighbour tables after the heal, BLIPS_BY_ADDR=1 names the server by address.
 """
 import argparse
 import os
