@@ -187,6 +187,8 @@ inline constexpr milliseconds kEtcdMinAttempt = std::chrono::milliseconds(100);
 // A leader whose renewals have not got through steps down this share of the lease TTL
 // before the lease can expire (1/N of it): before any standby can win.
 inline constexpr int kEtcdStepDownMarginDivisor = 10;
+// How often rdzvd pings each etcd member's connection (etcd refuses pings closer than 5 s).
+inline constexpr milliseconds kEtcdKeepAlive = std::chrono::seconds(6);
 // Within etcd's defaults (--max-txn-ops 128, --max-request-bytes 1.5 MiB): the most operations
 // and bytes one transaction of ours holds. A round's node keys take as many as they need.
 inline constexpr int kEtcdMaxOpsPerTxn = 120;

@@ -53,6 +53,15 @@ absl::StatusOr<std::shared_ptr<Stubs>> connect(const std::string& endpoints) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  // A member whose connection went silent (a partition: no FIN, no RST) is found by a ping
+  // within limits::kEtcdKeepAlive plus one second and reconnected afresh, rather than kept
+  // READY with its TCP stuck in retransmission back-off long after the path is back (calls
+  // round-robined to it would each cost an attempt). Not more often: etcd refuses pings
+  // closer than 5 s (--grpc-keepalive-min-time).
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(limits::kEtcdKeepAlive.count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // A round of many nodes is read back in pages; a page may still be large.
   args.SetMaxReceiveMessageSize(64 << 20);
   auto s = std::make_shared<Stubs>();
