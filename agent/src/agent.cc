@@ -84,6 +84,8 @@ session::Config session_config(const AgentOptions& o) {
   c.keep_alive_interval = o.rdzv_timeouts.keep_alive_interval;
   c.keep_alive_max_attempt = o.rdzv_timeouts.keep_alive_max_attempt;
   c.nproc_per_node = o.nproc_per_node;
+  c.in_place = o.in_place;
+  c.in_place_timeout = o.in_place_timeout;
   c.join = join_template(o);
   return c;
 }
@@ -134,9 +136,13 @@ class Agent::Impl {
                 [this](const std::vector<rendezvous::RankProgress>& ranks,
                        rendezvous::StallClock::time_point at) {
                   apply(machine_.on_progress(progress_message(ranks, at), now()));
+                },
+                [this](int lr) { apply(machine_.on_worker_declared(lr, now())); },
+                [this](int lr, int round) {
+                  apply(machine_.on_worker_resumed(lr, round, now()));
                 }}),
         timers_{asio::steady_timer(io), asio::steady_timer(io), asio::steady_timer(io),
-                asio::steady_timer(io)} {}
+                asio::steady_timer(io), asio::steady_timer(io)} {}
 
   int run() {
     if (!opts_.file_timer_path.empty()) {
@@ -237,6 +243,15 @@ class Agent::Impl {
   void carry_out(session::StopWorkers& s) {
     group_.stop(s.signal);
     if (group_.gone()) apply(machine_.on_group_gone(group_.size(), now()));
+  }
+  void carry_out(session::AbortWorkers& a) { group_.abort_all(a.round); }
+  void carry_out(session::ReformWorkers& r) {
+    WorkerGroup::Started started = group_.reform(r.assignment, round_spec(r.assignment));
+    if (started.failure) {
+      apply(machine_.on_spawn_failed(*started.failure, now()));
+    } else {
+      apply(machine_.on_workers_reformed(started.workers, now()));
+    }
   }
   void carry_out(session::KillWorkers&) { group_.kill_now(); }
   void carry_out(session::ReleaseWorkers&) { group_.release(); }

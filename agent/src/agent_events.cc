@@ -13,6 +13,8 @@ std::string_view event_name(AgentEvent::Kind kind) {
     case AgentEvent::Kind::kSucceeded: return "succeeded";
     case AgentEvent::Kind::kFailed: return "failed";
     case AgentEvent::Kind::kReattached: return "reattached";
+    case AgentEvent::Kind::kInPlaceResumed: return "in_place_resumed";
+    case AgentEvent::Kind::kInPlaceFallback: return "in_place_fallback";
   }
   return "unknown";
 }

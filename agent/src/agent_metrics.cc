@@ -39,6 +39,19 @@ struct AgentMetrics {
                              "From a lost stream to the place back, in seconds",
                              {}, ops::kRecoveryBucketsSeconds)
                      .get()),
+        in_place(r.counter("muster_agent_in_place_recoveries_total",
+                           "In-place recoveries completed (every worker of this node stepped "
+                           "again in the new world), by what this node noticed first",
+                           {"cause"})),
+        in_place_fallbacks(r.counter("muster_agent_in_place_fallbacks_total",
+                                     "In-place recoveries that did not complete in time and fell "
+                                     "back to a full restart")
+                               .get()),
+        in_place_phase(r.histogram("muster_agent_in_place_recovery_seconds",
+                                   "An in-place recovery's time, in seconds, by phase: abort "
+                                   "(noticed -> survivors told to abort), rendezvous (-> round "
+                                   "formed), reform (-> every worker resumed), total",
+                                   {"phase"}, ops::kRecoveryBucketsSeconds)),
         finished(r.counter("muster_agent_runs_finished_total",
                            "Runs this node finished, by result (succeeded, failed)", {"result"})),
         workers(r.gauge("muster_agent_workers_running",
@@ -53,6 +66,8 @@ struct AgentMetrics {
     for (const char* c : {"worker_failure", "restart", "lost_server"}) recoveries.with({c});
     for (const char* p : {"stop", "rendezvous", "start", "total"}) recovery.with({p});
     for (const char* res : {"succeeded", "failed"}) finished.with({res});
+    for (const char* c : {"worker_failure", "restart"}) in_place.with({c});
+    for (const char* p : {"abort", "rendezvous", "reform", "total"}) in_place_phase.with({p});
   }
 
   void on(const AgentEvent& e) {
@@ -99,6 +114,20 @@ struct AgentMetrics {
         reattached.inc();
         reattach.observe(seconds(e.took));
         break;
+      case AgentEvent::Kind::kInPlaceResumed:
+        workers.set(e.workers);
+        if (e.recovery) {
+          const Recovery& r = *e.recovery;
+          in_place.with({r.cause}).inc();
+          in_place_phase.with({"abort"}).observe(seconds(r.stopped - r.noticed));
+          in_place_phase.with({"rendezvous"}).observe(seconds(r.formed - r.stopped));
+          in_place_phase.with({"reform"}).observe(seconds(r.started - r.formed));
+          in_place_phase.with({"total"}).observe(seconds(r.started - r.noticed));
+        }
+        break;
+      case AgentEvent::Kind::kInPlaceFallback:
+        in_place_fallbacks.inc();
+        break;
     }
   }
 
@@ -107,6 +136,9 @@ struct AgentMetrics {
   ops::Family<ops::Histogram>& recovery;
   ops::Counter& reattached;
   ops::Histogram& reattach;
+  ops::Family<ops::Counter>& in_place;
+  ops::Counter& in_place_fallbacks;
+  ops::Family<ops::Histogram>& in_place_phase;
   ops::Family<ops::Counter>& finished;
   ops::Gauge &workers, &round, &world_size, &restart_count;
 };

@@ -115,6 +115,7 @@ ChildSetup child_setup(const SpawnRequest& req) {
   ::dup2(p.out[1], STDOUT_FILENO);
   ::dup2(p.err[1], STDERR_FILENO);
   if (p.in[0] >= 0) ::dup2(p.in[0], STDIN_FILENO);
+  if (req.control_fd >= 0) ::fcntl(req.control_fd, F_SETFD, 0);  // this one survives exec
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -25,7 +25,9 @@ SessionMachine::SessionMachine(Config config)
     : config_(std::move(config)),
       window_(config_.keep_alive_interval * config_.keep_alive_max_attempt),
       probe_after_(config_.keep_alive_interval * kProbeAfterIntervals),
-      endpoints_(named(config_.endpoints)) {}
+      endpoints_(named(config_.endpoints)) {
+  reset_in_place();
+}
 
 AgentEvent SessionMachine::event(AgentEvent::Kind kind, Time now) const {
   AgentEvent e;
@@ -147,6 +149,9 @@ Actions SessionMachine::on_timer(Timer timer, Time now) {
       break;
     case Timer::kProbe:
       if (probing_ && !probe_open_) open_probe(s);
+      break;
+    case Timer::kInPlace:
+      in_place_due(s);
       break;
     case Timer::kReopen: {
       std::optional<Time>* deadline = std::exchange(reopen_deadline_, nullptr);
@@ -312,13 +317,18 @@ void SessionMachine::handle(Step& s, const v1::ServerMsg& m) {
     on_attached(s, m.attached());
   } else if (m.has_assignment()) {
     if (phase_ == Phase::kJoining) on_assignment(s, m.assignment());
+    if (phase_ == Phase::kReforming) on_reform(s, m.assignment());
   } else if (m.has_restart()) {
-    s.log(Level::kWarn, absl::StrCat("restarting workers: ", m.restart().reason()));
+    const bool keep = (phase_ == Phase::kRunning || phase_ == Phase::kRecovering) &&
+                      after_ == After::kNone && in_place_ready();
+    s.log(Level::kWarn, absl::StrCat(keep ? "recovering in place: " : "restarting workers: ",
+                                     m.restart().reason()));
     noticed(s, "restart");
     AgentEvent e = event(AgentEvent::Kind::kRestart, now);
     e.reason = m.restart().reason();
     e.restart_count = m.restart().restart_count();
     s.add(Emit{std::move(e)});
+    if (keep && recover_in_place(s, "restart")) return;
     if (after_ != After::kExit) after_ = After::kRejoin;
     stop(s, SIGTERM);
   } else if (m.has_fail()) {
@@ -349,6 +359,8 @@ void SessionMachine::on_assignment(Step& s, const v1::Assignment& a) {
   failure_reported_ = false;
   last_report_.reset();
   stopped_emitted_ = false;
+  reset_in_place();  // new processes: each declares for itself
+  in_place_off_ = false;
   s.add(StartWorkers{a});
   arm_silence(s);  // a round can be probed for: maybe sooner than the armed window
 }
@@ -483,7 +495,11 @@ Actions SessionMachine::on_spawn_failed(const v1::WorkerFailure& failure, Time n
 
 Actions SessionMachine::on_worker_failed(const v1::WorkerFailure& f, Time now) {
   Step s(now);
-  if (phase_ != Phase::kRunning) return {};
+  const bool in_place_phase = phase_ == Phase::kRecovering || phase_ == Phase::kReforming;
+  if (phase_ != Phase::kRunning && !in_place_phase) return {};
+  if (f.local_rank() >= 0 && f.local_rank() < static_cast<int>(dead_.size())) {
+    dead_[f.local_rank()] = true;
+  }
   s.log(Level::kWarn,
         absl::StrFormat("worker rank %d (local rank %d, pid %d) failed: %s", f.rank(),
                         f.local_rank(), f.pid(),
@@ -498,7 +514,10 @@ Actions SessionMachine::on_worker_failed(const v1::WorkerFailure& f, Time now) {
   e.signal = f.signal();
   e.reason = f.message();
   s.add(Emit{std::move(e)});
+  // In place, a failure during a recovery is one more worker to replace in the next round.
+  if (in_place_phase) return std::move(s.out);
   report_failure(s, f);
+  if (recover_in_place(s, "worker_failure")) return std::move(s.out);
   stop(s, SIGTERM);
   return std::move(s.out);
 }

@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -20,7 +22,9 @@
 #include "muster/agent/proc_state.h"
 #include "muster/agent/process.h"
 #include "muster/rendezvous/limits.h"
+#include "muster/ops/control_channel.h"
 #include "muster/ops/progress_page.h"
+#include "muster/ops/worker_env_names.h"
 
 namespace muster::agent {
 namespace {
@@ -92,6 +96,10 @@ struct WorkerGroup::Worker {
   bool abandoned = false;
   ProcState stuck;
   bool released = false;  // abandoned, and its round is over (it lives in abandoned_)
+  std::string page;       // its progress page ("": none)
+  // --in_place: the agent's end of its control channel, and what the worker said on it.
+  std::unique_ptr<Descriptor> control;
+  std::array<char, ops::control::kMaxMessageBytes + 1> control_buf;
 };
 
 // A stalled worker being dumped (--hang_timeout): reported once its stacks are written.
@@ -131,97 +139,212 @@ WorkerGroup::Started WorkerGroup::start(const v1::Assignment& a, const WorkerEnv
   release();
   group_rank_ = a.group_rank();
   stopping_ = false;
+  open_filtered_logs((std::filesystem::path(opts_.error_dir) /
+                      ("attempt_" + std::to_string(a.restart_count())))
+                         .string());
+  // The run uses progress pages: a hang timeout, or a budget that knows progress.
+  const bool watch_progress = a.hang_timeout_ms() > 0 || a.wants_progress();
+  for (int lr = 0; lr < opts_.nproc_per_node; ++lr) {
+    if (auto f = spawn_one(lr, a, round, watch_progress)) return {size(), std::move(f)};
+  }
+  watch_round(a, watch_progress);
+  return {size(), std::nullopt};
+}
+
+// The progress pages of the round's workers, sampled by the hang watch.
+void WorkerGroup::watch_round(const v1::Assignment& a, bool watch_progress) {
+  if (!watch_progress) return;
+  std::vector<HangWatch::Watched> watched;
+  for (const auto& w : workers_) {
+    if (!w->page.empty() && !w->reaped) watched.push_back({w->rank, w->local_rank, w->pid, w->page});
+  }
+  // The run's rule (the first node's --hang_timeout, or rdzvd's): sampled here, applied by
+  // the server over every node's ranks.
+  const auto timeout = a.hang_timeout_ms() > 0 ? std::chrono::milliseconds(a.hang_timeout_ms())
+                                               : kProgressOnlySampling;
+  if (!hang_watch_ || hang_timeout_ != timeout) {
+    hang_timeout_ = timeout;
+    hang_watch_ = std::make_unique<HangWatch>(io_, timeout, cb_.progress);
+  }
+  hang_watch_->start_round(watched);
+}
+
+std::optional<v1::WorkerFailure> WorkerGroup::spawn_one(int lr, const v1::Assignment& a,
+                                                        const WorkerEnvSpec& round,
+                                                        bool watch_progress) {
   const std::string tmpl =
       opts_.prefix_template.empty() ? std::string(kDefaultPrefixTemplate) : opts_.prefix_template;
   const std::filesystem::path attempt =
       std::filesystem::path(opts_.error_dir) / ("attempt_" + std::to_string(a.restart_count()));
-  open_filtered_logs(attempt.string());
-  // The run uses progress pages: a hang timeout, or a budget that knows progress.
-  const bool watch_progress = a.hang_timeout_ms() > 0 || a.wants_progress();
-  std::vector<HangWatch::Watched> watched;
-  for (int lr = 0; lr < opts_.nproc_per_node; ++lr) {
-    auto w = std::make_unique<Worker>();
-    w->local_rank = lr;
-    w->rank = a.rank_offset() + lr;
-    const std::filesystem::path dir = attempt / std::to_string(lr);
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    w->error_file = (dir / "error.json").string();
-    WorkerEnvSpec spec = round;
-    spec.local_rank = lr;
-    spec.error_file = w->error_file;
-    std::vector<std::string> argv = opts_.argv;
-    for (std::size_t i = 1; i < argv.size(); ++i) argv[i] = substitute_local_rank(argv[i], lr);
-    SpawnRequest req;
-    req.path = opts_.program_path;
-    req.argv = std::move(argv);
-    std::map<std::string, std::string> env = build_worker_env(opts_.base_env, spec);
-    std::string page;  // this worker's progress page, once made
-    if (watch_progress) {
-      if (absl::Status s = HangWatch::create_page((dir / "progress").string()); s.ok()) {
-        page = (dir / "progress").string();
-        env[worker::kProgressFileVar] = page;
-      } else {
-        spdlog::warn("--hang_timeout: {}; rank {} is not watched", std::string(s.message()),
-                     w->rank);
-      }
-      // A Python worker's tracebacks on SIGABRT, for its stack file (docs/hangs.md).
-      if (!opts_.python_interpreter.empty() && a.hang_timeout_ms() > 0) {
-        env.emplace("PYTHONFAULTHANDLER", "1");
-        if (!opts_.python_progress_hook.empty()) {
-          std::string& path = env["PYTHONPATH"];
-          path = path.empty() ? opts_.python_progress_hook
-                              : absl::StrCat(opts_.python_progress_hook, ":", path);
-        }
-      }
-    }
-    req.envp = to_envp(env);
-    if (opts_.workers_stdin_null) req.stdin_mode = SpawnRequest::Stdin::kNull;
-    req.cgroup_procs_fd = opts_.supervisor != nullptr ? opts_.supervisor->cgroup_procs_fd() : -1;
-    if (lr < static_cast<int>(opts_.numa_of.size())) {
-      req.cpus.assign(opts_.numa_of[lr].cpus.begin(), opts_.numa_of[lr].cpus.end());
-      req.memory_node = opts_.numa_of[lr].memory_node;
-    }
-    absl::StatusOr<ChildProcess> child = spawn_worker(req);
-    if (!child.ok()) {
-      spdlog::error("cannot start worker local rank {}: {}", lr,
-                    std::string(child.status().message()));
-      v1::WorkerFailure f = describe(*w);
-      f.set_exit_code(127);
-      f.set_message(std::string(child.status().message()));
-      workers_.push_back(std::move(w));
-      return {size(), std::move(f)};
-    }
-    w->pid = child->pid;
-    if (!page.empty()) watched.push_back({w->rank, lr, w->pid, page});
-    if (opts_.supervisor != nullptr) opts_.supervisor->track_group(child->pid);
-    const std::string prefix = expand_prefix_template(tmpl, opts_.role, w->rank, lr);
-    w->out = make_pipe(child->out_fd, prefix, lr, 1, opts_.stdout_fd, (dir / "stdout.log").string());
-    w->err = make_pipe(child->err_fd, prefix, lr, 2, opts_.stderr_fd, (dir / "stderr.log").string());
-    w->out->filtered = filtered_[0].fd;
-    w->out->filters = &opts_.duplicate_stdout_filters;
-    w->err->filtered = filtered_[1].fd;
-    w->err->filters = &opts_.duplicate_stderr_filters;
-    w->err->keep_tail = !opts_.python_interpreter.empty();
-    w->pidfd = std::make_unique<Descriptor>(io_, child->pidfd);
-    Worker* raw = w.get();
-    workers_.push_back(std::move(w));
-    read_pipe(raw, raw->out.get());
-    read_pipe(raw, raw->err.get());
-    watch_exit(raw);
-  }
+  auto w = std::make_unique<Worker>();
+  w->local_rank = lr;
+  w->rank = a.rank_offset() + lr;
+  const std::filesystem::path dir = attempt / std::to_string(lr);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  w->error_file = (dir / "error.json").string();
+  WorkerEnvSpec spec = round;
+  spec.local_rank = lr;
+  spec.error_file = w->error_file;
+  std::vector<std::string> argv = opts_.argv;
+  for (std::size_t i = 1; i < argv.size(); ++i) argv[i] = substitute_local_rank(argv[i], lr);
+  SpawnRequest req;
+  req.path = opts_.program_path;
+  req.argv = std::move(argv);
+  std::map<std::string, std::string> env = build_worker_env(opts_.base_env, spec);
   if (watch_progress) {
-    // The run's rule (the first node's --hang_timeout, or rdzvd's): sampled here, applied by
-    // the server over every node's ranks.
-    const auto timeout = a.hang_timeout_ms() > 0 ? std::chrono::milliseconds(a.hang_timeout_ms())
-                                                 : kProgressOnlySampling;
-    if (!hang_watch_ || hang_timeout_ != timeout) {
-      hang_timeout_ = timeout;
-      hang_watch_ = std::make_unique<HangWatch>(io_, timeout, cb_.progress);
+    if (absl::Status s = HangWatch::create_page((dir / "progress").string()); s.ok()) {
+      w->page = (dir / "progress").string();
+      env[worker::kProgressFileVar] = w->page;
+    } else {
+      spdlog::warn("--hang_timeout: {}; rank {} is not watched", std::string(s.message()),
+                   w->rank);
     }
-    hang_watch_->start_round(watched);
+    // A Python worker's tracebacks on SIGABRT, for its stack file (docs/hangs.md).
+    if (!opts_.python_interpreter.empty() && a.hang_timeout_ms() > 0) {
+      env.emplace("PYTHONFAULTHANDLER", "1");
+      if (!opts_.python_progress_hook.empty()) {
+        std::string& path = env["PYTHONPATH"];
+        path = path.empty() ? opts_.python_progress_hook
+                            : absl::StrCat(opts_.python_progress_hook, ":", path);
+      }
+    }
   }
-  return {size(), std::nullopt};
+  // --in_place: a control channel (ops/control_channel.h); the child keeps its end.
+  OwnedFd child_end;
+  int agent_end = -1;
+  if (opts_.in_place) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0) {
+      agent_end = sv[0];
+      child_end.fd = sv[1];
+      env[env::kControlFd] = std::to_string(sv[1]);
+      req.control_fd = sv[1];
+    } else {
+      spdlog::warn("--in_place: no control channel for local rank {}: {}", lr,
+                   std::strerror(errno));
+    }
+  }
+  req.envp = to_envp(env);
+  if (opts_.workers_stdin_null) req.stdin_mode = SpawnRequest::Stdin::kNull;
+  req.cgroup_procs_fd = opts_.supervisor != nullptr ? opts_.supervisor->cgroup_procs_fd() : -1;
+  if (lr < static_cast<int>(opts_.numa_of.size())) {
+    req.cpus.assign(opts_.numa_of[lr].cpus.begin(), opts_.numa_of[lr].cpus.end());
+    req.memory_node = opts_.numa_of[lr].memory_node;
+  }
+  absl::StatusOr<ChildProcess> child = spawn_worker(req);
+  child_end.reset();
+  if (!child.ok()) {
+    if (agent_end >= 0) ::close(agent_end);
+    spdlog::error("cannot start worker local rank {}: {}", lr,
+                  std::string(child.status().message()));
+    v1::WorkerFailure f = describe(*w);
+    f.set_exit_code(127);
+    f.set_message(std::string(child.status().message()));
+    workers_.push_back(std::move(w));
+    return f;
+  }
+  w->pid = child->pid;
+  if (opts_.supervisor != nullptr) opts_.supervisor->track_group(child->pid);
+  const std::string prefix = expand_prefix_template(tmpl, opts_.role, w->rank, lr);
+  w->out = make_pipe(child->out_fd, prefix, lr, 1, opts_.stdout_fd, (dir / "stdout.log").string());
+  w->err = make_pipe(child->err_fd, prefix, lr, 2, opts_.stderr_fd, (dir / "stderr.log").string());
+  w->out->filtered = filtered_[0].fd;
+  w->out->filters = &opts_.duplicate_stdout_filters;
+  w->err->filtered = filtered_[1].fd;
+  w->err->filters = &opts_.duplicate_stderr_filters;
+  w->err->keep_tail = !opts_.python_interpreter.empty();
+  w->pidfd = std::make_unique<Descriptor>(io_, child->pidfd);
+  if (agent_end >= 0) w->control = std::make_unique<Descriptor>(io_, agent_end);
+  Worker* raw = w.get();
+  workers_.push_back(std::move(w));
+  read_pipe(raw, raw->out.get());
+  read_pipe(raw, raw->err.get());
+  if (raw->control) read_control(raw);
+  watch_exit(raw);
+  return std::nullopt;
+}
+
+// --- in place (docs/in_place.md) ----------------------------------------------------------
+
+void WorkerGroup::read_control(Worker* w) {
+  w->control->async_read_some(
+      asio::buffer(w->control_buf), [this, w](const boost::system::error_code& ec, std::size_t n) {
+        if (ec) {
+          if (ec != asio::error::operation_aborted && w->control) {
+            boost::system::error_code ignored;
+            w->control->close(ignored);
+          }
+          return;
+        }
+        auto m = ops::control::parse(std::string_view(w->control_buf.data(), n));
+        if (!m) {
+          spdlog::warn("control channel: worker rank {} (pid {}) sent a malformed message; "
+                       "ignored",
+                       w->rank, w->pid);
+        } else if (m->kind == ops::control::kHello && m->text("in_place") == "1") {
+          if (cb_.declared) cb_.declared(w->local_rank);
+        } else if (m->kind == ops::control::kResumed) {
+          const auto round = m->number("round");
+          if (cb_.resumed) cb_.resumed(w->local_rank, round ? static_cast<int>(*round) : -1);
+        }
+        read_control(w);  // last: a callback may have reformed the group, never released it
+      });
+}
+
+void WorkerGroup::send_control(Worker& w, const std::string& packet) {
+  if (!w.control || !w.control->is_open() || w.reaped) return;
+  if (::send(w.control->native_handle(), packet.data(), packet.size(),
+             MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+    spdlog::warn("control channel: cannot write to worker rank {} (pid {}): {}", w.rank, w.pid,
+                 std::strerror(errno));
+  }
+}
+
+void WorkerGroup::abort_all(int round) {
+  const std::string packet =
+      ops::control::encode({ops::control::kAbort, {{"round", std::to_string(round)}}});
+  for (const auto& w : workers_) send_control(*w, packet);
+}
+
+WorkerGroup::Started WorkerGroup::reform(const v1::Assignment& a, const WorkerEnvSpec& round) {
+  group_rank_ = a.group_rank();
+  const bool watch_progress = a.hang_timeout_ms() > 0 || a.wants_progress();
+  std::vector<int> dead;
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    Worker& w = **it;
+    if (!w.reaped) {
+      w.rank = a.rank_offset() + w.local_rank;
+      ops::control::Message m{ops::control::kWorld, {}};
+      auto& f = m.fields;
+      f["round"] = std::to_string(a.round());
+      f["rank"] = std::to_string(w.rank);
+      f["world_size"] = std::to_string(round.world_size);
+      f["local_rank"] = std::to_string(w.local_rank);
+      f["local_world_size"] = std::to_string(round.local_world_size);
+      f["group_rank"] = std::to_string(round.group_rank);
+      f["group_world_size"] = std::to_string(round.group_world_size);
+      f["restart_count"] = std::to_string(round.restart_count);
+      f["master_addr"] = round.master_addr;
+      f["master_port"] = std::to_string(round.master_port);
+      send_control(w, ops::control::encode(m));
+      ++it;
+      continue;
+    }
+    // Dead: its process group's leftovers go; a new process takes its local rank.
+    ::kill(-w.pid, SIGKILL);
+    if (opts_.supervisor != nullptr) opts_.supervisor->forget_group(w.pid);
+    dead.push_back(w.local_rank);
+    retired_.push_back(std::move(*it));
+    it = workers_.erase(it);
+  }
+  for (int lr : dead) {
+    if (auto f = spawn_one(lr, a, round, watch_progress)) return {size(), std::move(f)};
+  }
+  std::sort(workers_.begin(), workers_.end(),
+            [](const auto& x, const auto& y) { return x->local_rank < y->local_rank; });
+  watch_round(a, watch_progress);
+  return {static_cast<int>(dead.size()), std::nullopt};
 }
 
 std::unique_ptr<WorkerGroup::Pipe> WorkerGroup::make_pipe(int fd, const std::string& prefix, int lr,

@@ -14,6 +14,10 @@
 
 using namespace muster;
 
+// In place: how long a worker whose ring failed waits for the agent's next world (the agent
+// itself bounds the whole recovery by --in_place_timeout and ends the worker after it).
+constexpr std::chrono::minutes kWorldWait{5};
+
 int main(int argc, char** argv) {
   train::TrainOptions o;
   std::string precision = "bf16", device = "auto";
@@ -73,13 +77,36 @@ int main(int argc, char** argv) {
   } else {
     engine = train::make_cpu_engine(o.shape, o.precision, o.seed, o.batch);
   }
-  auto comm = (*rt)->communicator(cuda ? worker::Backend::kNccl : worker::Backend::kTcp);
+  const worker::Backend backend = cuda ? worker::Backend::kNccl : worker::Backend::kTcp;
+  // Under launch --in_place this program re-forms in place (docs/in_place.md); elsewhere
+  // enable_in_place() says there is no control channel and nothing changes.
+  const bool in_place = (*rt)->enable_in_place().ok();
+  auto comm = (*rt)->communicator(backend);
   if (!comm.ok()) {
     std::fprintf(stderr, "train: rank %d: %s\n", info.rank, std::string(comm.status().message()).c_str());
     return 1;
   }
-  train::TrainContext ctx{**comm, *engine, (*rt)->store(), info.restart_count, std::cout,
-                          &(*rt)->progress_reporter()};
+  std::unique_ptr<worker::Communicator> ring = std::move(*comm);
+  train::TrainContext ctx{ring.get(), *engine, &(*rt)->store(), info.restart_count, std::cout,
+                          &(*rt)->progress_reporter(), {}, {}};
+  if (in_place) {
+    worker::Runtime& r = **rt;
+    ctx.reform = [&]() -> absl::Status {
+      ring.reset();  // the aborted ring's sockets go now
+      for (;;) {
+        auto world = r.await_world(kWorldWait);
+        if (!world.ok()) return world.status();
+        auto next = r.communicator(backend);
+        if (!next.ok()) continue;  // lost again while forming: the world after this one
+        ring = std::move(*next);
+        ctx.comm = ring.get();
+        ctx.store = &r.store();
+        ctx.restart_count = world->restart_count;
+        return absl::OkStatus();
+      }
+    };
+    ctx.resumed = [&r] { (void)r.resumed(); };
+  }
   if (absl::Status s = train::train(o, ctx); !s.ok()) {
     std::fprintf(stderr, "train: rank %d: %s\n", info.rank, std::string(s.message()).c_str());
     return 1;

@@ -69,15 +69,15 @@ absl::StatusOr<Start> load_start(const TrainOptions& o, std::size_t n, LossScale
 
 // Every rank must resume from the same step (a checkpoint folder shared by every node).
 absl::Status agree_on_start(const TrainOptions& o, TrainContext& ctx, std::int64_t step) {
-  const int rank = ctx.comm.rank();
-  const int world = ctx.comm.size();
-  if (absl::Status s = ctx.store.set(absl::StrCat("train/resume/", rank), std::to_string(step));
+  const int rank = ctx.comm->rank();
+  const int world = ctx.comm->size();
+  if (absl::Status s = ctx.store->set(absl::StrCat("train/resume/", rank), std::to_string(step));
       !s.ok()) {
     return s;
   }
   std::vector<std::string> keys;
   for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat("train/resume/", r));
-  auto steps = ctx.store.multi_get(keys, std::chrono::minutes(5));
+  auto steps = ctx.store->multi_get(keys, std::chrono::minutes(5));
   if (!steps.ok()) return steps.status();
   for (int r = 0; r < world; ++r) {
     if ((*steps)[r] != std::to_string(step)) {
@@ -97,7 +97,7 @@ absl::Status report_end(const TrainOptions& o, TrainContext& ctx, std::int64_t f
     return absl::OkStatus();
   }
   const double samples =
-      static_cast<double>(step - first_step) * static_cast<double>(o.batch) * ctx.comm.size();
+      static_cast<double>(step - first_step) * static_cast<double>(o.batch) * ctx.comm->size();
   std::string perf = ctx.engine.perf_summary();
   ctx.out << absl::StrFormat("final loss %.6f steps %d samples/s %.0f%s\n", loss, step,
                              secs > 0 ? samples / secs : 0.0,
@@ -112,36 +112,108 @@ absl::Status report_end(const TrainOptions& o, TrainContext& ctx, std::int64_t f
   return absl::OkStatus();
 }
 
+// In place: the ranks of a (re-)formed world agree on who holds the newest training state
+// and take it from there. Each rank says the last step it completed (-1: it holds no state
+// of this run in memory, a new process); the one with the highest step (the lowest rank of
+// those) broadcasts its step, optimizer step, loss scale and parameters with Adam's moments.
+// A survivor whose all_reduce of step k failed while another's completed resumes after k.
+// Returns whether any rank had state (if none, each starts from the checkpoint as before).
+absl::StatusOr<bool> sync_state(TrainContext& ctx, bool have, std::int64_t& step,
+                                std::int64_t& adam_steps, LossScaler& scaler) {
+  worker::Communicator& comm = *ctx.comm;
+  const int world = comm.size();
+  std::vector<std::int64_t> all(static_cast<std::size_t>(world) * 2);
+  const std::int64_t mine[2] = {have ? step : -1, comm.rank()};
+  if (absl::Status s = comm.all_gather(mine, all.data(), 2, DType::kI64); !s.ok()) return s;
+  int source = -1;
+  std::int64_t best = -1;
+  for (int r = 0; r < world; ++r) {
+    if (all[2 * r] > best) {
+      best = all[2 * r];
+      source = r;
+    }
+  }
+  if (source < 0) return false;
+  double head[4] = {static_cast<double>(step), static_cast<double>(adam_steps), scaler.scale(),
+                    static_cast<double>(scaler.growth_tracker())};
+  if (absl::Status s = comm.broadcast(head, 4, DType::kF64, source); !s.ok()) return s;
+  std::vector<float> p, m, v;
+  ctx.engine.get_state(p, m, v);
+  for (std::vector<float>* buf : {&p, &m, &v}) {
+    if (absl::Status s = comm.broadcast(buf->data(), buf->size(), DType::kF32, source); !s.ok()) {
+      return s;
+    }
+  }
+  ctx.engine.set_state(p, m, v);
+  step = static_cast<std::int64_t>(head[0]);
+  adam_steps = static_cast<std::int64_t>(head[1]);
+  scaler.restore(static_cast<float>(head[2]), static_cast<std::int64_t>(head[3]));
+  if (comm.rank() == 0) {
+    ctx.out << absl::StrFormat("train: in place: %d rank(s), resuming after step %d (state from "
+                               "rank %d)\n",
+                               world, step, source)
+            << std::flush;
+  }
+  return true;
+}
+
+// After a failed collective: the next world, and the state agreed in it. A failure while
+// re-forming (another loss) waits for the world after that one.
+absl::Status recover(TrainContext& ctx, const absl::Status& why, std::int64_t& step,
+                     std::int64_t& adam_steps, LossScaler& scaler) {
+  if (!ctx.reform) return why;
+  absl::Status last = why;
+  for (;;) {
+    if (absl::Status s = ctx.reform(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(last.message(), "; then: ", s.message()));
+    }
+    auto synced = sync_state(ctx, true, step, adam_steps, scaler);
+    if (synced.ok()) return absl::OkStatus();
+    last = synced.status();
+  }
+}
+
 }  // namespace
 
 absl::Status train(const TrainOptions& o, TrainContext& ctx) {
   worker::ProgressReporter no_page;
   worker::ProgressReporter& progress = ctx.progress != nullptr ? *ctx.progress : no_page;
-  worker::Communicator& comm = ctx.comm;
   Engine& engine = ctx.engine;
-  const int rank = comm.rank();
-  const int world = comm.size();
   const std::size_t n = engine.num_params();
   LossScaler scaler({o.precision != Precision::kF32, 65536.0f, 2.0f, 0.5f, o.growth_interval});
 
   auto start = load_start(o, n, scaler);
   if (!start.ok()) return start.status();
   std::int64_t step = start->step, adam_steps = start->adam_steps;
-  if (absl::Status s = agree_on_start(o, ctx, step); !s.ok()) return s;
   engine.set_state(start->params, start->m, start->v);
-  if (rank == 0) {
+  // In place, a new process may join a running group: the survivors hand it their state.
+  bool from_peer = false;
+  if (ctx.reform) {
+    auto synced = sync_state(ctx, false, step, adam_steps, scaler);
+    if (!synced.ok()) return synced.status();
+    from_peer = *synced;
+  }
+  if (!from_peer) {
+    if (absl::Status s = agree_on_start(o, ctx, step); !s.ok()) return s;
+  }
+  if (ctx.comm->rank() == 0) {
     ctx.out << absl::StrFormat(
         "train: %d rank(s) on %s, %s, %zu parameters, global batch %d, %s step %d of %d\n",
-        world, engine.device(), precision_name(o.precision), n, o.batch * world,
-        step > 0 ? "resuming after" : "from", step, o.steps)
+        ctx.comm->size(), engine.device(), precision_name(o.precision), n,
+        o.batch * ctx.comm->size(), step > 0 ? "resuming after" : "from", step, o.steps)
             << std::flush;
   }
 
-  const std::int64_t global_batch = static_cast<std::int64_t>(o.batch) * world;
   const auto t0 = std::chrono::steady_clock::now();
   const std::int64_t first_step = step;
   float loss = 0.0f;
+  bool resumed = false;  // this round's first step is done (in place: said to the agent)
   while (step < o.steps) {
+    // The world may change in place between steps: rank and size are read each step. The
+    // per-rank batch stays; the global batch is batch x world (docs/in_place.md).
+    worker::Communicator& comm = *ctx.comm;
+    const int rank = comm.rank();
+    const std::int64_t global_batch = static_cast<std::int64_t>(o.batch) * comm.size();
     ++step;
     const bool first_attempt = ctx.restart_count == 0;
     if (first_attempt && step == o.fail_at_step && rank == o.fail_rank) {
@@ -164,7 +236,15 @@ absl::Status train(const TrainOptions& o, TrainContext& ctx) {
     if (absl::Status s = comm.all_reduce(engine.grad_buffer(), n + 1, DType::kF32, ReduceOp::kAvg,
                                          engine.stream());
         !s.ok()) {
-      return s;
+      --step;  // not completed here: the group agrees on where to go on from
+      if (ctx.reform) {
+        ctx.out << absl::StrFormat("rank %d: step %d: %s; re-forming in place\n", rank, step + 1,
+                                   std::string(s.message()))
+                << std::flush;
+      }
+      if (absl::Status r = recover(ctx, s, step, adam_steps, scaler); !r.ok()) return r;
+      resumed = false;
+      continue;
     }
     progress.report(step, "optimizer");
     const bool finite = engine.unscale_and_check(1.0f / scale);
@@ -179,6 +259,10 @@ absl::Status train(const TrainOptions& o, TrainContext& ctx) {
               << std::flush;
     }
     scaler.update(finite);
+    if (!resumed) {
+      resumed = true;
+      if (ctx.resumed) ctx.resumed();
+    }
     if (rank == 0 && (step % o.log_every == 0 || step == 1 || step == o.steps)) {
       ctx.out << absl::StrFormat("step %d loss %.6f lr %.3g scale %g\n", step, loss, lr,
                                  scaler.scale())
@@ -193,7 +277,7 @@ absl::Status train(const TrainOptions& o, TrainContext& ctx) {
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (rank == 0) return report_end(o, ctx, first_step, step, loss, secs);
+  if (ctx.comm->rank() == 0) return report_end(o, ctx, first_step, step, loss, secs);
   return absl::OkStatus();
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <string>
 
@@ -44,14 +45,20 @@ struct TrainOptions {
 };
 
 struct TrainContext {
-  worker::Communicator& comm;
+  worker::Communicator* comm;
   Engine& engine;
-  rendezvous::Store& store;  // this round's (ranks agree on the step they resume from)
+  rendezvous::Store* store;  // this round's (ranks agree on the step they resume from)
   int restart_count = 0;
   std::ostream& out;  // progress lines
   // Where each step reports its phases for the agent's hang detection (Runtime::progress);
   // nullptr: nowhere.
   worker::ProgressReporter* progress = nullptr;
+  // In-place recovery (docs/in_place.md; set only under launch --in_place). reform: after a
+  // collective failed, wait for the next world and point comm, store and restart_count at
+  // it (an error: give up, the agent restarts this worker). resumed: the first step of a
+  // round completed.
+  std::function<absl::Status()> reform;
+  std::function<void()> resumed;
 };
 
 // The model and task a checkpoint belongs to.

@@ -385,7 +385,12 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
       c.tls.key = std::string(value);
     } else if (key == "tls_server_name") {
       c.tls.server_name = std::string(value);
-    } else if (key == "is_host" || key == "use_agent_store") {
+    } else if (key == "in_place_timeout") {
+      st = seconds(c.in_place_timeout, limits::kMaxInPlaceTimeout);
+      if (st.ok() && c.in_place_timeout.count() == 0) {
+        st = absl::InvalidArgumentError("--rdzv_conf in_place_timeout: must be above 0");
+      }
+    } else if (key == "is_host" || key == "use_agent_store" || key == "in_place") {
       std::string v = absl::AsciiStrToLower(value);
       std::optional<bool> b;
       if (v == "1" || v == "true" || v == "yes") b = true;
@@ -395,6 +400,8 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
                                                      ": expected true or false, got '", value, "'"));
       } else if (key == "is_host") {
         c.is_host = b;
+      } else if (key == "in_place") {
+        c.in_place = *b;
       } else {
         c.use_agent_store = *b;
       }

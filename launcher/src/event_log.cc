@@ -36,6 +36,7 @@ std::string event_log_line(const AgentEvent& e, const EventLogSource& source) {
       break;
     case Kind::kWorkersStarted:
     case Kind::kWorkersStopped:
+    case Kind::kInPlaceResumed:
       j.add("workers", e.workers);
       break;
     case Kind::kWorkerFailed:
@@ -62,9 +63,17 @@ std::string event_log_line(const AgentEvent& e, const EventLogSource& source) {
     const agent::Recovery& r = *e.recovery;
     ops::JsonObject rec;
     rec.add("cause", r.cause);
-    rec.add("noticed_to_stopped_ms", ms_between(r.noticed, r.stopped));
-    rec.add("stopped_to_formed_ms", ms_between(r.stopped, r.formed));
-    rec.add("formed_to_started_ms", ms_between(r.formed, r.started));
+    if (r.in_place) {
+      // noticed -> survivors aborted -> round formed -> every worker resumed
+      rec.add("in_place", true);
+      rec.add("noticed_to_aborted_ms", ms_between(r.noticed, r.stopped));
+      rec.add("aborted_to_formed_ms", ms_between(r.stopped, r.formed));
+      rec.add("formed_to_resumed_ms", ms_between(r.formed, r.started));
+    } else {
+      rec.add("noticed_to_stopped_ms", ms_between(r.noticed, r.stopped));
+      rec.add("stopped_to_formed_ms", ms_between(r.stopped, r.formed));
+      rec.add("formed_to_started_ms", ms_between(r.formed, r.started));
+    }
     rec.add("total_ms", ms_between(r.noticed, r.started));
     j.add_raw("recovery", rec.str());
   }

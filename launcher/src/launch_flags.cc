@@ -114,7 +114,8 @@ void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
   pet(app.add_option("--rdzv_conf,--rdzv-conf", c.rdzv_conf_text,
                      "key=value,... : join_timeout, last_call_timeout, close_timeout, "
                      "keep_alive_interval, keep_alive_max_attempt, read_timeout, "
-                     "reattach_timeout (seconds), token, is_host, use_agent_store, tls_ca, tls_cert, "
+                     "reattach_timeout, in_place_timeout (seconds), token, is_host, use_agent_store, "
+                     "in_place, tls_ca, tls_cert, "
                      "tls_key, tls_server_name (other torchrun keys: accepted, ignored, warned about)"),
       kRdzv);
   // TLS for the server this launch hosts (docs/operations.md, "TLS").
@@ -215,6 +216,11 @@ void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
                          "fails (0: off, the default)"),
           kHangs)
           ->check(not_empty());
+  pet(app.add_flag("--in_place,--in-place", c.in_place,
+                   "In-place recovery (docs/in_place.md): on a failure, workers that declared "
+                   "support keep running and re-form in the next round; only the dead are "
+                   "replaced (others: the full restart)"),
+      kHangs);
   pet(app.add_option("--max_restarts_without_progress,--max-restarts-without-progress",
                      c.max_restarts_without_progress,
                      "At most N restarts in a row after rounds in which no rank made a step; "

@@ -81,6 +81,7 @@ absl::StatusOr<WorkerInfo> parse_worker_env(const std::map<std::string, std::str
   r.integer(env::kRound, w.round, 1);
   r.str(env::kRdzvToken, w.token, false);
   r.str(env::kNodeAddr, w.node_addr, false);
+  if (env.count(env::kControlFd) > 0) r.integer(env::kControlFd, w.control_fd, 3);
   if (!r.status().ok()) return r.status();
   r.below(env::kRank, w.rank, env::kWorldSize, w.world_size);
   r.below(env::kLocalRank, w.local_rank, env::kLocalWorldSize, w.local_world_size);
@@ -103,6 +104,82 @@ Runtime::Runtime(WorkerInfo info, ProgressReporter progress, rendezvous::ClientT
   run_store_ = std::make_unique<rendezvous::GrpcStore>(std::move(store));
   round_store_ = std::make_unique<rendezvous::PrefixStore>(absl::StrCat("r", info_.round, "/"),
                                                            *run_store_);
+  if (info_.control_fd >= 0) control_ = std::make_unique<ControlChannel>(info_.control_fd);
+}
+
+namespace {
+
+// A communicator the control channel aborts while it lives (control.h).
+class WatchedCommunicator final : public Communicator {
+ public:
+  WatchedCommunicator(std::unique_ptr<Communicator> inner, ControlChannel& control)
+      : inner_(std::move(inner)), control_(control) {
+    control_.watch(inner_.get());
+  }
+  ~WatchedCommunicator() override { control_.forget(inner_.get()); }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override { return inner_->backend(); }
+  absl::Status all_reduce(void* d, std::size_t n, DType t, ReduceOp op, void* s) override {
+    return inner_->all_reduce(d, n, t, op, s);
+  }
+  absl::Status broadcast(void* d, std::size_t n, DType t, int root, void* s) override {
+    return inner_->broadcast(d, n, t, root, s);
+  }
+  absl::Status all_gather(const void* a, void* b, std::size_t n, DType t, void* s) override {
+    return inner_->all_gather(a, b, n, t, s);
+  }
+  absl::Status reduce_scatter(const void* a, void* b, std::size_t n, DType t, ReduceOp op,
+                              void* s) override {
+    return inner_->reduce_scatter(a, b, n, t, op, s);
+  }
+  absl::Status barrier() override { return inner_->barrier(); }
+  void abort() override { inner_->abort(); }
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+  ControlChannel& control_;
+};
+
+}  // namespace
+
+absl::Status Runtime::enable_in_place() {
+  if (control_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "in-place recovery: no control channel (run under launch --in_place)");
+  }
+  if (in_place_) return absl::OkStatus();
+  if (absl::Status s = control_->send_hello(); !s.ok()) return s;
+  in_place_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerInfo> Runtime::await_world(std::chrono::milliseconds timeout) {
+  if (!in_place_) return absl::FailedPreconditionError("in-place recovery is not enabled");
+  auto w = control_->await_world(timeout);
+  if (!w.ok()) return w.status();
+  info_.round = w->round;
+  info_.rank = w->rank;
+  info_.world_size = w->world_size;
+  info_.local_rank = w->local_rank;
+  info_.local_world_size = w->local_world_size;
+  info_.group_rank = w->group_rank;
+  info_.group_world_size = w->group_world_size;
+  info_.role_rank = w->rank;
+  info_.role_world_size = w->world_size;
+  info_.restart_count = w->restart_count;
+  if (!w->master_addr.empty()) info_.master_addr = w->master_addr;
+  if (w->master_port > 0) info_.master_port = w->master_port;
+  round_store_ = std::make_unique<rendezvous::PrefixStore>(absl::StrCat("r", info_.round, "/"),
+                                                           *run_store_);
+  communicators_made_ = 0;
+  return info_;
+}
+
+absl::Status Runtime::resumed() {
+  if (!in_place_ || resumed_round_ == info_.round) return absl::OkStatus();
+  resumed_round_ = info_.round;
+  return control_->send_resumed(info_.round);
 }
 
 Runtime::~Runtime() = default;
@@ -136,8 +213,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> Runtime::communicator(Backend back
   if (backend == Backend::kAuto) {
     backend = nccl_available() && cuda_device_count() > 0 ? Backend::kNccl : Backend::kTcp;
   }
+  auto watched = [this](absl::StatusOr<std::unique_ptr<Communicator>> c)
+      -> absl::StatusOr<std::unique_ptr<Communicator>> {
+    if (!c.ok() || control_ == nullptr) return c;
+    return std::unique_ptr<Communicator>(new WatchedCommunicator(std::move(*c), *control_));
+  };
   if (backend == Backend::kNccl) {
-    return make_nccl_communicator(store, info_.rank, info_.world_size, info_.local_rank);
+    return watched(make_nccl_communicator(store, info_.rank, info_.world_size, info_.local_rank));
   }
   TcpOptions opts;
   opts.advertise_host = info_.node_addr;
@@ -148,7 +230,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> Runtime::communicator(Backend back
   if (const char* v = std::getenv("MUSTER_RING_UNIX"); v != nullptr && std::string(v) == "0") {
     opts.same_host_unix = false;  // TCP between every pair, also on one machine
   }
-  return make_tcp_communicator(store, info_.rank, info_.world_size, opts);
+  if (control_ != nullptr) {
+    // An abort or a new world during set-up ends it (abort() reaches only made rings).
+    ControlChannel* control = control_.get();
+    const std::uint64_t epoch = control->epoch();
+    opts.cancelled = [control, epoch] { return control->epoch() != epoch; };
+  }
+  return watched(make_tcp_communicator(store, info_.rank, info_.world_size, opts));
 }
 
 }  // namespace muster::worker

@@ -89,6 +89,7 @@ class TcpCommunicator final : public Communicator {
   // and the previous rank's to this one, accepted within the timeout.
   absl::Status connect_next(rendezvous::Store& store, const std::string& identity,
                             const std::string& uname);
+  absl::StatusOr<std::string> next_address(rendezvous::Store& store, int next);
   absl::Status accept_prev(tcp::acceptor& acceptor, unix_stream::acceptor& uacceptor);
 
   absl::Status all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op,
@@ -461,11 +462,27 @@ absl::Status TcpCommunicator::connect(rendezvous::Store& store) {
   return absl::OkStatus();
 }
 
+// The next rank's address, waited for within the timeout; in slices when set-up can be
+// cancelled.
+absl::StatusOr<std::string> TcpCommunicator::next_address(rendezvous::Store& store, int next) {
+  const std::string key = absl::StrCat("tcp/", next);
+  if (!opts_.cancelled) return store.get(key, opts_.timeout);
+  const auto until = std::chrono::steady_clock::now() + opts_.timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    auto addr = store.get(key, std::clamp(left, std::chrono::milliseconds(1), kSetupPollSlice));
+    if (addr.ok() || addr.status().code() != absl::StatusCode::kDeadlineExceeded) return addr;
+    if (opts_.cancelled()) return absl::CancelledError("set-up cancelled: the world changed");
+    if (left <= kSetupPollSlice) return addr;
+  }
+}
+
 absl::Status TcpCommunicator::connect_next(rendezvous::Store& store, const std::string& identity,
                                            const std::string& uname) {
   const int next = (rank_ + 1) % size_;
   boost::system::error_code ec;
-  auto addr = store.get(absl::StrCat("tcp/", next), opts_.timeout);
+  absl::StatusOr<std::string> addr = next_address(store, next);
   if (!addr.ok()) {
     return absl::Status(addr.status().code(),
                         absl::StrCat("tcp communicator: address of rank ", next, ": ",
@@ -536,12 +553,23 @@ absl::Status TcpCommunicator::accept_prev(tcp::acceptor& acceptor,
     timed_out = true;
   });
   io_.restart();
-  while (!accepted && !timed_out && io_.run_one() > 0) {
+  bool cancelled = false;
+  while (!accepted && !timed_out) {
+    if (!opts_.cancelled) {
+      if (io_.run_one() == 0) break;
+      continue;
+    }
+    io_.run_one_for(kSetupPollSlice);
+    if (!accepted && opts_.cancelled()) {
+      cancelled = true;
+      break;
+    }
   }
   timer_.cancel();
   acceptor.close(ec);
   uacceptor.close(ec);
   io_.run();
+  if (cancelled && !accepted) return absl::CancelledError("set-up cancelled: the world changed");
   if (!accepted || accept_ec) {
     return absl::DeadlineExceededError(absl::StrCat("tcp communicator: rank ", prev,
                                                     " did not connect within the timeout"));

@@ -13,9 +13,12 @@ namespace muster::agent {
 
 // One recovery, from the moment this node noticed that its round was over to its workers of
 // the next round running: noticed -> workers stopped -> round formed -> workers started.
+// In place (docs/in_place.md): noticed -> survivors aborted (`stopped`) -> round formed ->
+// every worker resumed (`started`).
 struct Recovery {
   std::string cause;  // "worker_failure" (one of ours), "restart" (the server's), "lost_server"
   std::chrono::steady_clock::time_point noticed, stopped, formed, started;
+  bool in_place = false;
 };
 
 struct AgentEvent {
@@ -30,6 +33,8 @@ struct AgentEvent {
     kFailed,          // the run failed (the server's Fail, or this agent's own error): reason
     kReattached,      // after a lost stream, the server gave this node its place back (the
                       // workers kept running): reason = the endpoint
+    kInPlaceResumed,   // an in-place recovery completed: every worker resumed; recovery
+    kInPlaceFallback,  // an in-place recovery did not complete: reason; a full restart follows
   };
   Kind kind = Kind::kRoundFormed;
   std::chrono::steady_clock::time_point at;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "muster/rendezvous/limits.h"
 #include "muster/agent/agent_events.h"
 #include "muster/agent/endpoints.h"
 #include "muster/agent/numa.h"
@@ -101,6 +102,11 @@ struct AgentOptions {
   // torchrun's file-timer watchdog: the FIFO the agent serves (agent/file_timer.h); empty: off.
   std::string file_timer_path;
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  // --in_place (docs/in_place.md): each worker gets a control channel; a failure keeps the
+  // workers that declared in-place support running, and they re-form in the next round.
+  // in_place_timeout: how long the re-formed round may take to report resumed.
+  bool in_place = false;
+  std::chrono::milliseconds in_place_timeout = rendezvous::limits::kDefaultInPlaceTimeout;
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // as given, for the workers
   bool virtual_local_rank = false;  // LOCAL_RANK=0, one device each (worker_env.h)
   // --numa-binding: each local rank's CPUs and memory node (agent/numa.h); empty: none.

@@ -26,6 +26,9 @@ struct SpawnRequest {
   // the caller gets (ChildProcess::in_fd).
   enum class Stdin { kInherit, kNull, kPipe };
   Stdin stdin_mode = Stdin::kInherit;
+  // The worker's end of its control channel (--in_place; ops/control_channel.h), kept open
+  // across exec under its own number (the caller names it in MUSTER_CONTROL_FD); -1: none.
+  int control_fd = -1;
 };
 
 // A started worker. The caller owns the descriptors (all close-on-exec).

@@ -30,6 +30,19 @@
 //  - At the end of the window with no Attached: when a standby answered and the round keeps
 //    its runs (re-attach), the node re-attaches, as after a lost stream, and its workers keep
 //    running; otherwise it is out, as before the probe: it stops its workers and rejoins.
+//
+// In-place recovery (docs/in_place.md; session_in_place.cc), with Config::in_place and every
+// living worker of the node having declared support over its control channel:
+//  - One of ours failed: it is reported, the survivors are told to abort (AbortWorkers), and
+//    the node waits in Recovering for the server's Restart, its survivors running.
+//  - The server's Restart (any node's failure or loss): AbortWorkers, a Join, and the node
+//    waits in Reforming for the next round, its survivors still running.
+//  - The Assignment: ReformWorkers (the survivors get the new world, each dead worker a new
+//    process), back to Running; every worker must report `resumed` for this round within
+//    in_place_timeout (Timer::kInPlace). All of them did: kInPlaceResumed. One did not, or
+//    answered for another round: the node falls back (kInPlaceFallback): it reports a
+//    failure, stops its workers, and the restart that follows is the full one.
+// Without support (a worker that never declared it) every rule is the full restart's.
 #pragma once
 
 #include <chrono>
@@ -67,8 +80,9 @@ enum class Timer {
   kSilence,    // the end of the liveness window since the server was last heard
   kReopen,     // a new stream to open (armed for "now": the next turn of the loop)
   kProbe,      // the next probe to open (armed for "now")
+  kInPlace,    // the end of the wait for an in-place round's workers to report resumed
 };
-inline constexpr int kTimers = 4;
+inline constexpr int kTimers = 5;
 
 enum class Level { kDebug, kInfo, kWarn, kError };
 
@@ -108,6 +122,16 @@ struct StartWorkers {
 struct StopWorkers {
   int signal = 0;
 };
+// In-place recovery: every running worker is to abort its collectives now (`round`: the
+// round coming, 0 when not known yet).
+struct AbortWorkers {
+  int round = 0;
+};
+// In-place recovery: the running workers get this round's world; each dead one is replaced
+// by a new process. Then on_workers_reformed, or on_spawn_failed.
+struct ReformWorkers {
+  v1::Assignment assignment;
+};
 struct KillWorkers {};     // a second signal: SIGKILL now, no grace left
 struct ReleaseWorkers {};  // the stopped round's workers are forgotten (their pids may be reused)
 // --hang_timeout: dump the stalled rank's stacks, then report on_hang_dumped.
@@ -141,8 +165,9 @@ struct Exit {
 };
 
 using Action = std::variant<OpenStream, CloseStream, OpenProbe, CloseProbe, AdoptProbe, Send,
-                            StartWorkers, StopWorkers, KillWorkers, ReleaseWorkers, DumpStalled,
-                            ArmTimer, CancelTimer, Emit, Log, PrintFailure, Exit>;
+                            StartWorkers, StopWorkers, AbortWorkers, ReformWorkers, KillWorkers,
+                            ReleaseWorkers, DumpStalled, ArmTimer, CancelTimer, Emit, Log,
+                            PrintFailure, Exit>;
 using Actions = std::vector<Action>;
 
 // What the machine needs to know of the node and its run.
@@ -155,6 +180,9 @@ struct Config {
   std::chrono::milliseconds keep_alive_interval{500};
   int keep_alive_max_attempt = 4;
   int nproc_per_node = 1;
+  // --in_place and --in_place_timeout (see the header comment).
+  bool in_place = false;
+  std::chrono::milliseconds in_place_timeout{std::chrono::seconds(30)};
   // Every Join this node sends: the node, its run's rules (agent.cc's join_template). The
   // machine adds the re-attach fields.
   v1::Join join;
@@ -162,7 +190,16 @@ struct Config {
 
 class SessionMachine {
  public:
-  enum class Phase { kJoining, kRunning, kStopping, kAwaitingDone, kExiting };
+  // kRecovering and kReforming: in-place recovery (see above); the survivors run meanwhile.
+  enum class Phase {
+    kJoining,
+    kRunning,
+    kStopping,
+    kAwaitingDone,
+    kExiting,
+    kRecovering,
+    kReforming
+  };
   // What follows once the stopping group has fully exited.
   enum class After { kNone, kRejoin, kReconnect, kFail, kExit };
 
@@ -195,6 +232,11 @@ class SessionMachine {
   Actions on_group_gone(int workers, Time now);
   // A progress sample of this node's ranks (a Progress message without its round).
   Actions on_progress(v1::AgentMsg msg, Time now);
+  // In-place recovery: a worker declared support on its control channel; one reported it
+  // completed a step in `round`; after ReformWorkers, `replaced` new processes run.
+  Actions on_worker_declared(int local_rank, Time now);
+  Actions on_worker_resumed(int local_rank, int round, Time now);
+  Actions on_workers_reformed(int replaced, Time now);
   // A signal launch received: the node leaves; a second one skips the grace.
   Actions on_signal(int sig, Time now);
 
@@ -245,6 +287,13 @@ class SessionMachine {
   void after_group_gone(Step& s, int workers);
   void noticed(Step& s, const char* cause);
   AgentEvent event(AgentEvent::Kind kind, Time now) const;
+  // In place (session_in_place.cc).
+  bool in_place_ready() const;
+  bool recover_in_place(Step& s, const char* cause);
+  void on_reform(Step& s, const v1::Assignment& a);
+  void fall_back(Step& s, const std::string& why);
+  void in_place_due(Step& s);
+  void reset_in_place();
 
   const Config config_;
   const std::chrono::milliseconds window_;  // the liveness window
@@ -288,6 +337,14 @@ class SessionMachine {
   std::optional<Recovery> recovery_;  // from the first sign the round is over
   int signal_ = 0;
   int exit_code_ = 1;
+
+  // In place, by local rank: declared support; failed in this round; reported resumed. The
+  // in-place round waits for every `resumed` (reform_pending_); in_place_off_: the last one
+  // fell back, so the next restart is the full one.
+  std::vector<bool> declared_, dead_, resumed_;
+  bool reform_pending_ = false;
+  bool in_place_off_ = false;
+  bool supports_ = false;  // some worker of this node declared support (the program can)
 };
 
 }  // namespace session

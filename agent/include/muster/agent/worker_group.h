@@ -37,6 +37,10 @@ class WorkerGroup {
     std::function<void()> changed;
     // A progress sample of this round's ranks (--hang_timeout, or a budget that knows it).
     HangWatch::Sample progress;
+    // --in_place (control channel, docs/in_place.md): a worker declared in-place support
+    // (`hello`), or reported that it completed a step in `round` (`resumed`).
+    std::function<void(int local_rank)> declared;
+    std::function<void(int local_rank, int round)> resumed;
   };
 
   // `options` must outlive the group.
@@ -53,6 +57,13 @@ class WorkerGroup {
   // Spawns the round's nproc_per_node workers; `spec` holds what every worker of the round
   // shares (local rank and error file are set per worker). Releases the last round first.
   Started start(const v1::Assignment& assignment, const WorkerEnvSpec& spec);
+
+  // In-place recovery (--in_place). abort_all: every running worker's collectives are to
+  // fail now (`abort`; `round`: the round coming, 0 if not known yet). reform: the running
+  // workers are told the new round's world (`world`), each dead one is replaced by a new
+  // process with the round's environment; `failure` when a replacement could not start.
+  void abort_all(int round);
+  Started reform(const v1::Assignment& assignment, const WorkerEnvSpec& spec);
 
   // Sends `sig` to every worker's process group; SIGKILL follows after the shutdown grace.
   void stop(int sig);
@@ -89,6 +100,12 @@ class WorkerGroup {
   };
 
   v1::WorkerFailure describe(const Worker& w) const;
+  // start() and reform(): one worker of the round, at the back of workers_.
+  std::optional<v1::WorkerFailure> spawn_one(int lr, const v1::Assignment& a,
+                                             const WorkerEnvSpec& round, bool watch_progress);
+  void watch_round(const v1::Assignment& a, bool watch_progress);
+  void read_control(Worker* w);
+  void send_control(Worker& w, const std::string& packet);
   std::unique_ptr<Pipe> make_pipe(int fd, const std::string& prefix, int lr, int bit, int console,
                                   const std::string& log);
   void open_filtered_logs(const std::string& attempt_dir);
@@ -113,6 +130,8 @@ class WorkerGroup {
   std::vector<std::unique_ptr<Worker>> workers_;
   // Workers of earlier rounds left behind in the kernel (state D), until they are reaped.
   std::vector<std::unique_ptr<Worker>> abandoned_;
+  // Dead workers replaced in place, kept until the group ends (their pipes may still drain).
+  std::vector<std::unique_ptr<Worker>> retired_;
   OwnedFd filtered_[2];  // this attempt's filtered_std{out,err}.log (-1: no filters, no file)
   std::unique_ptr<HangWatch> hang_watch_;
   std::chrono::milliseconds hang_timeout_{0};

@@ -15,6 +15,7 @@
 #include "muster/launcher/hostfile.h"
 #include "muster/launcher/python.h"
 #include "muster/ops/endpoint.h"
+#include "muster/rendezvous/limits.h"
 #include "muster/rendezvous/timeouts.h"
 #include "muster/rendezvous/tls.h"
 
@@ -47,6 +48,10 @@ struct RdzvConf {
   // Workers use the run's TCPStore-protocol store on the rendezvous server (MASTER_ADDR,
   // MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True) when it has one; false: rank 0 hosts its own.
   bool use_agent_store = true;
+  // in_place, in_place_timeout (docs/in_place.md): as --in_place; the wait for the re-formed
+  // round's workers to report resumed.
+  bool in_place = false;
+  std::chrono::milliseconds in_place_timeout = muster::rendezvous::limits::kDefaultInPlaceTimeout;
   // tls_ca, tls_cert, tls_key, tls_server_name: the agent's TLS to the server (each, when
   // not given here, from MUSTER_TLS_CA, _CERT, _KEY, _SERVER_NAME; docs/operations.md).
   muster::rendezvous::ClientTlsFiles tls;
@@ -154,6 +159,7 @@ struct LaunchConfig {
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
   // --hang_timeout (docs/hangs.md): 0 is off.
   std::chrono::milliseconds hang_timeout{0};
+  bool in_place = false;  // --in_place (or rdzv_conf in_place=true)
   int max_restarts_without_progress = 0;          // 0: off
   std::int64_t restart_budget_reset_after_steps = 0;  // 0: off
   ClusterOptions cluster;

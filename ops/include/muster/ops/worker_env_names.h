@@ -30,5 +30,8 @@ inline constexpr char kStoreRunId[] = "MUSTER_RUN_ID";
 inline constexpr char kRound[] = "MUSTER_ROUND";
 inline constexpr char kNodeAddr[] = "MUSTER_NODE_ADDR";
 inline constexpr char kRdzvToken[] = "MUSTER_RDZV_TOKEN";
+// In-place recovery (docs/in_place.md): the worker's end of its control channel
+// (ops/control_channel.h), set only when the agent runs with --in_place.
+inline constexpr char kControlFd[] = "MUSTER_CONTROL_FD";
 
 }  // namespace muster::env

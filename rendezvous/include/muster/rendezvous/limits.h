@@ -73,6 +73,11 @@ inline constexpr milliseconds kMaxStoreWait = std::chrono::hours(24);
 // first node's), else rdzvd --reattach_timeout, else this. The agent counts from the loss
 // and the server from its restore, which comes later: the server's hold outlasts the
 // agent's attempts with the same value.
+// In-place recovery (launch --in_place_timeout, docs/in_place.md): how long a node waits
+// for every worker of the re-formed round to report it resumed before it falls back to the
+// full restart.
+inline constexpr milliseconds kDefaultInPlaceTimeout = std::chrono::seconds(30);
+inline constexpr milliseconds kMaxInPlaceTimeout = std::chrono::minutes(10);
 inline constexpr milliseconds kDefaultReattachTimeout = std::chrono::seconds(30);
 inline constexpr milliseconds kMaxReattachTimeout = std::chrono::hours(1);
 // One run's record (RunRecord, serialized) in the run store; a larger one is not written (the

@@ -19,6 +19,7 @@
 #include "muster/rendezvous/store.h"
 #include "muster/rendezvous/tls.h"
 #include "muster/worker/comm/communicator.h"
+#include "muster/worker/control.h"
 #include "muster/worker/progress.h"
 
 namespace muster::worker {
@@ -48,6 +49,7 @@ struct WorkerInfo {
   // MUSTER_TLS_CA, MUSTER_TLS_CERT, MUSTER_TLS_KEY, MUSTER_TLS_SERVER_NAME: the store is
   // reached over TLS when the CA is set (the agent passes on its own settings).
   rendezvous::ClientTlsFiles tls;
+  int control_fd = -1;        // MUSTER_CONTROL_FD (control.h); -1: none (no --in_place)
 };
 
 // Parses `env`; a missing or malformed variable gives INVALID_ARGUMENT naming it.
@@ -78,6 +80,18 @@ class Runtime {
   // The same page, for code that is handed a reporter rather than the Runtime.
   ProgressReporter& progress_reporter() { return progress_; }
 
+  // In-place recovery (control.h has the contract; docs/in_place.md). enable_in_place()
+  // declares that this program re-forms in place; FAILED_PRECONDITION when the agent gave no
+  // control channel (not launch --in_place, or torchrun): then nothing changes.
+  absl::Status enable_in_place();
+  bool in_place() const { return in_place_; }
+  // After a collective failed: waits for the next world (at most `timeout`), then info(),
+  // store() and communicator() are the new round's. The communicators made before stay
+  // aborted; destroy them.
+  absl::StatusOr<WorkerInfo> await_world(std::chrono::milliseconds timeout);
+  // Once per round, after its first completed step (a no-op without enable_in_place()).
+  absl::Status resumed();
+
  private:
   Runtime(WorkerInfo info, ProgressReporter progress, rendezvous::ClientTls tls);
   WorkerInfo info_;
@@ -85,6 +99,9 @@ class Runtime {
   std::unique_ptr<rendezvous::Store> run_store_;
   std::unique_ptr<rendezvous::Store> round_store_;
   int communicators_made_ = 0;
+  std::unique_ptr<ControlChannel> control_;
+  bool in_place_ = false;
+  int resumed_round_ = 0;
 };
 
 }  // namespace muster::worker

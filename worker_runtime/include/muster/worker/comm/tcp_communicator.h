@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -33,7 +34,13 @@ struct TcpOptions {
   // Ranks on the same machine (same boot and network namespace) connect over an abstract Unix-domain socket
   // instead of TCP loopback (about 20% more bandwidth here); false: TCP between every pair.
   bool same_host_unix = true;
+  // Set-up gives up with CANCELLED once this says so (asked every kSetupPollSlice while it
+  // waits for a peer): an in-place re-form whose world changed again (control.h).
+  std::function<bool()> cancelled;
 };
+
+// How often a waiting set-up asks TcpOptions::cancelled.
+inline constexpr std::chrono::milliseconds kSetupPollSlice{100};
 
 // Builds the ring. Collective: every rank of the group calls it with the same store.
 absl::StatusOr<std::unique_ptr<Communicator>> make_tcp_communicator(rendezvous::Store& store,
