@@ -3,6 +3,7 @@
 //   launch --standalone --nproc_per_node=4 build/examples/train/train --checkpoint-dir /tmp/ck
 // See docs/train.md.
 #include <cstdio>
+#include <unistd.h>
 #include <iostream>
 #include <map>
 #include <string>
@@ -90,7 +91,11 @@ int main(int argc, char** argv) {
   train::TrainContext ctx{ring.get(), *engine, &(*rt)->store(), info.restart_count, std::cout,
                           &(*rt)->progress_reporter(), {}, {}};
   if (in_place) {
+    std::printf("rank %d: pid %d in place, round %d\n", info.rank, static_cast<int>(::getpid()),
+                info.round);
+    std::fflush(stdout);
     worker::Runtime& r = **rt;
+    int my_rank = info.rank;
     ctx.reform = [&]() -> absl::Status {
       ring.reset();  // the aborted ring's sockets go now
       for (;;) {
@@ -98,6 +103,11 @@ int main(int argc, char** argv) {
         if (!world.ok()) return world.status();
         auto next = r.communicator(backend);
         if (!next.ok()) continue;  // lost again while forming: the world after this one
+        std::printf("rank %d: pid %d re-formed in place as rank %d of %d, round %d\n",
+                    my_rank, static_cast<int>(::getpid()), world->rank, world->world_size,
+                    world->round);
+        std::fflush(stdout);
+        my_rank = world->rank;
         ring = std::move(*next);
         ctx.comm = ring.get();
         ctx.store = &r.store();
