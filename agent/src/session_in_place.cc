@@ -79,7 +79,8 @@ void SessionMachine::on_reform(Step& s, const v1::Assignment& a) {
   resumed_.assign(resumed_.size(), false);
   reform_pending_ = true;
   s.add(ReformWorkers{a});
-  s.add(ArmTimer{Timer::kInPlace, s.now + config_.in_place_timeout});
+  reform_due_ = s.now + config_.in_place_timeout;
+  s.add(ArmTimer{Timer::kInPlace, reform_due_});
   arm_silence(s);
 }
 
@@ -166,7 +167,7 @@ void SessionMachine::fall_back(Step& s, const std::string& why) {
 
 // Timer::kInPlace: the wait for `resumed` is over.
 void SessionMachine::in_place_due(Step& s) {
-  if (!reform_pending_ || phase_ != Phase::kRunning) return;
+  if (!reform_pending_ || phase_ != Phase::kRunning || s.now < reform_due_) return;
   std::vector<int> missing;
   for (std::size_t lr = 0; lr < resumed_.size(); ++lr) {
     if (!resumed_[lr]) missing.push_back(static_cast<int>(lr));

@@ -343,6 +343,7 @@ class SessionMachine {
   // fell back, so the next restart is the full one.
   std::vector<bool> declared_, dead_, resumed_;
   bool reform_pending_ = false;
+  Time reform_due_{};  // the end of the wait for `resumed`
   bool in_place_off_ = false;
   bool supports_ = false;  // some worker of this node declared support (the program can)
 };
