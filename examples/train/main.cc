@@ -83,19 +83,26 @@ int main(int argc, char** argv) {
   // enable_in_place() says there is no control channel and nothing changes.
   const bool in_place = (*rt)->enable_in_place().ok();
   auto comm = (*rt)->communicator(backend);
+  while (!comm.ok() && in_place) {
+    // A loss while the first ring forms: the world after it.
+    auto world = (*rt)->await_world(kWorldWait);
+    if (!world.ok()) break;
+    comm = (*rt)->communicator(backend);
+  }
   if (!comm.ok()) {
-    std::fprintf(stderr, "train: rank %d: %s\n", info.rank, std::string(comm.status().message()).c_str());
+    std::fprintf(stderr, "train: rank %d: %s\n", (*rt)->info().rank,
+                 std::string(comm.status().message()).c_str());
     return 1;
   }
   std::unique_ptr<worker::Communicator> ring = std::move(*comm);
-  train::TrainContext ctx{ring.get(), *engine, &(*rt)->store(), info.restart_count, std::cout,
+  train::TrainContext ctx{ring.get(), *engine, &(*rt)->store(), (*rt)->info().restart_count, std::cout,
                           &(*rt)->progress_reporter(), {}, {}};
   if (in_place) {
-    std::printf("rank %d: pid %d in place, round %d\n", info.rank, static_cast<int>(::getpid()),
-                info.round);
+    std::printf("rank %d: pid %d in place, round %d\n", (*rt)->info().rank,
+                static_cast<int>(::getpid()), (*rt)->info().round);
     std::fflush(stdout);
     worker::Runtime& r = **rt;
-    int my_rank = info.rank;
+    int my_rank = (*rt)->info().rank;
     ctx.reform = [&]() -> absl::Status {
       ring.reset();  // the aborted ring's sockets go now
       for (;;) {

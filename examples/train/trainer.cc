@@ -123,7 +123,8 @@ absl::StatusOr<bool> sync_state(TrainContext& ctx, bool have, std::int64_t& step
   worker::Communicator& comm = *ctx.comm;
   const int world = comm.size();
   std::vector<std::int64_t> all(static_cast<std::size_t>(world) * 2);
-  const std::int64_t mine[2] = {have ? step : -1, comm.rank()};
+  // Each rank: the step of its state in memory (-1: none), and the step it would start from.
+  const std::int64_t mine[2] = {have ? step : -1, step};
   if (absl::Status s = comm.all_gather(mine, all.data(), 2, DType::kI64); !s.ok()) return s;
   int source = -1;
   std::int64_t best = -1;
@@ -133,7 +134,18 @@ absl::StatusOr<bool> sync_state(TrainContext& ctx, bool have, std::int64_t& step
       source = r;
     }
   }
-  if (source < 0) return false;
+  if (source < 0) {
+    // Nobody holds state: every rank starts from the checkpoint, which must be the same one
+    // (agree_on_start's rule, here without a store wait that a loss could leave hanging).
+    for (int r = 0; r < world; ++r) {
+      if (all[2 * r + 1] != step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", r, " resumes after step ", all[2 * r + 1], " but rank ", comm.rank(),
+            " after step ", step, ": is the checkpoint folder shared by every node?"));
+      }
+    }
+    return false;
+  }
   double head[4] = {static_cast<double>(step), static_cast<double>(adam_steps), scaler.scale(),
                     static_cast<double>(scaler.growth_tracker())};
   if (absl::Status s = comm.broadcast(head, 4, DType::kF64, source); !s.ok()) return s;
@@ -159,16 +171,24 @@ absl::StatusOr<bool> sync_state(TrainContext& ctx, bool have, std::int64_t& step
 
 // After a failed collective: the next world, and the state agreed in it. A failure while
 // re-forming (another loss) waits for the world after that one.
-absl::Status recover(TrainContext& ctx, const absl::Status& why, std::int64_t& step,
-                     std::int64_t& adam_steps, LossScaler& scaler) {
+// A collective's failure that a new world may cure (a peer lost, an abort), not a bad
+// checkpoint.
+bool lost_peer(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kCancelled || s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+// `have`: this rank holds state (it completed a sync before); whether any rank did.
+absl::StatusOr<bool> recover(TrainContext& ctx, const absl::Status& why, bool have,
+                             std::int64_t& step, std::int64_t& adam_steps, LossScaler& scaler) {
   if (!ctx.reform) return why;
   absl::Status last = why;
   for (;;) {
     if (absl::Status s = ctx.reform(); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(last.message(), "; then: ", s.message()));
     }
-    auto synced = sync_state(ctx, true, step, adam_steps, scaler);
-    if (synced.ok()) return absl::OkStatus();
+    auto synced = sync_state(ctx, have, step, adam_steps, scaler);
+    if (synced.ok() || !lost_peer(synced.status())) return synced;
     last = synced.status();
   }
 }
@@ -187,13 +207,15 @@ absl::Status train(const TrainOptions& o, TrainContext& ctx) {
   std::int64_t step = start->step, adam_steps = start->adam_steps;
   engine.set_state(start->params, start->m, start->v);
   // In place, a new process may join a running group: the survivors hand it their state.
-  bool from_peer = false;
   if (ctx.reform) {
     auto synced = sync_state(ctx, false, step, adam_steps, scaler);
+    // A loss already during start-up: the next world, still without state of its own.
+    if (!synced.ok() && lost_peer(synced.status())) {
+      synced = recover(ctx, synced.status(), false, step, adam_steps, scaler);
+    }
     if (!synced.ok()) return synced.status();
-    from_peer = *synced;
   }
-  if (!from_peer) {
+  if (!ctx.reform) {
     if (absl::Status s = agree_on_start(o, ctx, step); !s.ok()) return s;
   }
   if (ctx.comm->rank() == 0) {
@@ -242,7 +264,7 @@ absl::Status train(const TrainOptions& o, TrainContext& ctx) {
                                    std::string(s.message()))
                 << std::flush;
       }
-      if (absl::Status r = recover(ctx, s, step, adam_steps, scaler); !r.ok()) return r;
+      if (auto r = recover(ctx, s, true, step, adam_steps, scaler); !r.ok()) return r.status();
       resumed = false;
       continue;
     }

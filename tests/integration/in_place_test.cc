@@ -1,0 +1,141 @@
+// In-place recovery (docs/in_place.md) with real launches, workers and sockets on 127.0.0.1:
+// a worker crash replaces only that worker and the run ends exactly where one that never
+// failed ends; kill -9 of a node leaves the survivors' processes running in a smaller world;
+// a program that never declared support gets the full restart.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "helpers.h"
+#include "rdzvd_proc.h"
+
+using namespace muster::testing;
+
+namespace {
+
+const std::string kTrain = TRAIN_BIN;
+
+// "rank R: pid P in place, round N" lines: pid by (round, rank).
+std::map<std::pair<int, int>, int> started(const std::string& out) {
+  std::map<std::pair<int, int>, int> pids;
+  static const std::regex re(R"(\]:rank (\d+): pid (\d+) in place, round (\d+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it) {
+    pids[{std::stoi((*it)[3]), std::stoi((*it)[1])}] = std::stoi((*it)[2]);
+  }
+  return pids;
+}
+
+// "rank R: pid P re-formed in place as rank S of W, round N" lines: the pids.
+std::set<int> reformed(const std::string& out, const std::string& as) {
+  std::set<int> pids;
+  const std::regex re(R"(\]:rank \d+: pid (\d+) re-formed in place as )" + as);
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it) {
+    pids.insert(std::stoi((*it)[1]));
+  }
+  return pids;
+}
+
+std::string final_loss(const std::string& out) {
+  std::smatch m;
+  static const std::regex re(R"(final loss (\S+) steps)");
+  return std::regex_search(out, m, re) ? m[1].str() : "";
+}
+
+std::vector<std::string> standalone(int nproc, const std::vector<std::string>& launch_flags,
+                                    const std::vector<std::string>& train_flags) {
+  std::vector<std::string> argv{kLaunch, "--standalone", "--nproc_per_node=" + std::to_string(nproc)};
+  argv.insert(argv.end(), launch_flags.begin(), launch_flags.end());
+  argv.push_back(kTrain);
+  argv.insert(argv.end(), train_flags.begin(), train_flags.end());
+  return argv;
+}
+
+}  // namespace
+
+TEST_CASE("in place: a worker crash replaces only it and the run ends where an unbroken one "
+          "does", "[in_place]") {
+  TempDir dir;
+  const std::vector<std::string> steps{"--steps", "60", "--log-every", "20"};
+  Proc plain(standalone(3, {}, steps));
+  INFO(plain.err());
+  REQUIRE(plain.wait(120s) == 0);
+  std::vector<std::string> faulty_flags = steps;
+  faulty_flags.insert(faulty_flags.end(), {"--fail-at-step", "30", "--fail-rank", "1"});
+  Proc faulty(standalone(3, {"--in_place", "--max_restarts=1", "--event_log=" + dir.file("events")},
+                         faulty_flags));
+  INFO(faulty.out() << faulty.err());
+  REQUIRE(faulty.wait(120s) == 0);
+  const auto pids = started(faulty.out());
+  // Round 1's three workers, then one new process (rank 1) in round 2: nobody else started.
+  REQUIRE(pids.size() == 4);
+  REQUIRE(pids.count({2, 1}) == 1);
+  // The survivors re-formed in the same processes, as the same ranks.
+  CHECK(reformed(faulty.out(), "rank 0 of 3, round 2") == std::set<int>{pids.at({1, 0})});
+  CHECK(reformed(faulty.out(), "rank 2 of 3, round 2") == std::set<int>{pids.at({1, 2})});
+  CHECK(pids.at({2, 1}) != pids.at({1, 1}));
+  CHECK_THAT(faulty.out(), Catch::Contains("resuming after step 29 (state from rank 0)"));
+  // Step 30 is done again by the same world on the same data: the same end, bit for bit.
+  REQUIRE_FALSE(final_loss(plain.out()).empty());
+  CHECK(final_loss(faulty.out()) == final_loss(plain.out()));
+  const std::string events = read_file(dir.file("events"));
+  CHECK_THAT(events, Catch::Contains(R"("event":"in_place_resumed")"));
+  CHECK_THAT(events, Catch::Contains(R"("cause":"worker_failure","in_place":true)"));
+  CHECK_THAT(events, Catch::Contains(R"("restart_count":1,"cause":"worker_failure","counts":true)"));
+}
+
+TEST_CASE("in place: kill -9 of a node: the survivors go on in their own processes, world 2",
+          "[in_place]") {
+  RdzvdProc server;
+  // Round 1 closes when all three are in (max nodes); after the loss the survivors need no
+  // last call: the round closes once every survivor is back.
+  const std::vector<std::string> conf{"--rdzv_conf=last_call_timeout=60", "--in_place",
+                                      "--max_restarts=1"};
+  auto agent = [&] {
+    std::vector<std::string> argv = c10d(server.endpoint, "2:3", 1, "ip", conf);
+    argv.insert(argv.begin(), kLaunch);
+    argv.insert(argv.end(), {kTrain, "--steps", "100000", "--log-every", "1000"});
+    return std::make_unique<Proc>(argv);
+  };
+  auto a = agent(), b = agent(), c = agent();
+  auto in_round_1 = [](const std::string& out, const std::string&) {
+    return out.find("in place, round 1") != std::string::npos;
+  };
+  for (auto* p : {a.get(), b.get(), c.get()}) REQUIRE(p->wait_output(in_round_1, 60s));
+  ::kill(b->pid(), SIGKILL);
+  REQUIRE(b->wait() == 128 + SIGKILL);
+  auto reformed_in_2 = [](const std::string& out, const std::string&) {
+    return out.find("of 2, round 2") != std::string::npos;
+  };
+  for (Proc* p : {a.get(), c.get()}) {
+    const bool ok = p->wait_output(reformed_in_2, 30s);
+    INFO(p->out() << p->err());
+    REQUIRE(ok);
+  }
+  for (Proc* p : {a.get(), c.get()}) {
+    INFO(p->out() << p->err());
+    const auto pids = started(p->out());
+    REQUIRE(pids.size() == 1);  // nothing new started on a survivor
+    CHECK(reformed(p->out(), R"(rank \d of 2, round 2)") == std::set<int>{pids.begin()->second});
+  }
+  // They train on: the ranks of the world of two both say so, and leave on a signal.
+  for (Proc* p : {a.get(), c.get()}) ::kill(p->pid(), SIGTERM);
+  CHECK(a->wait() == 143);
+  CHECK(c->wait() == 143);
+}
+
+TEST_CASE("in place: a program that never declares support gets the full restart",
+          "[in_place]") {
+  TempDir dir;
+  Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--in_place", "--max_restarts=1"},
+                     {"restart", dir.path(), "1"}));
+  INFO(p.out() << p.err());
+  REQUIRE(p.wait(60s) == 0);
+  // Both ranks ran twice (restart counts 0 and 1): rank 1 did not keep its process.
+  CHECK(read_file(dir.file("restarts.0")) == "0\n1\n");
+  CHECK(read_file(dir.file("restarts.1")) == "0\n1\n");
+}
