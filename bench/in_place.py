@@ -1,0 +1,245 @@
+#!/usr/bin/python3
+"""In-place recovery against today's full restart (issue 26; bench/README.md, "In-place
+recovery"). Four namespace hosts (tests/support/hostnet): rdzvd on host 0, one agent on each
+of hosts 1-3 (`--nnodes=2:3 --nproc_per_node=1`), each running examples/train with a
+checkpoint every 50 steps into a folder every host sees. Rank 0 prints every step
+(`--log-every 1`); every time below is CLOCK_MONOTONIC, which all namespaces share.
+
+  kill     kill -9 of host 2's agent (its worker dies with it): seconds from the kill to the
+           next step the survivors' rank 0 completes, whether the survivors' pids stayed,
+           and whether a checkpoint was read ("resuming after step N of" from a new process)
+  crash    rank 1's worker exits 3 at step 200 (--fail-at-step): seconds from the
+           replacement's first line ("pid P in place", its ring formed) and from the crash
+           to rank 0's next step; the pids that changed
+  goodput  for --duration seconds, host 2's agent killed -9 every --period seconds and started
+           again a second later: completed steps per second against a run without faults
+
+Each mode runs with --in_place and without (today's restart), side by side in one run, each
+trial in fresh hosts (`hostnet run 4 -- in_place.py --inner ...`).
+
+  bench/in_place.sh [--trials N] [--only kill,crash,goodput] [--duration S] [--period S]
+"""
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hostproc import Proc, wait_until  # noqa: E402
+
+BUILD = os.environ.get("BUILD", "/work/main/build")
+HOSTNET = os.path.join(BUILD, "tests/hostnet")
+LAUNCH = os.path.join(BUILD, "launcher/launch")
+RDZVD = os.path.join(BUILD, "rendezvous/rdzvd")
+TRAIN = os.path.join(BUILD, "examples/train/train")
+
+STEP = r"\]:step (\d+) loss"
+
+
+def wrap(i):
+    return os.environ[f"HOSTNET_WRAP_{i}"].split()
+
+
+def agent(a, host, tmp, in_place, extra=()):
+    argv = wrap(host) + [LAUNCH, "--nnodes=2:3", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                         f"--rdzv_endpoint={os.environ['HOSTNET_HOST_0']}:29400",
+                         "--rdzv_id=job", "--max_restarts=100",
+                         "--rdzv_conf=last_call_timeout=2",
+                         "--event_log", os.path.join(tmp, f"events.{host}.{time.monotonic()}")]
+    if in_place:
+        argv.append("--in_place")
+    argv += [TRAIN, "--steps", "1000000", "--log-every", "1", "--checkpoint-dir",
+             os.path.join(tmp, "ck"), "--checkpoint-every", "50", *extra]
+    return Proc(f"agent{host}", argv)
+
+
+def pids(p, after=0.0):
+    return {int(m.group(1)) for _, m in p.all(r"pid (\d+) (?:in place|re-formed)", after)}
+
+
+def inner(a):
+    tmp = tempfile.mkdtemp(prefix="in_place_")
+    res = {"mode": a.mode, "in_place": a.in_place}
+    procs = []
+    try:
+        rd = Proc("rdzvd", wrap(0) + [RDZVD, "--listen", "0.0.0.0:29400"])
+        procs.append(rd)
+        if not wait_until(lambda: rd.first("listening on port"), 30):
+            raise RuntimeError("rdzvd did not start")
+        crash = ["--fail-at-step", "200", "--fail-rank", "1"] if a.mode == "crash" else []
+        agents = {h: agent(a, h, tmp, a.in_place, crash) for h in (1, 2, 3)}
+        procs += agents.values()
+        everyone = lambda: [p for p in agents.values() if p.p.poll() is None]
+        # Rank 0 steps in a world of three.
+        if not wait_until(lambda: any(p.first(r"train: 3 rank\(s\)") or p.first("in place: 3 rank")
+                                      for p in everyone()), 60):
+            raise RuntimeError("the job did not form")
+        if a.mode == "kill":
+            kill_trial(a, agents, res)
+        elif a.mode == "crash":
+            crash_trial(a, agents, res)
+        else:
+            goodput_trial(a, agents, procs, tmp, res)
+    except Exception as e:  # noqa: BLE001 (the result says what went wrong)
+        res["error"] = str(e)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        subprocess.run(["rm", "-rf", tmp])
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def last_step(agents, after=0.0):
+    best = None
+    for p in agents.values():
+        for t, m in p.all(STEP, after):
+            if best is None or t > best[0]:
+                best = (t, int(m.group(1)))
+    return best
+
+
+def next_step_after(agents, t):
+    """When rank 0 completed the first step of the recovered run after time t: the step after
+    the one it resumed after ("in place: ... resuming after step X" or, from a checkpoint,
+    "resuming after step X of"), so a line printed late from before the fault never counts."""
+    def find():
+        for p in agents.values():
+            r = p.first(r"resuming after step (\d+)", t)
+            if r:
+                done = p.first(r"\]:step %d loss" % (int(r[1].group(1)) + 1), r[0])
+                if done:
+                    return done[0]
+        return None
+    return wait_until(find, 60)
+
+
+def kill_trial(a, agents, res):
+    time.sleep(3.0)  # past the first checkpoints, steady
+    survivors = {h: agents[h] for h in (1, 3)}
+    before = {h: pids(p) for h, p in survivors.items()}
+    t_kill = time.monotonic()
+    agents[2].stop(signal.SIGKILL)
+    first = next_step_after(survivors, t_kill)
+    if not first:
+        raise RuntimeError("no step after the kill")
+    time.sleep(1.0)
+    res["kill_to_step_s"] = first - t_kill
+    res["survivor_pids_kept"] = all(before[h] <= pids(p) and
+                                    not p.first(r"pid \d+ in place, round", t_kill)
+                                    for h, p in survivors.items()) if a.in_place else False
+    res["checkpoint_read"] = any(p.first(r"resuming after step \d+ of", t_kill)
+                                 for p in survivors.values())
+    res["new_processes"] = sum(len(p.all(r"pid \d+ in place, round|train: \d+ rank\(s\)", t_kill))
+                               for p in survivors.values())
+
+
+def crash_trial(a, agents, res):
+    at = lambda: [(p.first(r"injected failure at step"), h) for h, p in agents.items()
+                  if p.first(r"injected failure at step")]
+    crashed = wait_until(at, 60)
+    if not crashed:
+        raise RuntimeError("no crash")
+    (t_crash, _), host = crashed[0]
+    t_step = next_step_after(agents, t_crash)
+    if not t_step:
+        raise RuntimeError("no step after the crash")
+    time.sleep(1.0)
+    res["crash_to_step_s"] = t_step - t_crash
+    up = agents[host].first(r"pid \d+ in place, round|train: \d+ rank\(s\)", t_crash)
+    if up:
+        res["replacement_up_to_step_s"] = t_step - up[0]
+    res["new_processes"] = sum(len(p.all(r"pid \d+ in place, round", t_crash))
+                               for p in agents.values()) if a.in_place else None
+    res["changed_hosts"] = [h for h, p in agents.items()
+                            if p.first(r"pid \d+ in place, round", t_crash)] if a.in_place else None
+
+
+def goodput_trial(a, agents, procs, tmp, res):
+    time.sleep(3.0)
+    t0 = time.monotonic()
+    s0 = last_step(agents)
+    kills = 0
+    next_kill = t0 + (a.period if a.faults else 1e9)
+    while time.monotonic() < t0 + a.duration:
+        time.sleep(0.05)
+        if time.monotonic() >= next_kill:
+            agents[2].stop(signal.SIGKILL)
+            kills += 1
+            time.sleep(1.0)
+            agents[2] = agent(a, 2, tmp, a.in_place)
+            procs.append(agents[2])
+            next_kill += a.period
+    s1 = last_step(agents, t0)
+    res["kills"] = kills
+    res["steps_per_s"] = (s1[1] - s0[1]) / (s1[0] - t0) if s0 and s1 else None
+
+
+def outer(a):
+    modes = a.only.split(",")
+    rows = {}
+    for mode in modes:
+        for in_place in (True, False):
+            for faults in ((False, True) if mode == "goodput" else (True,)):
+                trials = 1 if mode == "goodput" else a.trials
+                for t in range(trials):
+                    cmd = [HOSTNET, "run", "4", "--", sys.executable, __file__, "--inner",
+                           "--mode", mode, "--duration", str(a.duration), "--period",
+                           str(a.period)] + (["--in_place"] if in_place else []) + \
+                          ([] if faults else ["--no_faults"])
+                    r = subprocess.run(cmd, capture_output=True, text=True,
+                                       timeout=a.duration + 300)
+                    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+                    res = json.loads(line[-1][7:]) if line else {"error": r.stderr[-400:]}
+                    key = (mode, in_place, faults)
+                    print(f"  {mode} in_place={in_place} faults={faults} #{t}: {json.dumps(res)}",
+                          flush=True)
+                    rows.setdefault(key, []).append(res)
+
+    def med(key, field):
+        v = [r[field] for r in rows.get(key, []) if r.get(field) is not None]
+        return statistics.median(v) if v else None
+
+    print("\n| measure | in place | full restart | ratio |")
+    print("|---|---|---|---|")
+    for mode, field, what in (("kill", "kill_to_step_s", "kill -9 of a node -> survivors' next step"),
+                              ("crash", "crash_to_step_s", "a worker's crash -> the group's next step"),
+                              ("crash", "replacement_up_to_step_s",
+                               "the replacement's ring formed -> the group's next step")):
+        if mode not in modes:
+            continue
+        i, f = med((mode, True, True), field), med((mode, False, True), field)
+        ratio = f"{f / i:.1f}x" if i and f else "-"
+        fmt = lambda x: f"{x * 1000:.0f} ms" if x is not None else "-"
+        print(f"| {what} (median of {a.trials}) | {fmt(i)} | {fmt(f)} | {ratio} |")
+    if "goodput" in modes:
+        base_i = med(("goodput", True, False), "steps_per_s")
+        base_f = med(("goodput", False, False), "steps_per_s")
+        for in_place, base in ((True, base_i), (False, base_f)):
+            g = med(("goodput", in_place, True), "steps_per_s")
+            share = f"{100 * g / base:.0f}%" if g and base else "-"
+            print(f"| goodput, a node killed every {a.period:g} s for {a.duration:g} s "
+                  f"({'in place' if in_place else 'full restart'}) | {g and f'{g:.1f}'} steps/s "
+                  f"vs {base and f'{base:.1f}'} without faults | {share} | |")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--inner", action="store_true")
+    ap.add_argument("--mode", default="kill")
+    ap.add_argument("--in_place", action="store_true")
+    ap.add_argument("--no_faults", dest="faults", action="store_false")
+    ap.add_argument("--only", default="kill,crash,goodput")
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--duration", type=float, default=180.0)
+    ap.add_argument("--period", type=float, default=15.0)
+    a = ap.parse_args()
+    inner(a) if a.inner else outer(a)
+
+
+if __name__ == "__main__":
+    main()
