@@ -11,17 +11,22 @@ checkpoint every 50 steps into a folder every host sees. Rank 0 prints every ste
   crash    rank 1's worker exits 3 at step 200 (--fail-at-step): seconds from the
            replacement's first line ("pid P in place", its ring formed) and from the crash
            to rank 0's next step; the pids that changed
+  cut      host 2 silently cut (iptables drops, no FIN, no RST) while the survivors wait in an
+           all_reduce on its rank: from the server's decision (its node_lost event) to each
+           survivor's collective returning ("re-forming in place"): the abort is pushed, not
+           timed out (the ring's own timeout is 300 s); in place only
   goodput  for --duration seconds, host 2's agent killed -9 every --period seconds and started
            again a second later: completed steps per second against a run without faults
 
 Each mode runs with --in_place and without (today's restart), side by side in one run, each
 trial in fresh hosts (`hostnet run 4 -- in_place.py --inner ...`).
 
-  bench/in_place.sh [--trials N] [--only kill,crash,goodput] [--duration S] [--period S]
+  bench/in_place.sh [--trials N] [--only kill,crash,cut,goodput] [--duration S] [--period S]
 """
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -46,10 +51,13 @@ def wrap(i):
 
 
 def agent(a, host, tmp, in_place, extra=()):
+    conf = "last_call_timeout=2"
+    if a.mode == "cut":
+        conf += ",keep_alive_interval=0.5,keep_alive_max_attempt=4"  # a 2 s liveness window
     argv = wrap(host) + [LAUNCH, "--nnodes=2:3", "--nproc_per_node=1", "--rdzv_backend=c10d",
                          f"--rdzv_endpoint={os.environ['HOSTNET_HOST_0']}:29400",
                          "--rdzv_id=job", "--max_restarts=100",
-                         "--rdzv_conf=last_call_timeout=2",
+                         f"--rdzv_conf={conf}",
                          "--event_log", os.path.join(tmp, f"events.{host}.{time.monotonic()}")]
     if in_place:
         argv.append("--in_place")
@@ -67,7 +75,7 @@ def inner(a):
     res = {"mode": a.mode, "in_place": a.in_place}
     procs = []
     try:
-        rd = Proc("rdzvd", wrap(0) + [RDZVD, "--listen", "0.0.0.0:29400"])
+        rd = Proc("rdzvd", wrap(0) + [RDZVD, "--listen", "0.0.0.0:29400", "--event_log", "-"])
         procs.append(rd)
         if not wait_until(lambda: rd.first("listening on port"), 30):
             raise RuntimeError("rdzvd did not start")
@@ -83,6 +91,8 @@ def inner(a):
             kill_trial(a, agents, res)
         elif a.mode == "crash":
             crash_trial(a, agents, res)
+        elif a.mode == "cut":
+            cut_trial(a, agents, rd, res)
         else:
             goodput_trial(a, agents, procs, tmp, res)
     except Exception as e:  # noqa: BLE001 (the result says what went wrong)
@@ -159,6 +169,23 @@ def crash_trial(a, agents, res):
                             if p.first(r"pid \d+ in place, round", t_crash)] if a.in_place else None
 
 
+def cut_trial(a, agents, rd, res):
+    time.sleep(3.0)
+    t_cut = time.monotonic()
+    subprocess.run([os.environ["HOSTNET_CTL"], "cut", os.environ["HOSTNET_NS_2"]], check=True)
+    survivors = [agents[1], agents[3]]
+    decided = wait_until(lambda: rd.first(r'"event":"node_lost"', t_cut), 30)
+    if not decided:
+        raise RuntimeError("the server never dropped the cut node")
+    back = wait_until(lambda: all(p.first(r"re-forming in place", t_cut) for p in survivors), 30)
+    if not back:
+        raise RuntimeError("a survivor's collective did not return")
+    returned = [p.first(r"re-forming in place", t_cut)[0] for p in survivors]
+    res["cut_to_decision_s"] = decided[0] - t_cut
+    res["decision_to_returned_s"] = max(returned) - decided[0]
+    res["returned_before_decision"] = any(t < decided[0] for t in returned)
+
+
 def goodput_trial(a, agents, procs, tmp, res):
     time.sleep(3.0)
     t0 = time.monotonic()
@@ -177,13 +204,27 @@ def goodput_trial(a, agents, procs, tmp, res):
     s1 = last_step(agents, t0)
     res["kills"] = kills
     res["steps_per_s"] = (s1[1] - s0[1]) / (s1[0] - t0) if s0 and s1 else None
+    # Samples: each step that moves the run forward counts batch x the world it ran in (a world
+    # of two takes steps faster here, three ranks sharing two cores), steps done again after a
+    # restart from a checkpoint count nothing.
+    lines = sorted((t, text) for p in agents.values() for t, text in p.lines if t >= t0)
+    world, last, samples = 3, s0[1] if s0 else 0, 0
+    for t, text in lines:
+        w = re.search(r"\]:(?:train: in place: |train: )(\d+) rank\(s\)", text)
+        if w:
+            world = int(w.group(1))
+        m = re.search(STEP, text)
+        if m and int(m.group(1)) > last:
+            samples += (int(m.group(1)) - last) * 32 * world
+            last = int(m.group(1))
+    res["samples_per_s"] = samples / (s1[0] - t0) if s1 else None
 
 
 def outer(a):
     modes = a.only.split(",")
     rows = {}
     for mode in modes:
-        for in_place in (True, False):
+        for in_place in ((True,) if mode == "cut" else (True, False)):
             for faults in ((False, True) if mode == "goodput" else (True,)):
                 trials = 1 if mode == "goodput" else a.trials
                 for t in range(trials):
@@ -209,7 +250,10 @@ def outer(a):
     for mode, field, what in (("kill", "kill_to_step_s", "kill -9 of a node -> survivors' next step"),
                               ("crash", "crash_to_step_s", "a worker's crash -> the group's next step"),
                               ("crash", "replacement_up_to_step_s",
-                               "the replacement's ring formed -> the group's next step")):
+                               "the replacement's ring formed -> the group's next step"),
+                              ("cut", "decision_to_returned_s",
+                               "a silent cut: the server's decision -> every survivor's blocked "
+                               "all_reduce returned")):
         if mode not in modes:
             continue
         i, f = med((mode, True, True), field), med((mode, False, True), field)
@@ -217,14 +261,14 @@ def outer(a):
         fmt = lambda x: f"{x * 1000:.0f} ms" if x is not None else "-"
         print(f"| {what} (median of {a.trials}) | {fmt(i)} | {fmt(f)} | {ratio} |")
     if "goodput" in modes:
-        base_i = med(("goodput", True, False), "steps_per_s")
-        base_f = med(("goodput", False, False), "steps_per_s")
-        for in_place, base in ((True, base_i), (False, base_f)):
-            g = med(("goodput", in_place, True), "steps_per_s")
-            share = f"{100 * g / base:.0f}%" if g and base else "-"
-            print(f"| goodput, a node killed every {a.period:g} s for {a.duration:g} s "
-                  f"({'in place' if in_place else 'full restart'}) | {g and f'{g:.1f}'} steps/s "
-                  f"vs {base and f'{base:.1f}'} without faults | {share} | |")
+        for field, unit in (("steps_per_s", "steps/s"), ("samples_per_s", "samples/s")):
+            for in_place in (True, False):
+                base = med(("goodput", in_place, False), field)
+                g = med(("goodput", in_place, True), field)
+                share = f"{100 * g / base:.0f}%" if g and base else "-"
+                print(f"| goodput in {unit}, a node killed every {a.period:g} s for "
+                      f"{a.duration:g} s ({'in place' if in_place else 'full restart'}) | "
+                      f"{g and f'{g:.0f}'} vs {base and f'{base:.0f}'} without faults | {share} | |")
 
 
 def main():
@@ -233,7 +277,7 @@ def main():
     ap.add_argument("--mode", default="kill")
     ap.add_argument("--in_place", action="store_true")
     ap.add_argument("--no_faults", dest="faults", action="store_false")
-    ap.add_argument("--only", default="kill,crash,goodput")
+    ap.add_argument("--only", default="kill,crash,cut,goodput")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--duration", type=float, default=180.0)
     ap.add_argument("--period", type=float, default=15.0)

@@ -77,6 +77,9 @@ struct Options {
   double hang_timeout_s = 30;
   bool verbose = false;
   bool setsid_strict = false;  // setsid escapes fail even without a usable cgroup v2
+  // Every launch with --in_place, every worker declaring support and answering each new world
+  // (docs/in_place.md): survivors are kept through failures, kills and rounds.
+  bool in_place = false;
 };
 
 // Whether launch can put a job in a cgroup v2 of its own and kill it with cgroup.kill: only
@@ -486,6 +489,7 @@ class Trial {
         "setsid=" + std::to_string(coin(0.3) ? 1 : 0),
         "stubborn=" + std::to_string(coin(0.2) ? 1 : 0),
         "store=" + std::to_string(coin(0.4) ? 1 : 0),
+        "in_place=" + std::string(g_opt.in_place ? "1" : "0"),
     };
 
     std::map<std::string, std::string> env{{kMarker, id_}, {"TMPDIR", tmp_.string()}};
@@ -516,6 +520,7 @@ class Trial {
                                     "--max_restarts=" + std::to_string(max_restarts),
                                     "--shutdown_timeout=" + std::to_string(shutdown_timeout),
                                     "--rdzv_conf=" + conf};
+      if (g_opt.in_place) argv.push_back("--in_place");
       if (topology_ == "standalone") {
         argv.push_back("--standalone");
       } else {
@@ -808,7 +813,8 @@ class Trial {
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "chaos: %s\nusage: chaos [--seed S] [--trials N] [--trial K] [--launch PATH] "
-               "[--rdzvd PATH] [--worker PATH] [--hang_timeout SECONDS] [--verbose]\n",
+               "[--rdzvd PATH] [--worker PATH] [--hang_timeout SECONDS] [--setsid_strict] "
+               "[--in_place] [--verbose]\n",
                msg);
   std::exit(2);
 }
@@ -843,6 +849,8 @@ int main(int argc, char** argv) {
       g_opt.hang_timeout_s = std::stod(value());
     } else if (key == "--setsid_strict") {
       g_opt.setsid_strict = true;
+    } else if (key == "--in_place") {
+      g_opt.in_place = true;
     } else if (key == "--verbose" || key == "-v") {
       g_opt.verbose = true;
     } else if (key == "--help" || key == "-h") {

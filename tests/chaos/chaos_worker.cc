@@ -13,6 +13,8 @@
 //                            (double fork + setsid, parent 1), the way daemons do
 //       stubborn=0|1         the worker itself ignores SIGTERM (only the agent's SIGKILL ends it)
 //       store=0|1            the worker parks a store get on a key nobody sets (120 s timeout)
+//       in_place=0|1         declares in-place support (launch --in_place) and answers every
+//                            new world with `resumed` (docs/in_place.md)
 //   chaos_worker child plain|stubborn   a child: blocks until killed
 //   chaos_worker gchild                 the setsid grandchild: blocks until killed
 //
@@ -141,14 +143,24 @@ int main(int argc, char** argv) {
   pid_t gchild = num("setsid", 0) != 0 ? start_setsid_grandchild() : -1;
 
   std::unique_ptr<muster::worker::Runtime> rt;
-  if (num("store", 0) != 0) {
+  const bool in_place = num("in_place", 0) != 0;
+  if (num("store", 0) != 0 || in_place) {
     auto r = muster::worker::Runtime::from_env();
-    if (r.ok()) {
-      rt = std::move(*r);
-      std::thread([&rt] {
-        (void)rt->store().get("chaos/never-set", std::chrono::seconds(120));
-      }).detach();
-    }
+    if (r.ok()) rt = std::move(*r);
+  }
+  if (rt && num("store", 0) != 0) {
+    std::thread([&rt] {
+      (void)rt->store().get("chaos/never-set", std::chrono::seconds(120));
+    }).detach();
+  }
+  if (rt && in_place && rt->enable_in_place().ok()) {
+    // Nothing to re-form: every new world is answered at once.
+    std::thread([&rt] {
+      for (;;) {
+        if (!rt->await_world(std::chrono::hours(1)).ok()) return;
+        (void)rt->resumed();
+      }
+    }).detach();
   }
 
   std::string line = "ready " + std::to_string(::getpid()) + " kids ";
