@@ -128,6 +128,93 @@ TEST_CASE("in place: kill -9 of a node: the survivors go on in their own process
   CHECK(c->wait() == 143);
 }
 
+namespace {
+
+// `n` agents of one c10d run on `server` (one train worker each, in place, --nnodes=nnodes).
+std::vector<std::unique_ptr<Proc>> train_agents(const RdzvdProc& server, const std::string& nnodes,
+                                                int n) {
+  const std::vector<std::string> conf{"--rdzv_conf=last_call_timeout=60", "--in_place",
+                                      "--max_restarts=1"};
+  std::vector<std::unique_ptr<Proc>> out;
+  for (int i = 0; i < n; ++i) {
+    std::vector<std::string> argv = c10d(server.endpoint, nnodes, 1, "ip", conf);
+    argv.insert(argv.begin(), kLaunch);
+    argv.insert(argv.end(), {kTrain, "--steps", "100000", "--log-every", "1000"});
+    out.push_back(std::make_unique<Proc>(argv));
+  }
+  return out;
+}
+
+auto said(const std::string& what) {
+  return [what](const std::string& out, const std::string&) {
+    return out.find(what) != std::string::npos;
+  };
+}
+
+}  // namespace
+
+TEST_CASE("in place: two nodes lost at once: the two survivors re-form once, in their own "
+          "processes", "[in_place]") {
+  RdzvdProc server;
+  auto agents = train_agents(server, "2:4", 4);
+  for (auto& p : agents) REQUIRE(p->wait_output(said("in place, round 1"), 60s));
+  ::kill(agents[1]->pid(), SIGKILL);
+  ::kill(agents[2]->pid(), SIGKILL);
+  CHECK(agents[1]->wait() == 128 + SIGKILL);
+  CHECK(agents[2]->wait() == 128 + SIGKILL);
+  for (int i : {0, 3}) {
+    Proc& p = *agents[i];
+    const bool ok = p.wait_output(said("of 2, round"), 30s);
+    INFO(p.out() << p.err());
+    REQUIRE(ok);
+    const auto pids = started(p.out());
+    REQUIRE(pids.size() == 1);
+    CHECK(reformed(p.out(), R"(rank \d of 2, round \d+)") == std::set<int>{pids.begin()->second});
+  }
+  for (int i : {0, 3}) ::kill(agents[i]->pid(), SIGTERM);
+  CHECK(agents[0]->wait() == 143);
+  CHECK(agents[3]->wait() == 143);
+}
+
+TEST_CASE("in place: a newcomer within MIN:MAX joins the running group, which keeps its "
+          "processes and hands it the state", "[in_place]") {
+  RdzvdProc server;
+  // Two of up to three: the first round closes after the last call (1 s), without a third.
+  std::vector<std::unique_ptr<Proc>> agents;
+  const std::vector<std::string> conf{"--rdzv_conf=last_call_timeout=1", "--in_place",
+                                      "--max_restarts=1"};
+  auto one = [&] {
+    std::vector<std::string> argv = c10d(server.endpoint, "2:3", 1, "grow", conf);
+    argv.insert(argv.begin(), kLaunch);
+    argv.insert(argv.end(), {kTrain, "--steps", "100000", "--log-every", "1000"});
+    return std::make_unique<Proc>(argv);
+  };
+  agents.push_back(one());
+  agents.push_back(one());
+  for (auto& p : agents) REQUIRE(p->wait_output(said("in place, round 1"), 60s));
+  agents.push_back(one());
+  Proc& newcomer = *agents[2];
+  REQUIRE(newcomer.wait_output(said("in place, round 2"), 60s));
+  for (int i : {0, 1}) {
+    Proc& p = *agents[i];
+    const bool ok = p.wait_output(said("of 3, round 2"), 30s);
+    INFO(p.out() << p.err());
+    REQUIRE(ok);
+    const auto pids = started(p.out());
+    REQUIRE(pids.size() == 1);
+    CHECK(reformed(p.out(), R"(rank \d of 3, round 2)") == std::set<int>{pids.begin()->second});
+  }
+  // Rank 0 (a survivor) says where the world of three goes on from: its own state, not step 0.
+  Proc& rank0 = agents[0]->out().find("as rank 0 of 3") != std::string::npos ? *agents[0] : *agents[1];
+  REQUIRE(rank0.wait_output(said("in place: 3 rank(s), resuming after step"), 30s));
+  std::smatch m;
+  const std::string out = rank0.out();
+  REQUIRE(std::regex_search(out, m, std::regex(R"(in place: 3 rank\(s\), resuming after step (\d+))")));
+  CHECK(std::stoi(m[1]) > 0);
+  for (auto& p : agents) ::kill(p->pid(), SIGTERM);
+  for (auto& p : agents) CHECK(p->wait() == 143);
+}
+
 TEST_CASE("in place: a program that never declares support gets the full restart",
           "[in_place]") {
   TempDir dir;

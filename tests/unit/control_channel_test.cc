@@ -88,7 +88,7 @@ TEST_CASE("control channel: a world message is checked field by field") {
   CHECK_FALSE(worker::parse_world("abort round=3").ok());
 }
 
-TEST_CASE("control channel: hello and resumed reach the agent; a world is handed over") {
+TEST_CASE("control channel: hello and resumed reach the agent and a world is handed over") {
   Pair p;
   worker::ControlChannel ch(p.child);
   REQUIRE(ch.send_hello().ok());

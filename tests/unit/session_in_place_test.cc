@@ -49,7 +49,7 @@ TEST_CASE("in place: workers that never declared support get the full restart") 
   CHECK(n.m->phase() == Phase::kStopping);
 }
 
-TEST_CASE("in place: a failed worker is reported, the survivor aborted, nothing stopped; the "
+TEST_CASE("in place: a failed worker is reported, the survivor aborted, nothing stopped, and the "
           "next round re-forms it and replaces only the dead one") {
   Node n;
   n.in_place();
