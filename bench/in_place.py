@@ -22,6 +22,7 @@ Each mode runs with --in_place and without (today's restart), side by side in on
 trial in fresh hosts (`hostnet run 4 -- in_place.py --inner ...`).
 
   bench/in_place.sh [--trials N] [--only kill,crash,cut,goodput] [--duration S] [--period S]
+                    [--delay_ms MS]   (cut: the agents reach rdzvd through fault_proxy, MS each way)
 """
 import argparse
 import json
@@ -42,6 +43,7 @@ HOSTNET = os.path.join(BUILD, "tests/hostnet")
 LAUNCH = os.path.join(BUILD, "launcher/launch")
 RDZVD = os.path.join(BUILD, "rendezvous/rdzvd")
 TRAIN = os.path.join(BUILD, "examples/train/train")
+PROXY = os.path.join(BUILD, "tests/fault_proxy")
 
 STEP = r"\]:step (\d+) loss"
 
@@ -54,8 +56,20 @@ def agent(a, host, tmp, in_place, extra=()):
     conf = "last_call_timeout=2"
     if a.mode == "cut":
         conf += ",keep_alive_interval=0.5,keep_alive_max_attempt=4"  # a 2 s liveness window
+    endpoint = f"{os.environ['HOSTNET_HOST_0']}:29400"
+    if a.delay_ms > 0:
+        # The agent's stream (and its workers' store) through a delaying proxy in its own host:
+        # a one-way delay of delay_ms each way, so the round trip to the server is visible.
+        port_file = os.path.join(tmp, f"proxy.{host}.{time.monotonic()}")
+        proxy = Proc(f"proxy{host}", wrap(host) + [PROXY, "--listen", "127.0.0.1:0", "--target",
+                                                   endpoint, "--delay_ms", str(a.delay_ms),
+                                                   "--port_file", port_file])
+        a.extra_procs.append(proxy)
+        if not wait_until(lambda: os.path.exists(port_file), 10):
+            raise RuntimeError("fault_proxy did not start")
+        endpoint = "127.0.0.1:" + open(port_file).read().strip()
     argv = wrap(host) + [LAUNCH, "--nnodes=2:3", "--nproc_per_node=1", "--rdzv_backend=c10d",
-                         f"--rdzv_endpoint={os.environ['HOSTNET_HOST_0']}:29400",
+                         f"--rdzv_endpoint={endpoint}",
                          "--rdzv_id=job", "--max_restarts=100",
                          f"--rdzv_conf={conf}",
                          "--event_log", os.path.join(tmp, f"events.{host}.{time.monotonic()}")]
@@ -98,7 +112,7 @@ def inner(a):
     except Exception as e:  # noqa: BLE001 (the result says what went wrong)
         res["error"] = str(e)
     finally:
-        for p in reversed(procs):
+        for p in reversed(procs + a.extra_procs):
             p.stop()
         subprocess.run(["rm", "-rf", tmp])
     print("RESULT " + json.dumps(res), flush=True)
@@ -181,6 +195,7 @@ def cut_trial(a, agents, rd, res):
     if not back:
         raise RuntimeError("a survivor's collective did not return")
     returned = [p.first(r"re-forming in place", t_cut)[0] for p in survivors]
+    res["delay_ms"] = a.delay_ms
     res["cut_to_decision_s"] = decided[0] - t_cut
     res["decision_to_returned_s"] = max(returned) - decided[0]
     res["returned_before_decision"] = any(t < decided[0] for t in returned)
@@ -230,7 +245,7 @@ def outer(a):
                 for t in range(trials):
                     cmd = [HOSTNET, "run", "4", "--", sys.executable, __file__, "--inner",
                            "--mode", mode, "--duration", str(a.duration), "--period",
-                           str(a.period)] + (["--in_place"] if in_place else []) + \
+                           str(a.period), "--delay_ms", str(a.delay_ms)] + (["--in_place"] if in_place else []) + \
                           ([] if faults else ["--no_faults"])
                     r = subprocess.run(cmd, capture_output=True, text=True,
                                        timeout=a.duration + 300)
@@ -281,7 +296,10 @@ def main():
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--duration", type=float, default=180.0)
     ap.add_argument("--period", type=float, default=15.0)
+    ap.add_argument("--delay_ms", type=int, default=0,
+                    help="cut: each agent reaches rdzvd through fault_proxy with this one-way delay")
     a = ap.parse_args()
+    a.extra_procs = []
     inner(a) if a.inner else outer(a)
 
 

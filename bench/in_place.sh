@@ -7,6 +7,6 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 export BUILD=${BUILD:-/work/build-bench}
 if [ "${IN_PLACE_NO_BUILD:-0}" != 1 ]; then
   cmake -S "$here" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
-  cmake --build "$BUILD" -j2 --target launch rdzvd hostnet train >/dev/null
+  cmake --build "$BUILD" -j2 --target launch rdzvd hostnet fault_proxy train >/dev/null
 fi
 exec /usr/bin/python3 "$here/bench/in_place.py" "$@"

@@ -61,17 +61,7 @@ bool SessionMachine::recover_in_place(Step& s, const char* cause) {
 }
 
 void SessionMachine::on_reform(Step& s, const v1::Assignment& a) {
-  attached_ = true;
-  assignment_ = a;
-  AgentEvent e = event(AgentEvent::Kind::kRoundFormed, s.now);
-  e.world_size = a.world_size();
-  if (recovery_) recovery_->formed = s.now;
-  s.add(Emit{std::move(e)});
-  phase_ = Phase::kRunning;
-  after_ = After::kNone;
-  failure_reported_ = false;
-  last_report_.reset();
-  stopped_emitted_ = false;
+  enter_round(s, a);
   for (std::size_t lr = 0; lr < dead_.size(); ++lr) {
     if (dead_[lr]) declared_[lr] = false;  // a new process: it declares for itself
   }

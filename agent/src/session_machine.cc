@@ -347,7 +347,9 @@ void SessionMachine::handle(Step& s, const v1::ServerMsg& m) {
   }
 }
 
-void SessionMachine::on_assignment(Step& s, const v1::Assignment& a) {
+// The round `a` formed for this node: it runs from now on (the caller starts or re-forms
+// its workers).
+void SessionMachine::enter_round(Step& s, const v1::Assignment& a) {
   attached_ = true;
   assignment_ = a;
   AgentEvent e = event(AgentEvent::Kind::kRoundFormed, s.now);
@@ -359,6 +361,10 @@ void SessionMachine::on_assignment(Step& s, const v1::Assignment& a) {
   failure_reported_ = false;
   last_report_.reset();
   stopped_emitted_ = false;
+}
+
+void SessionMachine::on_assignment(Step& s, const v1::Assignment& a) {
+  enter_round(s, a);
   reset_in_place();  // new processes: each declares for itself
   in_place_off_ = false;
   s.add(StartWorkers{a});

@@ -273,6 +273,7 @@ class SessionMachine {
   void open_probe(Step& s);
   void end_probe(Step& s);
   void adopt_probe(Step& s);
+  void enter_round(Step& s, const v1::Assignment& a);
   void on_assignment(Step& s, const v1::Assignment& a);
   void on_attached(Step& s, const v1::Attached& a);
   bool can_reattach() const;
