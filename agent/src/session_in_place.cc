@@ -4,6 +4,7 @@
 // back to the full restart.
 #include <algorithm>
 #include <csignal>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -68,7 +69,9 @@ void SessionMachine::on_reform(Step& s, const v1::Assignment& a) {
   dead_.assign(dead_.size(), false);
   resumed_.assign(resumed_.size(), false);
   reform_pending_ = true;
-  s.add(ReformWorkers{a});
+  std::sort(lost_ranks_.begin(), lost_ranks_.end());
+  lost_ranks_.erase(std::unique(lost_ranks_.begin(), lost_ranks_.end()), lost_ranks_.end());
+  s.add(ReformWorkers{a, std::exchange(lost_ranks_, {})});
   reform_due_ = s.now + config_.in_place_timeout;
   s.add(ArmTimer{Timer::kInPlace, reform_due_});
   arm_silence(s);

@@ -328,7 +328,11 @@ void SessionMachine::handle(Step& s, const v1::ServerMsg& m) {
     e.reason = m.restart().reason();
     e.restart_count = m.restart().restart_count();
     s.add(Emit{std::move(e)});
-    if (keep && recover_in_place(s, "restart")) return;
+    if (keep) {
+      lost_ranks_.insert(lost_ranks_.end(), m.restart().lost_ranks().begin(),
+                         m.restart().lost_ranks().end());
+      if (recover_in_place(s, "restart")) return;
+    }
     if (after_ != After::kExit) after_ = After::kRejoin;
     stop(s, SIGTERM);
   } else if (m.has_fail()) {

@@ -307,7 +307,10 @@ void WorkerGroup::abort_all(int round) {
   for (const auto& w : workers_) send_control(*w, packet);
 }
 
-WorkerGroup::Started WorkerGroup::reform(const v1::Assignment& a, const WorkerEnvSpec& round) {
+WorkerGroup::Started WorkerGroup::reform(const v1::Assignment& a, const WorkerEnvSpec& round,
+                                         const std::vector<int>& lost_ranks) {
+  std::string lost;
+  for (int r : lost_ranks) lost += (lost.empty() ? "" : ",") + std::to_string(r);
   group_rank_ = a.group_rank();
   const bool watch_progress = a.hang_timeout_ms() > 0 || a.wants_progress();
   std::vector<int> dead;
@@ -327,6 +330,7 @@ WorkerGroup::Started WorkerGroup::reform(const v1::Assignment& a, const WorkerEn
       f["restart_count"] = std::to_string(round.restart_count);
       f["master_addr"] = round.master_addr;
       f["master_port"] = std::to_string(round.master_port);
+      if (!lost.empty()) f["lost"] = lost;
       send_control(w, ops::control::encode(m));
       ++it;
       continue;

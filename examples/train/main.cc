@@ -110,9 +110,11 @@ int main(int argc, char** argv) {
         if (!world.ok()) return world.status();
         auto next = r.communicator(backend);
         if (!next.ok()) continue;  // lost again while forming: the world after this one
-        std::printf("rank %d: pid %d re-formed in place as rank %d of %d, round %d\n",
+        std::string lost;
+        for (int x : world->lost) lost += (lost.empty() ? "" : ",") + std::to_string(x);
+        std::printf("rank %d: pid %d re-formed in place as rank %d of %d, round %d (lost: %s)\n",
                     my_rank, static_cast<int>(::getpid()), world->rank, world->world_size,
-                    world->round);
+                    world->round, lost.empty() ? "none" : lost.c_str());
         std::fflush(stdout);
         my_rank = world->rank;
         ring = std::move(*next);

@@ -106,6 +106,9 @@ TEST_CASE("in place: kill -9 of a node: the survivors go on in their own process
     return out.find("in place, round 1") != std::string::npos;
   };
   for (auto* p : {a.get(), b.get(), c.get()}) REQUIRE(p->wait_output(in_round_1, 60s));
+  const auto b_ranks = started(b->out());
+  REQUIRE(b_ranks.size() == 1);
+  const int b_rank = b_ranks.begin()->first.second;  // its one worker's global rank
   ::kill(b->pid(), SIGKILL);
   REQUIRE(b->wait() == 128 + SIGKILL);
   auto reformed_in_2 = [](const std::string& out, const std::string&) {
@@ -121,6 +124,8 @@ TEST_CASE("in place: kill -9 of a node: the survivors go on in their own process
     const auto pids = started(p->out());
     REQUIRE(pids.size() == 1);  // nothing new started on a survivor
     CHECK(reformed(p->out(), R"(rank \d of 2, round 2)") == std::set<int>{pids.begin()->second});
+    // The world message named the rank that went with b.
+    CHECK_THAT(p->out(), Catch::Contains("round 2 (lost: " + std::to_string(b_rank) + ")"));
   }
   // They train on: the ranks of the world of two both say so, and leave on a signal.
   for (Proc* p : {a.get(), c.get()}) ::kill(p->pid(), SIGTERM);

@@ -228,6 +228,29 @@ TEST_CASE("rendezvous: a lost node restarts the others without using the budget"
   CHECK(a.restart_count() == 0);
 }
 
+TEST_CASE("rendezvous: a Restart names the global ranks whose nodes left, none for a failure",
+          "[rdzv][state_machine]") {
+  Harness h;
+  h.join(1, "a", 1, 3, 1);
+  h.join(2, "b", 1, 3, 1);
+  h.join(3, "c", 1, 3, 1);  // max: the round closes; two workers each, b holds ranks 2 and 3
+  REQUIRE(h.assignment(2).rank_offset() == 2);
+  h.closed(2);
+  auto r = h.to(1, kRestart);
+  REQUIRE(r.size() == 1);
+  CHECK(std::vector<int>(r[0].restart().lost_ranks().begin(), r[0].restart().lost_ranks().end()) ==
+        std::vector<int>{2, 3});
+  CHECK(h.to(3, kRestart).at(0).restart().lost_ranks_size() == 2);
+  h.join(1, "a", 1, 3, 1);
+  h.join(3, "c", 1, 3, 1);
+  REQUIRE(h.assignment(3).world_size() == 4);
+  // A worker's failure loses no node: the next Restart names no rank.
+  h.fail(1, h.assignment(3).round());
+  auto f = h.to(3, kRestart);
+  REQUIRE(f.size() == 1);
+  CHECK(f[0].restart().lost_ranks_size() == 0);
+}
+
 TEST_CASE("rendezvous: group ranks are stable across rounds", "[rdzv][state_machine]") {
   Harness h;
   h.join(1, "a", 2, 2, 1);

@@ -168,6 +168,7 @@ absl::StatusOr<WorkerInfo> Runtime::await_world(std::chrono::milliseconds timeou
   info_.role_rank = w->rank;
   info_.role_world_size = w->world_size;
   info_.restart_count = w->restart_count;
+  info_.lost = w->lost;
   if (!w->master_addr.empty()) info_.master_addr = w->master_addr;
   if (w->master_port > 0) info_.master_port = w->master_port;
   round_store_ = std::make_unique<rendezvous::PrefixStore>(absl::StrCat("r", info_.round, "/"),

@@ -433,9 +433,11 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
   for (const Node& n : run.members) world_size += n.join.local_world_size();
   const v1::Join& master = run.members.front().join;
   int offset = 0;
+  run.round_ranks.clear();
   for (int r = 0; r < count; ++r) {
     const Node& n = run.members[r];
     run.last_rank[n.join.node_id()] = r;
+    run.round_ranks[n.join.node_id()] = {offset, n.join.local_world_size()};
     v1::ServerMsg msg;
     v1::Assignment* a = msg.mutable_assignment();
     a->set_round(run.round);
@@ -480,6 +482,15 @@ void StateMachine::restart(Run& run, const std::string& reason, std::string_view
   }
   run.restarted_since = now;
   run.nodes.clear_all_expected();
+  // The global ranks of the round's members that are gone (in-place recovery's `lost`).
+  std::vector<int> lost;
+  for (const auto& [node_id, ranks] : run.round_ranks) {
+    const bool kept = std::any_of(run.members.begin(), run.members.end(),
+                                  [&](const Node& n) { return n.join.node_id() == node_id; });
+    for (int k = 0; !kept && k < ranks.second; ++k) lost.push_back(ranks.first + k);
+  }
+  std::sort(lost.begin(), lost.end());
+  run.round_ranks.clear();
   for (const Node& n : run.members) {
     // Each survivor holds the next round for as long as its agent may take to stop its
     // workers, plus a margin: bounded, so a node that never comes back cannot stall the run.
@@ -488,6 +499,7 @@ void StateMachine::restart(Run& run, const std::string& reason, std::string_view
     v1::ServerMsg msg;
     msg.mutable_restart()->set_reason(reason);
     msg.mutable_restart()->set_restart_count(run.restart_count);
+    for (int r : lost) msg.mutable_restart()->add_lost_ranks(r);
     out.push_back(send(n.session, std::move(msg)));
   }
   run.members.clear();

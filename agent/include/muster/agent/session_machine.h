@@ -131,6 +131,7 @@ struct AbortWorkers {
 // by a new process. Then on_workers_reformed, or on_spawn_failed.
 struct ReformWorkers {
   v1::Assignment assignment;
+  std::vector<int> lost_ranks;  // the round before's global ranks whose nodes left (Restart's)
 };
 struct KillWorkers {};     // a second signal: SIGKILL now, no grace left
 struct ReleaseWorkers {};  // the stopped round's workers are forgotten (their pids may be reused)
@@ -347,6 +348,7 @@ class SessionMachine {
   Time reform_due_{};  // the end of the wait for `resumed`
   bool in_place_off_ = false;
   bool supports_ = false;  // some worker of this node declared support (the program can)
+  std::vector<int> lost_ranks_;  // the Restarts' lost ranks since the last round formed
 };
 
 }  // namespace session

@@ -12,8 +12,10 @@
 //     abort round=R              the world of round R-1 is over: fail every pending and
 //                                future collective now (R: the round coming, 0: not yet known)
 //     world round=R rank=.. world_size=.. local_rank=.. local_world_size=.. group_rank=..
-//           group_world_size=.. restart_count=.. master_addr=.. master_port=.. lost=a,b,..
-//                                the next world: re-form in it, then answer `resumed round=R`
+//           group_world_size=.. restart_count=.. master_addr=.. master_port=.. [lost=a,b,..]
+//                                the next world: re-form in it, then answer `resumed round=R`;
+//                                `lost`: the global ranks of the round before whose nodes
+//                                left it (absent: none, or not known)
 #pragma once
 
 #include <map>

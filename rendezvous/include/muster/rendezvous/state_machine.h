@@ -295,6 +295,10 @@ class StateMachine {
     std::vector<Node> waiting;  // joined for the next round, in join order (spares included)
     std::vector<Node> members;  // the running round, by group rank
     std::map<std::string, int> last_rank;  // node_id -> group rank in the previous round
+    // The running round's global ranks by node: node_id -> (first rank, how many), for the
+    // lost ranks a Restart names (in-place recovery, docs/in_place.md). Not durable: a
+    // restored run's first Restart names none.
+    std::map<std::string, std::pair<int, int>> round_ranks;
     NodeTable nodes;  // every node of the run that is connected, and detached members
     std::optional<TimePoint> keep_alive_check;
     std::optional<TimePoint> join_deadline;

@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "muster/rendezvous/store.h"
@@ -50,6 +51,9 @@ struct WorkerInfo {
   // reached over TLS when the CA is set (the agent passes on its own settings).
   rendezvous::ClientTlsFiles tls;
   int control_fd = -1;        // MUSTER_CONTROL_FD (control.h); -1: none (no --in_place)
+  // After an in-place re-form (Runtime::await_world): the global ranks of the round before
+  // whose nodes left it (empty: none, or not known).
+  std::vector<int> lost;
 };
 
 // Parses `env`; a missing or malformed variable gives INVALID_ARGUMENT naming it.
