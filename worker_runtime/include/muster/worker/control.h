@@ -50,7 +50,7 @@ struct World {
   int restart_count = 0;
   std::string master_addr;
   int master_port = 0;
-  std::vector<int> lost;  // global ranks of the round before that are gone
+  std::vector<int> lost;  // global ranks of the round before whose nodes left (may be empty)
 };
 
 // Parses a `world` message's fields; INVALID_ARGUMENT naming the bad one.
