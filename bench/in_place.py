@@ -15,13 +15,17 @@ checkpoint every 50 steps into a folder every host sees. Rank 0 prints every ste
            all_reduce on its rank: from the server's decision (its node_lost event) to each
            survivor's collective returning ("re-forming in place"): the abort is pushed, not
            timed out (the ring's own timeout is 300 s); in place only
+  curve    the loss curve: 1500 steps, host 2's agent killed -9 at step 500 (in place: the world
+           goes on with two ranks; full restart: from the checkpoint at step 500 or before),
+           rank 0's loss at steps 600, 1000 and 1500 against a run of three that never failed
+           (the `--no_faults` run of the same mode)
   goodput  for --duration seconds, host 2's agent killed -9 every --period seconds and started
            again a second later: completed steps per second against a run without faults
 
 Each mode runs with --in_place and without (today's restart), side by side in one run, each
 trial in fresh hosts (`hostnet run 4 -- in_place.py --inner ...`).
 
-  bench/in_place.sh [--trials N] [--only kill,crash,cut,goodput] [--duration S] [--period S]
+  bench/in_place.sh [--trials N] [--only kill,crash,cut,curve,goodput] [--duration S] [--period S]
                     [--delay_ms MS]   (cut: the agents reach rdzvd through fault_proxy, MS each way)
 """
 import argparse
@@ -75,7 +79,8 @@ def agent(a, host, tmp, in_place, extra=()):
                          "--event_log", os.path.join(tmp, f"events.{host}.{time.monotonic()}")]
     if in_place:
         argv.append("--in_place")
-    argv += [TRAIN, "--steps", "1000000", "--log-every", "1", "--checkpoint-dir",
+    steps = "1500" if a.mode == "curve" else "1000000"
+    argv += [TRAIN, "--steps", steps, "--log-every", "1", "--checkpoint-dir",
              os.path.join(tmp, "ck"), "--checkpoint-every", "50", *extra]
     return Proc(f"agent{host}", argv)
 
@@ -107,6 +112,8 @@ def inner(a):
             crash_trial(a, agents, res)
         elif a.mode == "cut":
             cut_trial(a, agents, rd, res)
+        elif a.mode == "curve":
+            curve_trial(a, agents, res)
         else:
             goodput_trial(a, agents, procs, tmp, res)
     except Exception as e:  # noqa: BLE001 (the result says what went wrong)
@@ -201,6 +208,22 @@ def cut_trial(a, agents, rd, res):
     res["returned_before_decision"] = any(t < decided[0] for t in returned)
 
 
+def curve_trial(a, agents, res):
+    if a.faults:
+        at = wait_until(lambda: any(p.first(r"\]:step 500 loss") for p in agents.values()), 120)
+        if not at:
+            raise RuntimeError("no step 500")
+        agents[2].stop(signal.SIGKILL)
+    survivors = [p for h, p in agents.items() if h != 2 or not a.faults]
+    done = wait_until(lambda: any(p.first(r"final loss") for p in survivors), 300)
+    if not done:
+        raise RuntimeError("the run did not finish")
+    for step in (600, 1000, 1500):
+        # The last line for that step (a step done again after a restart prints again).
+        found = [m for p in survivors for m in p.all(r"\]:step %d loss (\S+)" % step)]
+        res[f"loss_{step}"] = float(found[-1][1].group(1)) if found else None
+
+
 def goodput_trial(a, agents, procs, tmp, res):
     time.sleep(3.0)
     t0 = time.monotonic()
@@ -240,8 +263,8 @@ def outer(a):
     rows = {}
     for mode in modes:
         for in_place in ((True,) if mode == "cut" else (True, False)):
-            for faults in ((False, True) if mode == "goodput" else (True,)):
-                trials = 1 if mode == "goodput" else a.trials
+            for faults in ((False, True) if mode in ("goodput", "curve") else (True,)):
+                trials = 1 if mode in ("goodput", "curve") else a.trials
                 for t in range(trials):
                     cmd = [HOSTNET, "run", "4", "--", sys.executable, __file__, "--inner",
                            "--mode", mode, "--duration", str(a.duration), "--period",
@@ -275,6 +298,14 @@ def outer(a):
         ratio = f"{f / i:.1f}x" if i and f else "-"
         fmt = lambda x: f"{x * 1000:.0f} ms" if x is not None else "-"
         print(f"| {what} (median of {a.trials}) | {fmt(i)} | {fmt(f)} | {ratio} |")
+    if "curve" in modes:
+        for step in (600, 1000, 1500):
+            cells = []
+            for in_place in (True, False):
+                v = med(("curve", in_place, True), f"loss_{step}")
+                base = med(("curve", in_place, False), f"loss_{step}")
+                cells.append(f"{v:.4f} (unbroken {base:.4f})" if v and base else "-")
+            print(f"| loss at step {step}, a node killed at step 500 | {cells[0]} | {cells[1]} | |")
     if "goodput" in modes:
         for field, unit in (("steps_per_s", "steps/s"), ("samples_per_s", "samples/s")):
             for in_place in (True, False):
@@ -292,7 +323,7 @@ def main():
     ap.add_argument("--mode", default="kill")
     ap.add_argument("--in_place", action="store_true")
     ap.add_argument("--no_faults", dest="faults", action="store_false")
-    ap.add_argument("--only", default="kill,crash,cut,goodput")
+    ap.add_argument("--only", default="kill,crash,cut,curve,goodput")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--duration", type=float, default=180.0)
     ap.add_argument("--period", type=float, default=15.0)

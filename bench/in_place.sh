@@ -1,7 +1,7 @@
 #!/bin/bash
 # In-place recovery against today's full restart on four namespace hosts (bench/README.md,
 # "In-place recovery"). Needs root. Builds what it needs into $BUILD.
-#   bench/in_place.sh [--trials N] [--only kill,crash,cut,goodput] [--duration S] [--period S]
+#   bench/in_place.sh [--trials N] [--only kill,crash,cut,curve,goodput] [--duration S] [--period S]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 export BUILD=${BUILD:-/work/build-bench}
