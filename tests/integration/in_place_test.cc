@@ -156,6 +156,25 @@ auto said(const std::string& what) {
   };
 }
 
+// Of four agents, 1 and 2 were killed -9: 0 and 3 re-form in a world of two, in the processes
+// they started with (whatever round that took), then leave on SIGTERM.
+void survivors_reformed_in_two(std::vector<std::unique_ptr<Proc>>& agents) {
+  CHECK(agents[1]->wait() == 128 + SIGKILL);
+  CHECK(agents[2]->wait() == 128 + SIGKILL);
+  for (int i : {0, 3}) {
+    Proc& p = *agents[i];
+    const bool ok = p.wait_output(said("of 2, round"), 30s);
+    INFO(p.out() << p.err());
+    REQUIRE(ok);
+    const auto pids = started(p.out());
+    REQUIRE(pids.size() == 1);  // no new process on a survivor
+    CHECK(reformed(p.out(), R"(rank \d of 2, round \d+)") == std::set<int>{pids.begin()->second});
+  }
+  for (int i : {0, 3}) ::kill(agents[i]->pid(), SIGTERM);
+  CHECK(agents[0]->wait() == 143);
+  CHECK(agents[3]->wait() == 143);
+}
+
 }  // namespace
 
 TEST_CASE("in place: two nodes lost at once: the two survivors re-form once, in their own "
@@ -165,20 +184,7 @@ TEST_CASE("in place: two nodes lost at once: the two survivors re-form once, in 
   for (auto& p : agents) REQUIRE(p->wait_output(said("in place, round 1"), 60s));
   ::kill(agents[1]->pid(), SIGKILL);
   ::kill(agents[2]->pid(), SIGKILL);
-  CHECK(agents[1]->wait() == 128 + SIGKILL);
-  CHECK(agents[2]->wait() == 128 + SIGKILL);
-  for (int i : {0, 3}) {
-    Proc& p = *agents[i];
-    const bool ok = p.wait_output(said("of 2, round"), 30s);
-    INFO(p.out() << p.err());
-    REQUIRE(ok);
-    const auto pids = started(p.out());
-    REQUIRE(pids.size() == 1);
-    CHECK(reformed(p.out(), R"(rank \d of 2, round \d+)") == std::set<int>{pids.begin()->second});
-  }
-  for (int i : {0, 3}) ::kill(agents[i]->pid(), SIGTERM);
-  CHECK(agents[0]->wait() == 143);
-  CHECK(agents[3]->wait() == 143);
+  survivors_reformed_in_two(agents);
 }
 
 TEST_CASE("in place: a second node lost while the first loss is being recovered: the "
@@ -194,20 +200,7 @@ TEST_CASE("in place: a second node lost while the first loss is being recovered:
       },
       30s));
   ::kill(agents[2]->pid(), SIGKILL);
-  CHECK(agents[1]->wait() == 128 + SIGKILL);
-  CHECK(agents[2]->wait() == 128 + SIGKILL);
-  for (int i : {0, 3}) {
-    Proc& p = *agents[i];
-    const bool ok = p.wait_output(said("of 2, round"), 30s);
-    INFO(p.out() << p.err());
-    REQUIRE(ok);
-    const auto pids = started(p.out());
-    REQUIRE(pids.size() == 1);  // no new process on a survivor, whatever round it re-formed in
-    CHECK(reformed(p.out(), R"(rank \d of 2, round \d+)") == std::set<int>{pids.begin()->second});
-  }
-  for (int i : {0, 3}) ::kill(agents[i]->pid(), SIGTERM);
-  CHECK(agents[0]->wait() == 143);
-  CHECK(agents[3]->wait() == 143);
+  survivors_reformed_in_two(agents);
 }
 
 TEST_CASE("in place: a newcomer within MIN:MAX joins the running group, which keeps its "
