@@ -19,6 +19,49 @@ using namespace muster;
 // itself bounds the whole recovery by --in_place_timeout and ends the worker after it).
 constexpr std::chrono::minutes kWorldWait{5};
 
+// The ring this rank trains on; in place, rebuilt in each new world.
+struct Ring {
+  worker::Runtime& rt;
+  worker::Backend backend;
+  bool in_place;
+  std::unique_ptr<worker::Communicator> comm;
+
+  // The first ring. In place, a loss while it forms waits for the world after it.
+  absl::Status form() {
+    auto c = rt.communicator(backend);
+    while (!c.ok() && in_place) {
+      if (!rt.await_world(kWorldWait).ok()) break;
+      c = rt.communicator(backend);
+    }
+    if (!c.ok()) return c.status();
+    comm = std::move(*c);
+    return absl::OkStatus();
+  }
+
+  // After a failed collective: the next world's ring, and ctx pointed at it.
+  absl::Status reform(train::TrainContext& ctx) {
+    const int was = rt.info().rank;
+    comm.reset();  // the aborted ring's sockets go now
+    for (;;) {
+      auto world = rt.await_world(kWorldWait);
+      if (!world.ok()) return world.status();
+      auto next = rt.communicator(backend);
+      if (!next.ok()) continue;  // lost again while forming: the world after this one
+      std::string lost;
+      for (int x : world->lost) lost += (lost.empty() ? "" : ",") + std::to_string(x);
+      std::printf("rank %d: pid %d re-formed in place as rank %d of %d, round %d (lost: %s)\n",
+                  was, static_cast<int>(::getpid()), world->rank, world->world_size,
+                  world->round, lost.empty() ? "none" : lost.c_str());
+      std::fflush(stdout);
+      comm = std::move(*next);
+      ctx.comm = comm.get();
+      ctx.store = &rt.store();
+      ctx.restart_count = world->restart_count;
+      return absl::OkStatus();
+    }
+  }
+};
+
 int main(int argc, char** argv) {
   train::TrainOptions o;
   std::string precision = "bf16", device = "auto";
@@ -81,50 +124,19 @@ int main(int argc, char** argv) {
   const worker::Backend backend = cuda ? worker::Backend::kNccl : worker::Backend::kTcp;
   // Under launch --in_place this program re-forms in place (docs/in_place.md); elsewhere
   // enable_in_place() says there is no control channel and nothing changes.
-  const bool in_place = (*rt)->enable_in_place().ok();
-  auto comm = (*rt)->communicator(backend);
-  while (!comm.ok() && in_place) {
-    // A loss while the first ring forms: the world after it.
-    auto world = (*rt)->await_world(kWorldWait);
-    if (!world.ok()) break;
-    comm = (*rt)->communicator(backend);
-  }
-  if (!comm.ok()) {
-    std::fprintf(stderr, "train: rank %d: %s\n", (*rt)->info().rank,
-                 std::string(comm.status().message()).c_str());
+  Ring ring{**rt, backend, (*rt)->enable_in_place().ok()};
+  if (absl::Status s = ring.form(); !s.ok()) {
+    std::fprintf(stderr, "train: rank %d: %s\n", info.rank, std::string(s.message()).c_str());
     return 1;
   }
-  std::unique_ptr<worker::Communicator> ring = std::move(*comm);
-  train::TrainContext ctx{ring.get(), *engine, &(*rt)->store(), (*rt)->info().restart_count, std::cout,
-                          &(*rt)->progress_reporter(), {}, {}};
-  if (in_place) {
-    std::printf("rank %d: pid %d in place, round %d\n", (*rt)->info().rank,
-                static_cast<int>(::getpid()), (*rt)->info().round);
+  train::TrainContext ctx{ring.comm.get(), *engine, &(*rt)->store(), info.restart_count,
+                          std::cout, &(*rt)->progress_reporter(), {}, {}};
+  if (ring.in_place) {
+    std::printf("rank %d: pid %d in place, round %d\n", info.rank, static_cast<int>(::getpid()),
+                info.round);
     std::fflush(stdout);
-    worker::Runtime& r = **rt;
-    int my_rank = (*rt)->info().rank;
-    ctx.reform = [&]() -> absl::Status {
-      ring.reset();  // the aborted ring's sockets go now
-      for (;;) {
-        auto world = r.await_world(kWorldWait);
-        if (!world.ok()) return world.status();
-        auto next = r.communicator(backend);
-        if (!next.ok()) continue;  // lost again while forming: the world after this one
-        std::string lost;
-        for (int x : world->lost) lost += (lost.empty() ? "" : ",") + std::to_string(x);
-        std::printf("rank %d: pid %d re-formed in place as rank %d of %d, round %d (lost: %s)\n",
-                    my_rank, static_cast<int>(::getpid()), world->rank, world->world_size,
-                    world->round, lost.empty() ? "none" : lost.c_str());
-        std::fflush(stdout);
-        my_rank = world->rank;
-        ring = std::move(*next);
-        ctx.comm = ring.get();
-        ctx.store = &r.store();
-        ctx.restart_count = world->restart_count;
-        return absl::OkStatus();
-      }
-    };
-    ctx.resumed = [&r] { (void)r.resumed(); };
+    ctx.reform = [&ring, &ctx] { return ring.reform(ctx); };
+    ctx.resumed = [&rt] { (void)(*rt)->resumed(); };
   }
   if (absl::Status s = train::train(o, ctx); !s.ok()) {
     std::fprintf(stderr, "train: rank %d: %s\n", info.rank, std::string(s.message()).c_str());

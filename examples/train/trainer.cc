@@ -193,6 +193,25 @@ absl::StatusOr<bool> recover(TrainContext& ctx, const absl::Status& why, bool ha
   }
 }
 
+// Where this rank starts: the checkpoint (or the seed's parameters), which every rank must
+// share; in place, the state of a running group's survivors when there are any.
+absl::Status start_run(const TrainOptions& o, TrainContext& ctx, LossScaler& scaler,
+                       std::int64_t& step, std::int64_t& adam_steps) {
+  auto start = load_start(o, ctx.engine.num_params(), scaler);
+  if (!start.ok()) return start.status();
+  step = start->step;
+  adam_steps = start->adam_steps;
+  ctx.engine.set_state(start->params, start->m, start->v);
+  if (!ctx.reform) return agree_on_start(o, ctx, step);
+  // In place, a new process may join a running group: the survivors hand it their state.
+  auto synced = sync_state(ctx, false, step, adam_steps, scaler);
+  // A loss already during start-up: the next world, still without state of its own.
+  if (!synced.ok() && lost_peer(synced.status())) {
+    synced = recover(ctx, synced.status(), false, step, adam_steps, scaler);
+  }
+  return synced.status();
+}
+
 }  // namespace
 
 absl::Status train(const TrainOptions& o, TrainContext& ctx) {
@@ -202,22 +221,8 @@ absl::Status train(const TrainOptions& o, TrainContext& ctx) {
   const std::size_t n = engine.num_params();
   LossScaler scaler({o.precision != Precision::kF32, 65536.0f, 2.0f, 0.5f, o.growth_interval});
 
-  auto start = load_start(o, n, scaler);
-  if (!start.ok()) return start.status();
-  std::int64_t step = start->step, adam_steps = start->adam_steps;
-  engine.set_state(start->params, start->m, start->v);
-  // In place, a new process may join a running group: the survivors hand it their state.
-  if (ctx.reform) {
-    auto synced = sync_state(ctx, false, step, adam_steps, scaler);
-    // A loss already during start-up: the next world, still without state of its own.
-    if (!synced.ok() && lost_peer(synced.status())) {
-      synced = recover(ctx, synced.status(), false, step, adam_steps, scaler);
-    }
-    if (!synced.ok()) return synced.status();
-  }
-  if (!ctx.reform) {
-    if (absl::Status s = agree_on_start(o, ctx, step); !s.ok()) return s;
-  }
+  std::int64_t step = 0, adam_steps = 0;
+  if (absl::Status s = start_run(o, ctx, scaler, step, adam_steps); !s.ok()) return s;
   if (ctx.comm->rank() == 0) {
     ctx.out << absl::StrFormat(
         "train: %d rank(s) on %s, %s, %zu parameters, global batch %d, %s step %d of %d\n",

@@ -337,10 +337,14 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
     if (key.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("--rdzv_conf: '", item, "' has no key"));
     }
-    auto seconds = [&](std::chrono::milliseconds& into,
-                       std::chrono::milliseconds max) -> absl::Status {
+    // `positive`: 0 is refused too.
+    auto seconds = [&](std::chrono::milliseconds& into, std::chrono::milliseconds max,
+                       bool positive = false) -> absl::Status {
       auto v = parse_seconds(key, value, max);
       if (!v.ok()) return v.status();
+      if (positive && v->count() == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("--rdzv_conf ", key, ": must be above 0"));
+      }
       into = *v;
       return absl::OkStatus();
     };
@@ -354,15 +358,9 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
     } else if (key == "read_timeout") {
       st = seconds(c.read_timeout, limits::kMaxReadTimeout);
     } else if (key == "reattach_timeout") {
-      st = seconds(c.timeouts.reattach_timeout, limits::kMaxReattachTimeout);
-      if (st.ok() && c.timeouts.reattach_timeout.count() == 0) {
-        st = absl::InvalidArgumentError("--rdzv_conf reattach_timeout: must be above 0");
-      }
+      st = seconds(c.timeouts.reattach_timeout, limits::kMaxReattachTimeout, true);
     } else if (key == "keep_alive_interval") {
-      st = seconds(c.timeouts.keep_alive_interval, limits::kMaxKeepAliveInterval);
-      if (st.ok() && c.timeouts.keep_alive_interval.count() == 0) {
-        st = absl::InvalidArgumentError("--rdzv_conf keep_alive_interval: must be above 0");
-      }
+      st = seconds(c.timeouts.keep_alive_interval, limits::kMaxKeepAliveInterval, true);
     } else if (key == "keep_alive_max_attempt") {
       std::int64_t n = 0;
       if (!absl::SimpleAtoi(value, &n) || n < 1) {
@@ -386,10 +384,7 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
     } else if (key == "tls_server_name") {
       c.tls.server_name = std::string(value);
     } else if (key == "in_place_timeout") {
-      st = seconds(c.in_place_timeout, limits::kMaxInPlaceTimeout);
-      if (st.ok() && c.in_place_timeout.count() == 0) {
-        st = absl::InvalidArgumentError("--rdzv_conf in_place_timeout: must be above 0");
-      }
+      st = seconds(c.in_place_timeout, limits::kMaxInPlaceTimeout, true);
     } else if (key == "is_host" || key == "use_agent_store" || key == "in_place") {
       std::string v = absl::AsciiStrToLower(value);
       std::optional<bool> b;
