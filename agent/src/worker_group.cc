@@ -311,6 +311,16 @@ WorkerGroup::Started WorkerGroup::reform(const v1::Assignment& a, const WorkerEn
                                          const std::vector<int>& lost_ranks) {
   std::string lost;
   for (int r : lost_ranks) lost += (lost.empty() ? "" : ",") + std::to_string(r);
+  // Workers retired by earlier re-forms whose pipes and channel have closed have no handler
+  // left to run: they go (a long job recovers many times).
+  auto drained = [](const std::unique_ptr<Worker>& w) {
+    for (const Descriptor* d : {w->out ? &w->out->sd : nullptr, w->err ? &w->err->sd : nullptr,
+                                w->control.get()}) {
+      if (d != nullptr && d->is_open()) return false;
+    }
+    return true;
+  };
+  retired_.erase(std::remove_if(retired_.begin(), retired_.end(), drained), retired_.end());
   group_rank_ = a.group_rank();
   const bool watch_progress = a.hang_timeout_ms() > 0 || a.wants_progress();
   std::vector<int> dead;

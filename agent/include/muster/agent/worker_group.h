@@ -132,7 +132,8 @@ class WorkerGroup {
   std::vector<std::unique_ptr<Worker>> workers_;
   // Workers of earlier rounds left behind in the kernel (state D), until they are reaped.
   std::vector<std::unique_ptr<Worker>> abandoned_;
-  // Dead workers replaced in place, kept until the group ends (their pipes may still drain).
+  // Dead workers replaced in place, kept while their pipes may still drain (the next re-form
+  // drops those that are done).
   std::vector<std::unique_ptr<Worker>> retired_;
   OwnedFd filtered_[2];  // this attempt's filtered_std{out,err}.log (-1: no filters, no file)
   std::unique_ptr<HangWatch> hang_watch_;
