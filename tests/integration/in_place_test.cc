@@ -177,6 +177,47 @@ void survivors_reformed_in_two(std::vector<std::unique_ptr<Proc>>& agents) {
 
 }  // namespace
 
+TEST_CASE("in place: a node whose link to the server goes silent (no FIN, no RST) is dropped "
+          "and the survivors re-form in their own processes",
+          "[in_place]") {
+  RdzvdProc server;
+  // b reaches the server only through a proxy that black-holes on SIGUSR1.
+  Proc proxy({FAULT_PROXY_BIN, "--listen", "127.0.0.1:0", "--target", server.endpoint});
+  REQUIRE(proxy.wait_output(said("listening on "), 10s));
+  std::smatch m;
+  const std::string proxy_out = proxy.out();
+  REQUIRE(std::regex_search(proxy_out, m, std::regex(R"(listening on (\d+))")));
+  const std::string via_proxy = "127.0.0.1:" + m[1].str();
+  // A 2 s liveness window; round 1 closes when all three are in.
+  const std::vector<std::string> conf{
+      "--rdzv_conf=last_call_timeout=60,keep_alive_interval=0.5,keep_alive_max_attempt=4",
+      "--in_place", "--max_restarts=1"};
+  auto agent = [&](const std::string& endpoint) {
+    std::vector<std::string> argv = c10d(endpoint, "2:3", 1, "silent", conf);
+    argv.insert(argv.begin(), kLaunch);
+    argv.insert(argv.end(), {kTrain, "--steps", "100000", "--log-every", "1000"});
+    return std::make_unique<Proc>(argv);
+  };
+  auto a = agent(server.endpoint), b = agent(via_proxy), c = agent(server.endpoint);
+  for (auto* p : {a.get(), b.get(), c.get()}) REQUIRE(p->wait_output(said("in place, round 1"), 60s));
+  ::kill(proxy.pid(), SIGUSR1);
+  REQUIRE(proxy.wait_output(said("blackhole on"), 10s));
+  for (Proc* p : {a.get(), c.get()}) {
+    const bool ok = p->wait_output(said("of 2, round 2"), 30s);
+    INFO(p->out() << p->err());
+    REQUIRE(ok);
+    const auto pids = started(p->out());
+    REQUIRE(pids.size() == 1);  // nothing new started on a survivor
+    CHECK(reformed(p->out(), R"(rank \d of 2, round 2)") == std::set<int>{pids.begin()->second});
+  }
+  for (Proc* p : {a.get(), b.get(), c.get()}) ::kill(p->pid(), SIGTERM);
+  CHECK(a->wait() == 143);
+  CHECK(c->wait() == 143);
+  CHECK(b->wait() == 143);
+  ::kill(proxy.pid(), SIGTERM);
+  CHECK(proxy.wait() == 0);
+}
+
 TEST_CASE("in place: two nodes lost at once: the two survivors re-form once, in their own "
           "processes", "[in_place]") {
   RdzvdProc server;
