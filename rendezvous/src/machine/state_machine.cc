@@ -484,7 +484,9 @@ void StateMachine::restart(Run& run, const std::string& reason, std::string_view
   run.nodes.clear_all_expected();
   // The global ranks of the round's members that are gone (in-place recovery's `lost`).
   std::vector<int> lost;
-  for (const auto& [node_id, ranks] : run.round_ranks) {
+  for (const auto& [gone_id, ranks] : run.round_ranks) {
+    // A structured binding cannot be captured before C++20 (clang refuses): name a copy.
+    const std::string& node_id = gone_id;
     const bool kept = std::any_of(run.members.begin(), run.members.end(),
                                   [&](const Node& n) { return n.join.node_id() == node_id; });
     for (int k = 0; !kept && k < ranks.second; ++k) lost.push_back(ranks.first + k);
