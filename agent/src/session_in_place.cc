@@ -57,7 +57,7 @@ bool SessionMachine::recover_in_place(Step& s, const char* cause) {
     return true;
   }
   phase_ = Phase::kReforming;
-  s.add(Send{join_message(false)});
+  s.add(Send{join_message(false, true)});  // the server counts this node as in place
   return true;
 }
 
@@ -115,6 +115,22 @@ Actions SessionMachine::on_worker_resumed(int local_rank, int round, Time now) {
   AgentEvent e = event(AgentEvent::Kind::kInPlaceResumed, now);
   e.world_size = assignment_.world_size();
   e.workers = static_cast<int>(resumed_.size());
+  // The server's view of the recovery (its status and live page): this node is back, with
+  // its phases. Not a report kept for a re-attach: a restored server knows no recovery.
+  v1::AgentMsg msg;
+  v1::ReportResumed* r = msg.mutable_resumed();
+  r->set_round(assignment_.round());
+  r->set_workers(e.workers);
+  if (recovery_) {
+    auto ms = [](Time::duration d) {
+      return std::max<std::int64_t>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+    };
+    r->set_abort_ms(ms(recovery_->stopped - recovery_->noticed));
+    r->set_rendezvous_ms(ms(recovery_->formed - recovery_->stopped));
+    r->set_reform_ms(ms(now - recovery_->formed));
+  }
+  if (attached_) s.add(Send{std::move(msg)});
   if (recovery_) {
     recovery_->started = now;
     s.log(Level::kInfo,
@@ -154,7 +170,7 @@ void SessionMachine::fall_back(Step& s, const std::string& why) {
   f.set_group_rank(assignment_.group_rank());
   f.set_exit_code(1);
   f.set_message(reason);
-  report_failure(s, f);
+  report_failure(s, f, true);
   stop(s, SIGTERM);
 }
 

@@ -69,10 +69,12 @@ void SessionMachine::send_join(Step& s) {
   s.add(Send{join_message(false)});  // a dead stream reports itself through on_stream_closed
 }
 
-// A Join; with `reattach`, one that asks for this node's place in the running round back.
-v1::AgentMsg SessionMachine::join_message(bool reattach) const {
+// A Join; with `reattach`, one that asks for this node's place in the running round back;
+// with `in_place`, one that says this node keeps its workers for the next round.
+v1::AgentMsg SessionMachine::join_message(bool reattach, bool in_place) const {
   v1::AgentMsg msg;
   *msg.mutable_join() = config_.join;
+  msg.mutable_join()->set_in_place(in_place);
   if (reattach) {
     msg.mutable_join()->set_reattach_round(assignment_.round());
     msg.mutable_join()->set_reattach_group_rank(assignment_.group_rank());
@@ -486,11 +488,12 @@ void SessionMachine::send_report(Step& s, const v1::AgentMsg& msg) {
   if (attached_) s.add(Send{msg});
 }
 
-void SessionMachine::report_failure(Step& s, const v1::WorkerFailure& f) {
+void SessionMachine::report_failure(Step& s, const v1::WorkerFailure& f, bool in_place_fallback) {
   if (failure_reported_) return;
   failure_reported_ = true;
   v1::AgentMsg msg;
   msg.mutable_failure()->set_round(assignment_.round());
+  msg.mutable_failure()->set_in_place_fallback(in_place_fallback);
   *msg.mutable_failure()->mutable_root_cause() = f;
   send_report(s, msg);
 }

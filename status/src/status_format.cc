@@ -92,7 +92,52 @@ std::string failure_json(const v1::FailureStatus& f) {
   return j.str();
 }
 
+std::string recovery_json(const v1::RecoveryStatus& r) {
+  return JsonObject()
+      .add("round", r.round())
+      .add("cause", r.cause())
+      .add("mode", recovery_mode(r))
+      .add("nodes", r.nodes())
+      .add("nodes_in_place", r.nodes_in_place())
+      .add("nodes_resumed", r.nodes_resumed())
+      .add("formed_ms", static_cast<long long>(r.formed_ms()))
+      .add("resumed_ms", static_cast<long long>(r.resumed_ms()))
+      .add("abort_ms", static_cast<long long>(r.abort_ms()))
+      .add("reform_ms", static_cast<long long>(r.reform_ms()))
+      .add("age_ms", static_cast<long long>(r.age_ms()))
+      .str();
+}
+
 }  // namespace
+
+std::string recovery_mode(const v1::RecoveryStatus& r) {
+  if (r.nodes_in_place() == 0) return "full";
+  if (r.nodes_in_place() < r.nodes()) return "mixed";
+  return "in_place";
+}
+
+std::string recovery_line(const v1::RecoveryStatus& r) {
+  std::string out = absl::StrCat("round ", r.round(), " after a restart (", printable(r.cause()),
+                                 "), ", human_duration(r.age_ms()), " ago: ");
+  if (r.nodes_in_place() == 0) {
+    absl::StrAppend(&out, "full restart, every worker new; round formed ",
+                    human_duration(r.formed_ms()), " after the restart");
+    return out;
+  }
+  absl::StrAppend(&out, "in place on ", r.nodes_in_place(), " of ", r.nodes(),
+                  " node(s); noticed -> round formed ", human_duration(r.formed_ms()));
+  if (r.nodes_resumed() == r.nodes_in_place()) {
+    absl::StrAppend(&out, " -> resumed ", human_duration(r.resumed_ms()));
+  } else {
+    absl::StrAppend(&out, " -> ", r.nodes_resumed(), " of ", r.nodes_in_place(),
+                    " node(s) resumed so far");
+  }
+  if (r.nodes_resumed() > 0) {
+    absl::StrAppend(&out, " (slowest node: abort ", human_duration(r.abort_ms()), ", re-form ",
+                    human_duration(r.reform_ms()), ")");
+  }
+  return out;
+}
 
 std::string iso8601_ms(std::chrono::system_clock::time_point t) {
   const std::int64_t ms = unix_ms(t);
@@ -150,6 +195,10 @@ std::string status_json(const v1::StatusReply& reply) {
     }
     j.add_raw("members", json_array(members)).add_raw("waiting", json_array(waiting));
     j.add_raw("last_failure", r.has_last_failure() ? failure_json(r.last_failure()) : "null");
+    j.add("in_place_recoveries", r.in_place_recoveries())
+        .add("in_place_fallbacks", r.in_place_fallbacks())
+        .add_raw("last_recovery",
+                 r.has_last_recovery() ? recovery_json(r.last_recovery()) : "null");
     runs.push_back(j.str());
   }
   const auto parked = static_cast<long long>(reply.store().parked_waits());
@@ -173,10 +222,16 @@ std::string status_table(const v1::StatusReply& reply) {
     if (!out.empty()) out += '\n';
     std::string phase = r.phase();
     if (!r.result().empty()) absl::StrAppend(&phase, " (", r.result(), ")");
+    std::string restarts = absl::StrCat(r.restart_count(), "/", r.max_restarts());
+    if (r.in_place_recoveries() > 0 || r.in_place_fallbacks() > 0) {
+      absl::StrAppend(&restarts, " (", r.in_place_recoveries(), " in place");
+      if (r.in_place_fallbacks() > 0)
+        absl::StrAppend(&restarts, ", ", r.in_place_fallbacks(), " fell back");
+      restarts += ')';
+    }
     append_columns(out,
                    {{"RUN", "PHASE", "ROUND", "RESTARTS", "NODES", "WORLD", "IN PHASE"},
-                    {printable(r.run_id()), phase, absl::StrCat(r.round()),
-                     absl::StrCat(r.restart_count(), "/", r.max_restarts()),
+                    {printable(r.run_id()), phase, absl::StrCat(r.round()), restarts,
                      absl::StrCat(r.min_nodes(), ":", r.max_nodes()), absl::StrCat(r.world_size()),
                      human_duration(r.phase_age_ms())}},
                    "");
@@ -198,6 +253,9 @@ std::string status_table(const v1::StatusReply& reply) {
       absl::StrAppend(&out, "  last failure: rank ", f.rank(), " on ", printable(f.host()), ", ",
                       how_it_ended(f), ", round ", f.round(), ", ", human_duration(f.age_ms()),
                       " ago: ", printable(f.reason()), "\n");
+    }
+    if (r.has_last_recovery()) {
+      absl::StrAppend(&out, "  last recovery: ", recovery_line(r.last_recovery()), "\n");
     }
   }
   return out;
@@ -229,7 +287,9 @@ std::string event_json(const rendezvous::RunEvent& e, std::chrono::system_clock:
       break;
     case Kind::kRoundFormed:
       j.add("nodes", e.nodes).add("world_size", e.world_size).add("spares", e.spares);
-      if (e.round > 1) j.add("took_ms", static_cast<long long>(e.took.count()));
+      if (e.round > 1) {
+        j.add("took_ms", static_cast<long long>(e.took.count())).add("in_place", e.in_place);
+      }
       break;
     case Kind::kWorkerFailed:
       node();
@@ -254,6 +314,19 @@ std::string event_json(const rendezvous::RunEvent& e, std::chrono::system_clock:
     case Kind::kNodeReattached:
       node();
       j.add("still_detached", e.nodes);
+      break;
+    case Kind::kInPlaceResumed:  // docs/in_place.md
+      node();
+      j.add("resumed", e.in_place)
+          .add("in_place", e.nodes)
+          .add("took_ms", static_cast<long long>(e.took.count()))
+          .add("abort_ms", static_cast<long long>(e.abort.count()))
+          .add("rendezvous_ms", static_cast<long long>(e.rendezvous.count()))
+          .add("reform_ms", static_cast<long long>(e.reform.count()));
+      break;
+    case Kind::kInPlaceFallback:
+      node();
+      j.add("reason", e.reason);
       break;
   }
   return j.str();

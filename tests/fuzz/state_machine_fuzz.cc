@@ -235,6 +235,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           j->set_keep_alive_max_attempt(in.ConsumeIntegral<std::int32_t>());
         }
         if (in.ConsumeBool()) j->set_shutdown_timeout_ms(odd_duration(in));
+        j->set_in_place(in.ConsumeIntegralInRange(0, 2) == 0);
         if (in.ConsumeIntegralInRange(0, 15) == 0) {
           const std::size_t n = in.ConsumeBool() ? limits::kMaxAgentMessageBytes
                                                  : in.ConsumeIntegralInRange<std::size_t>(0, 64);
@@ -256,6 +257,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                         "\xe2\x82\xac");
         rc->set_traceback(std::string("\xe2\x82\xac") +
                           std::string(in.ConsumeIntegralInRange<std::size_t>(0, 30000), 't'));
+        r->set_in_place_fallback(in.ConsumeIntegralInRange(0, 3) == 0);
         const int others = in.ConsumeIntegralInRange(0, 24);
         for (int i = 0; i < others; ++i) {
           r->add_others()->set_message(std::string(in.ConsumeIntegralInRange(0, 2000), 'o'));
@@ -282,7 +284,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         ++f.gen[slot];
         break;
       case 7:
-        (void)f.sm.status(in.ConsumeBool() ? "" : runs[in.ConsumeIntegralInRange(0, 2)]);
+        if (in.ConsumeBool()) {
+          (void)f.sm.status(in.ConsumeBool() ? "" : runs[in.ConsumeIntegralInRange(0, 2)]);
+        } else {
+          // In-place recovery's report: this round or another, times fair or not.
+          v1::AgentMsg m;
+          v1::ReportResumed* r = m.mutable_resumed();
+          r->set_round(in.ConsumeBool() ? f.round[s] : in.ConsumeIntegralInRange(0, 5));
+          r->set_workers(in.ConsumeIntegralInRange(-1, 4));
+          r->set_abort_ms(odd_duration(in));
+          r->set_rendezvous_ms(odd_duration(in));
+          r->set_reform_ms(odd_duration(in));
+          out = f.sm.on_message(s, m, f.now);
+        }
         break;
       default: {
         tick = true;

@@ -55,7 +55,8 @@ TEST_CASE("in place: a failed worker is reported, the survivor aborted, nothing 
   n.in_place();
   declared_running(n);
   Actions& a = fail_worker(n, 1);
-  CHECK(sent(a, v1::AgentMsg::kFailure) != nullptr);
+  REQUIRE(sent(a, v1::AgentMsg::kFailure) != nullptr);
+  CHECK_FALSE(sent(a, v1::AgentMsg::kFailure)->msg.failure().in_place_fallback());
   REQUIRE(has<session::AbortWorkers>(a));
   CHECK_FALSE(has<session::StopWorkers>(a));
   CHECK(n.m->phase() == Phase::kRecovering);
@@ -67,6 +68,7 @@ TEST_CASE("in place: a failed worker is reported, the survivor aborted, nothing 
   const auto* join = sent(r, v1::AgentMsg::kJoin);
   REQUIRE(join != nullptr);
   CHECK(join->msg.join().reattach_round() == 0);
+  CHECK(join->msg.join().in_place());  // the server counts this node as in place
   CHECK(n.m->phase() == Phase::kReforming);
   CHECK(logged(r, session::Level::kWarn, "recovering in place: worker rank 3 failed"));
 
@@ -95,11 +97,20 @@ TEST_CASE("in place: a failed worker is reported, the survivor aborted, nothing 
   CHECK(rec.stopped - rec.noticed == 0ms);    // aborted at once
   CHECK(rec.formed - rec.stopped == 5ms);     // restart 3 ms + assignment 2 ms
   CHECK(rec.started - rec.formed == 25ms);    // every worker resumed
+  // The server hears of it, with the same phases (its status and live page show them).
+  const auto* back = sent(done, v1::AgentMsg::kResumed);
+  REQUIRE(back != nullptr);
+  CHECK(back->msg.resumed().round() == 2);
+  CHECK(back->msg.resumed().workers() == 2);
+  CHECK(back->msg.resumed().abort_ms() == 0);
+  CHECK(back->msg.resumed().rendezvous_ms() == 5);
+  CHECK(back->msg.resumed().reform_ms() == 25);
   bool cancelled = false;
   for (const auto* c : all<session::CancelTimer>(done)) cancelled |= c->timer == session::Timer::kInPlace;
   CHECK(cancelled);
   // The timer, had it fired anyway, does nothing now.
   CHECK_FALSE(has<session::StopWorkers>(n.timer(session::Timer::kInPlace)));
+  CHECK(sent(n.go(n.m->on_worker_resumed(1, 2, n.t)), v1::AgentMsg::kResumed) == nullptr);  // once
 }
 
 TEST_CASE("in place: another node's loss (the server's Restart) keeps every worker running") {
@@ -134,13 +145,16 @@ TEST_CASE("in place: a worker that answers for another round makes the node fall
   REQUIRE(rep != nullptr);
   CHECK(rep->msg.failure().round() == 2);
   CHECK_THAT(rep->msg.failure().root_cause().message(), Catch::Contains("falling back to a full restart"));
+  CHECK(rep->msg.failure().in_place_fallback());  // the server counts the fallback
+  CHECK(sent(a, v1::AgentMsg::kResumed) == nullptr);
   CHECK(has<session::StopWorkers>(a));
   // The restart that follows is the full one: the workers stop, the node rejoins after.
   n.gone();
   Actions& r = n.restart();
   CHECK_FALSE(has<session::AbortWorkers>(r));
   n.gone();
-  CHECK(sent(n.last, v1::AgentMsg::kJoin) != nullptr);
+  REQUIRE(sent(n.last, v1::AgentMsg::kJoin) != nullptr);
+  CHECK_FALSE(sent(n.last, v1::AgentMsg::kJoin)->msg.join().in_place());
   n.hear(assignment(3));
   CHECK(has<session::StartWorkers>(n.last));  // new processes, in-place allowed again
 }

@@ -167,7 +167,8 @@ TEST_CASE("status format: the JSON document and the table", "[status]") {
         "\"waiting\":[{\"node_id\":\"spare\",\"host\":\"h9\",\"local_world_size\":4}],"
         "\"last_failure\":{\"round\":1,\"rank\":2,\"host\":\"h1\",\"node_id\":\"n1\",\"exit_code\":0,"
         "\"signal\":9,\"time\":\"2023-11-14T22:13:20.123Z\",\"unix_ms\":1700000000123,"
-        "\"age_ms\":4200,\"reason\":\"worker rank 2 on h1 failed; restart 1 of 3\"}}],"
+        "\"age_ms\":4200,\"reason\":\"worker rank 2 on h1 failed; restart 1 of 3\"},"
+        "\"in_place_recoveries\":0,\"in_place_fallbacks\":0,\"last_recovery\":null}],"
         "\"store\":{\"parked_waits\":5}}");
 
   CHECK(muster::status::status_table(reply) ==
@@ -204,7 +205,7 @@ TEST_CASE("status format: an event as JSON has only the fields of its kind", "[s
   CHECK(muster::status::event_json(e, wall) ==
         "{\"event\":\"round_formed\",\"time\":\"2023-11-14T22:13:20.123Z\",\"unix_ms\":1700000000123,"
         "\"source\":\"server\",\"run\":\"job\",\"round\":2,\"restart_count\":1,\"nodes\":2,\"world_size\":4,\"spares\":1,"
-        "\"took_ms\":850}");
+        "\"took_ms\":850,\"in_place\":0}");
   e.round = 1;  // a first round: no restart to time it from
   CHECK(muster::status::event_json(e, wall).find("took_ms") == std::string::npos);
 
@@ -239,4 +240,166 @@ TEST_CASE("status format: an event as JSON has only the fields of its kind", "[s
              Catch::EndsWith("\"cause\":\"worker_failure\",\"counts\":true,\"reason\":\"why\"}"));
   CHECK(muster::status::iso8601_ms(std::chrono::system_clock::time_point(std::chrono::milliseconds(-1))) ==
         "1969-12-31T23:59:59.999Z");
+}
+
+namespace {
+
+v1::AgentMsg in_place_join(const std::string& node, bool in_place) {
+  v1::AgentMsg m = join_msg(node, 1, 3, 3, 2);
+  m.mutable_join()->set_in_place(in_place);
+  return m;
+}
+
+v1::AgentMsg resumed(int round, int abort_ms, int rendezvous_ms, int reform_ms) {
+  v1::AgentMsg m;
+  v1::ReportResumed* r = m.mutable_resumed();
+  r->set_round(round);
+  r->set_workers(2);
+  r->set_abort_ms(abort_ms);
+  r->set_rendezvous_ms(rendezvous_ms);
+  r->set_reform_ms(reform_ms);
+  return m;
+}
+
+const RunEvent* find_event(const std::vector<RunEvent>& events, RunEvent::Kind kind) {
+  for (const RunEvent& e : events) {
+    if (e.kind == kind) return &e;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("status: an in-place recovery with its phases (noticed, formed, resumed), next to "
+          "a fallback and a full restart",
+          "[status][in_place]") {
+  StateMachine sm(quiet());
+  TimePoint now{};
+  for (int s = 1; s <= 3; ++s) sm.on_message(s, in_place_join(std::string(1, 'a' + s - 1), false), now);
+  REQUIRE(sm.status("run", now).at(0).round() == 1);
+  CHECK_FALSE(sm.status("run", now).at(0).has_last_recovery());  // no restart yet
+
+  // b is lost; a and c come back with their workers kept.
+  now += 1s;
+  sm.on_stream_closed(2, now);
+  now += 12ms;
+  sm.on_message(1, in_place_join("a", true), now);
+  now += 8ms;
+  auto formed = sm.on_message(3, in_place_join("c", true), now);
+  const RunEvent* round = find_event(formed.events, RunEvent::Kind::kRoundFormed);
+  REQUIRE(round != nullptr);
+  CHECK(round->in_place == 2);
+  CHECK(round->took == 20ms);
+  v1::RunStatus st = sm.status("run", now).at(0);
+  REQUIRE(st.has_last_recovery());
+  CHECK(st.last_recovery().round() == 2);
+  CHECK(st.last_recovery().cause() == "node_lost");
+  CHECK(st.last_recovery().nodes() == 2);
+  CHECK(st.last_recovery().nodes_in_place() == 2);
+  CHECK(st.last_recovery().nodes_resumed() == 0);
+  CHECK(st.last_recovery().formed_ms() == 20);
+  CHECK(st.last_recovery().resumed_ms() == 0);
+  CHECK(muster::status::recovery_mode(st.last_recovery()) == "in_place");
+  CHECK(st.in_place_recoveries() == 0);
+
+  // Each node's report: the first is one of two; a repeat and another round's are stale.
+  now += 10ms;
+  auto first = sm.on_message(1, resumed(2, 1, 19, 8), now);
+  const RunEvent* back = find_event(first.events, RunEvent::Kind::kInPlaceResumed);
+  REQUIRE(back != nullptr);
+  CHECK(back->node_id == "a");
+  CHECK(back->in_place == 1);
+  CHECK(back->nodes == 2);
+  CHECK(back->took == 30ms);
+  CHECK(back->reform == 8ms);
+  CHECK(sm.on_message(1, resumed(2, 1, 19, 8), now).events.empty());
+  CHECK(sm.on_message(3, resumed(1, 1, 1, 1), now).events.empty());
+  now += 5ms;
+  auto last = sm.on_message(3, resumed(2, 3, 17, 12), now);
+  back = find_event(last.events, RunEvent::Kind::kInPlaceResumed);
+  REQUIRE(back != nullptr);
+  CHECK(back->in_place == 2);
+  CHECK(back->took == 35ms);
+  CHECK(muster::status::event_json(*back, std::chrono::system_clock::time_point()) ==
+        "{\"event\":\"in_place_resumed\",\"time\":\"1970-01-01T00:00:00.000Z\",\"unix_ms\":0,"
+        "\"source\":\"server\",\"run\":\"run\",\"round\":2,\"restart_count\":0,\"node\":\"c\","
+        "\"host\":\"host-c\",\"resumed\":2,\"in_place\":2,\"took_ms\":35,\"abort_ms\":3,"
+        "\"rendezvous_ms\":17,\"reform_ms\":12}");
+  now += 2s;
+  v1::StatusReply reply;
+  *reply.add_runs() = sm.status("run", now).at(0);
+  const v1::RecoveryStatus& rec = reply.runs(0).last_recovery();
+  CHECK(rec.nodes_resumed() == 2);
+  CHECK(rec.resumed_ms() == 35);
+  CHECK(rec.abort_ms() == 3);   // the slowest node's
+  CHECK(rec.reform_ms() == 12);
+  CHECK(rec.age_ms() == 2015);
+  CHECK(reply.runs(0).in_place_recoveries() == 1);
+  const std::string table = muster::status::status_table(reply);
+  CHECK_THAT(table, Catch::Contains("0/3 (1 in place)"));
+  CHECK_THAT(table, Catch::Contains(
+                        "  last recovery: round 2 after a restart (node_lost), 2.0s ago: in place "
+                        "on 2 of 2 node(s); noticed -> round formed 20ms -> resumed 35ms (slowest "
+                        "node: abort 3ms, re-form 12ms)\n"));
+  CHECK_THAT(muster::status::status_json(reply),
+             Catch::Contains("\"in_place_recoveries\":1,\"in_place_fallbacks\":0,\"last_recovery\":"
+                             "{\"round\":2,\"cause\":\"node_lost\",\"mode\":\"in_place\",\"nodes\":2,"
+                             "\"nodes_in_place\":2,\"nodes_resumed\":2,\"formed_ms\":20,"
+                             "\"resumed_ms\":35,\"abort_ms\":3,\"reform_ms\":12,\"age_ms\":2015}"));
+
+  // c's next recovery does not complete: its failure report says so. c then restarts in
+  // full while a keeps its workers: a mixed round.
+  v1::AgentMsg fell = failure(2, 5, 1, 0);
+  fell.mutable_failure()->set_in_place_fallback(true);
+  fell.mutable_failure()->mutable_root_cause()->set_message("in-place recovery of round 2 failed");
+  auto fb = sm.on_message(3, fell, now);
+  const RunEvent* fallback = find_event(fb.events, RunEvent::Kind::kInPlaceFallback);
+  REQUIRE(fallback != nullptr);
+  CHECK(fallback->node_id == "c");
+  CHECK(fallback->reason == "in-place recovery of round 2 failed");
+  CHECK(find_event(fb.events, RunEvent::Kind::kRestart) != nullptr);  // counted as ever
+  sm.on_message(1, in_place_join("a", true), now);
+  now += 300ms;
+  sm.on_message(3, in_place_join("c", false), now);
+  st = sm.status("run", now).at(0);
+  CHECK(st.restart_count() == 1);
+  CHECK(st.in_place_fallbacks() == 1);
+  CHECK(st.last_recovery().round() == 3);
+  CHECK(st.last_recovery().cause() == "worker_failure");
+  CHECK(st.last_recovery().nodes_in_place() == 1);
+  CHECK(muster::status::recovery_mode(st.last_recovery()) == "mixed");
+  CHECK_THAT(muster::status::recovery_line(st.last_recovery()),
+             Catch::EndsWith("in place on 1 of 2 node(s); noticed -> round formed 300ms -> 0 of 1 "
+                             "node(s) resumed so far"));
+  // A node that did not join in place has nothing to report: its report changes nothing.
+  CHECK(sm.on_message(3, resumed(3, 0, 0, 0), now).events.empty());
+  CHECK(sm.status("run", now).at(0).last_recovery().nodes_resumed() == 0);
+  reply.clear_runs();
+  *reply.add_runs() = st;
+  CHECK_THAT(muster::status::status_table(reply), Catch::Contains("1/3 (1 in place, 1 fell back)"));
+
+  // A full restart: nobody kept workers.
+  sm.on_message(1, failure(3, 0, 1, 0), now);
+  now += 40ms;
+  sm.on_message(1, in_place_join("a", false), now);
+  sm.on_message(3, in_place_join("c", false), now);
+  st = sm.status("run", now).at(0);
+  CHECK(st.last_recovery().round() == 4);
+  CHECK(muster::status::recovery_mode(st.last_recovery()) == "full");
+  CHECK_THAT(muster::status::recovery_line(st.last_recovery()),
+             Catch::EndsWith("full restart, every worker new; round formed 40ms after the restart"));
+  CHECK(st.in_place_recoveries() == 1);
+  REQUIRE(sm.check_invariants().ok());
+}
+
+TEST_CASE("status: a resumed report with a negative time is refused with a clear error",
+          "[status][in_place]") {
+  StateMachine sm(quiet());
+  TimePoint now{};
+  sm.on_message(1, in_place_join("a", false), now);
+  auto d = sm.on_message(1, resumed(1, -5, 0, 0), now);
+  REQUIRE(d.messages.size() == 1);
+  CHECK(d.messages[0].close);
+  CHECK(d.messages[0].status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(d.messages[0].status.message()), Catch::Contains("must be 0 or more"));
 }

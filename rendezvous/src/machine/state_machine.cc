@@ -81,7 +81,7 @@ std::vector<Outgoing> StateMachine::handle_message(SessionId session, const v1::
       out.push_back(send(session, std::move(ack)));
       return out;
     }
-    if (msg.has_progress()) return out;
+    if (msg.has_progress() || msg.has_resumed()) return out;
     out.push_back(
         close_with(session, absl::FailedPreconditionError("protocol error: message before join")));
     return out;
@@ -93,6 +93,8 @@ std::vector<Outgoing> StateMachine::handle_message(SessionId session, const v1::
     on_success(*run, session, msg.success(), now, out);
   } else if (msg.has_progress()) {
     on_progress(*run, session, msg.progress(), now, out);
+  } else if (msg.has_resumed()) {
+    on_resumed(*run, session, msg.resumed(), now, out);
   } else if (msg.has_keep_alive()) {
     // Being heard from (above), and an answer: the agent's proof that the server hears it.
     v1::ServerMsg ack;
@@ -463,6 +465,7 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
   e.spares = static_cast<int>(run.waiting.size());
   if (run.restarted_since) {
     e.took = std::chrono::duration_cast<milliseconds>(now - *run.restarted_since);
+    e.in_place = recovery_formed(run, now);
     run.restarted_since.reset();
   }
   // Spares left over keep waiting for the next round (max_nodes is met: no join deadline).
@@ -471,6 +474,7 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
 void StateMachine::restart(Run& run, const std::string& reason, std::string_view cause,
                            bool counts, TimePoint now, std::vector<Outgoing>& out) {
   if (counts) ++run.restart_count;
+  run.restart_cause = std::string(cause);
   // Members still detached cannot be told: their places go (they re-attach in vain, then
   // join again).
   drop_detached(run, now, "not_reattached");
@@ -559,6 +563,7 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
       f.round() != run.round) {
     return;
   }
+  if (f.in_place_fallback()) on_in_place_fallback(run, session, f, now);
   // Cut before anything is kept or forwarded: a Fail goes to every node of the run.
   const v1::WorkerFailure rc = cap_failure(f.root_cause());
   {

@@ -207,6 +207,8 @@ std::string_view event_name(RunEvent::Kind kind) {
     case RunEvent::Kind::kFailed: return "failed";
     case RunEvent::Kind::kRunRestored: return "run_restored";
     case RunEvent::Kind::kNodeReattached: return "node_reattached";
+    case RunEvent::Kind::kInPlaceResumed: return "in_place_resumed";
+    case RunEvent::Kind::kInPlaceFallback: return "in_place_fallback";
   }
   return "unknown";
 }

@@ -59,6 +59,19 @@ struct ServerMetrics::Series {
                              "Members that got their place back after a server restart (no "
                              "restart of the run)")
                        .get()),
+        in_place(r.counter("muster_in_place_recoveries_total",
+                           "Restarts that every in-place node of the next round came back from "
+                           "(docs/in_place.md)")
+                     .get()),
+        in_place_fallbacks(r.counter("muster_in_place_fallbacks_total",
+                                     "In-place recoveries of a node that fell back to a full "
+                                     "restart")
+                               .get()),
+        in_place_resumed(r.histogram("muster_in_place_resumed_seconds",
+                                     "From a restart to every in-place node of the next round "
+                                     "resumed, in seconds",
+                                     {}, ops::kRecoveryBucketsSeconds)
+                             .get()),
         store_waits(r.gauge("muster_store_waits_parked",
                             "Store requests (get, wait, multi_get) waiting for keys")
                         .get()) {
@@ -98,6 +111,8 @@ struct ServerMetrics::Series {
   ops::Family<ops::Counter>& runs_finished;
   ops::Histogram& recovery;
   ops::Counter &runs_restored, &reattaches;
+  ops::Counter &in_place, &in_place_fallbacks;
+  ops::Histogram& in_place_resumed;
   ops::Gauge& store_waits;
   std::array<ops::Counter*, StoreServer::kNumOps> store_ops{};
 };
@@ -141,6 +156,16 @@ void ServerMetrics::on_event(const RunEvent& e) {
       break;
     case RunEvent::Kind::kNodeReattached:
       m.reattaches.inc();
+      break;
+    case RunEvent::Kind::kInPlaceResumed:
+      // The last in-place node of the round: the run's recovery is done.
+      if (e.in_place == e.nodes) {
+        m.in_place.inc();
+        m.in_place_resumed.observe(std::chrono::duration<double>(e.took).count());
+      }
+      break;
+    case RunEvent::Kind::kInPlaceFallback:
+      m.in_place_fallbacks.inc();
       break;
     case RunEvent::Kind::kNodeJoined:
       break;

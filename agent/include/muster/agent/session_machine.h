@@ -260,7 +260,7 @@ class SessionMachine {
   class Step;  // one event's actions, being collected
 
   void send_join(Step& s);
-  v1::AgentMsg join_message(bool reattach) const;
+  v1::AgentMsg join_message(bool reattach, bool in_place = false) const;
   void open_stream(Step& s, bool wait_for_ready, std::chrono::milliseconds connect_timeout);
   void reopen_soon(Step& s, std::optional<Time>* deadline, bool reattach);
   void heard(Step& s);
@@ -282,7 +282,7 @@ class SessionMachine {
   void lost_server(Step& s, const std::string& why);
   void never_reached(Step& s, const std::string& why);
   void send_report(Step& s, const v1::AgentMsg& msg);
-  void report_failure(Step& s, const v1::WorkerFailure& f);
+  void report_failure(Step& s, const v1::WorkerFailure& f, bool in_place_fallback = false);
   void stop(Step& s, int sig);
   void exit_with(Step& s, int code);
   void finish(Step& s, int code);

@@ -24,6 +24,12 @@ struct RunEvent {
                     // re-attach (0 for a joining or finished run)
     kNodeReattached,  // a member's new stream took its place (no restart): node_id, host;
                       // nodes = places still waiting for their nodes
+    // In-place recovery (docs/in_place.md):
+    kInPlaceResumed,   // a node that joined in place reported every worker resumed: node_id,
+                       // host, the node's phases, took (from the restart); in_place = nodes
+                       // resumed so far, nodes = nodes in place (done when they are equal)
+    kInPlaceFallback,  // a node's in-place recovery did not complete: node_id, host, reason;
+                       // its failure report (kWorkerFailed, then kRestart) follows
   };
   Kind kind = Kind::kNodeJoined;
   std::string run_id;
@@ -43,8 +49,12 @@ struct RunEvent {
   int nodes = 0;        // kRoundFormed: members; kNodeLost: whether it was a member (1) or not (0)
   int world_size = 0;   // kRoundFormed
   int spares = 0;       // kRoundFormed: nodes left waiting
+  int in_place = 0;     // kRoundFormed: members that kept their workers (Join.in_place)
   // kRoundFormed after a restart: from the restart to this round; zero for a first round.
+  // kInPlaceResumed: from the restart to this report.
   std::chrono::milliseconds took{0};
+  // kInPlaceResumed: the node's own phases (ReportResumed).
+  std::chrono::milliseconds abort{0}, rendezvous{0}, reform{0};
   // kWorkerFailed
   int rank = -1;
   int exit_code = 0;

@@ -328,6 +328,18 @@ class StateMachine {
     TimePoint phase_since;
     std::optional<v1::FailureStatus> last_failure;
     TimePoint last_failure_at;
+    // In-place recovery (docs/in_place.md; machine/state_machine_in_place.cc), for status()
+    // and events, not durable: the last restart's cause; the recovery that the round after
+    // it is (formed, then each in-place node's resumed report); counts.
+    std::string restart_cause;
+    struct Recovery {
+      v1::RecoveryStatus status;  // age_ms filled in by status()
+      TimePoint formed;
+      std::set<SessionId> resumed;
+    };
+    std::optional<Recovery> recovery;
+    int in_place_recoveries = 0;
+    int in_place_fallbacks = 0;
   };
 
   // The decision of the input just handled: `out`, and the events and touched runs it made.
@@ -358,6 +370,14 @@ class StateMachine {
                   std::vector<Outgoing>& out);
   void on_progress(Run& run, SessionId session, const v1::Progress& p, TimePoint now,
                    std::vector<Outgoing>& out);
+  // In-place recovery, machine/state_machine_in_place.cc: the round after a restart formed
+  // (the recovery it starts; how many members came in place); a member's resumed report; a
+  // member's failure report that says its in-place recovery fell back.
+  int recovery_formed(Run& run, TimePoint now);
+  void on_resumed(Run& run, SessionId session, const v1::ReportResumed& r, TimePoint now,
+                  std::vector<Outgoing>& out);
+  void on_in_place_fallback(Run& run, SessionId session, const v1::ReportFailure& f,
+                            TimePoint now);
   void maybe_close_round(Run& run, TimePoint now, std::vector<Outgoing>& out);
   void close_round(Run& run, TimePoint now, std::vector<Outgoing>& out);
   void restart(Run& run, const std::string& reason, std::string_view cause, bool counts,

@@ -21,10 +21,19 @@ std::string iso8601_ms(std::chrono::system_clock::time_point t);
 std::string status_json(const v1::StatusReply& reply);
 
 // The status as a table for a terminal: a line per run (run id, phase, round,
-// restarts/max, nodes min:max, world size, time in phase), under it its members with host
-// and ranks, its waiting nodes and its last failure. "no runs" when there is none. Control
+// restarts/max with those recovered in place, nodes min:max, world size, time in phase),
+// under it its members with host and ranks, its waiting nodes, its last failure and its last
+// recovery (recovery_line). "no runs" when there is none. Control
 // characters in ids are shown as '?'.
 std::string status_table(const v1::StatusReply& reply);
+
+// A run's last recovery: "full" (every node restarted its workers), "in_place" (every member
+// kept its workers) or "mixed" (some did: a newcomer, a node that could not).
+std::string recovery_mode(const v1::RecoveryStatus& r);
+// The recovery for a terminal: its round, cause and age, then its phases: noticed (the
+// server's restart) -> round formed -> every in-place node resumed, with the slowest node's
+// own abort and re-form times.
+std::string recovery_line(const v1::RecoveryStatus& r);
 
 // One event as a JSON object (no newline): its name, `wall` as "time" and "unix_ms", and the
 // fields that apply to its kind; "seq" first when given (the live page numbers its events).
