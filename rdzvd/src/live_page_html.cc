@@ -49,6 +49,12 @@ const char* const kLivePageHtml = R"HTML(<!doctype html>
   tr.lost td:not(.state) { text-decoration: line-through; }
   .failure { margin-top:10px; padding:8px 10px; border-left:3px solid var(--bad);
              background:#fef3f2; }
+  .recovery { margin-top:10px; padding:8px 10px; border-left:3px solid var(--info);
+              background:#eff4ff; }
+  .recovery.mode-full { border-left-color:var(--warn); background:#fffaeb; }
+  ol.phases { display:flex; flex-wrap:wrap; gap:6px; list-style:none; margin:6px 0 0; padding:0; }
+  .ph { padding:2px 9px; border-radius:9px; font-size:12px; background:#e3e6eb; }
+  .ph.done { background:#d1fadf; } .ph.pending { background:#fef0c7; }
   .empty { color:var(--dim); }
   #events { list-style:none; margin:0; padding:0; max-height:75vh; overflow:auto; }
   #events li { padding:4px 0; border-bottom:1px solid var(--line); }
@@ -58,6 +64,7 @@ const char* const kLivePageHtml = R"HTML(<!doctype html>
   .ev-restart .ev-name { color:var(--warn); }
   .ev-round_formed .ev-name, .ev-succeeded .ev-name { color:var(--ok); }
   .ev-node_joined .ev-name { color:var(--info); }
+  .ev-in_place_resumed .ev-name { color:var(--ok); } .ev-in_place_fallback .ev-name { color:var(--bad); }
 </style>
 </head>
 <body>
@@ -111,6 +118,27 @@ function nodeRow(state, n, group, ranks, note) {
       `<td>${esc(n.host)}</td><td><code>${esc(n.node_id || n.node)}</code></td><td>${note}</td></tr>`;
 }
 
+// The run's last recovery (status last_recovery) and its phases: noticed (the server's
+// restart) -> aborted (every in-place node told its survivors; the slowest node's time from
+// when it noticed) -> re-formed (the round formed; the slowest node's re-form) -> resumed
+// (every in-place node's workers stepping again), the server's times from its restart.
+function recoveryHtml(x) {
+  const inPlace = x.nodes_in_place > 0;
+  const how = inPlace ? `in place on ${x.nodes_in_place} of ${x.nodes} node(s)` : 'full restart, every worker new';
+  const done = x.nodes_resumed === x.nodes_in_place;
+  const phase = (name, ok, text) =>
+      `<li class="ph ${ok ? 'done' : 'pending'}" data-phase="${name}"><b>${name}</b> ${text}</li>`;
+  let phases = phase('noticed', true, esc(x.cause));
+  if (inPlace) phases += phase('aborted', x.nodes_resumed > 0, x.nodes_resumed > 0 ? dur(x.abort_ms) : '&hellip;');
+  phases += phase(inPlace ? 're-formed' : 'round formed', true, '+' + dur(x.formed_ms) +
+      (inPlace && x.nodes_resumed > 0 ? ` (node ${dur(x.reform_ms)})` : ''));
+  if (inPlace) phases += phase('resumed', done, done ? '+' + dur(x.resumed_ms) :
+      `${x.nodes_resumed}/${x.nodes_in_place} node(s)`);
+  return `<div class="recovery mode-${esc(x.mode)}" data-mode="${esc(x.mode)}" data-round="${x.round}" ` +
+      `data-resumed="${inPlace && done ? 'all' : x.nodes_resumed}"><b>Last recovery:</b> round ${x.round}, ${how}, ` +
+      `${dur(x.age_ms)} ago<ol class="phases">${phases}</ol></div>`;
+}
+
 function runHtml(r) {
   const present = new Set(r.members.map((n) => n.node_id).concat(r.waiting.map((n) => n.node_id)));
   let rows = '';
@@ -136,13 +164,15 @@ function runHtml(r) {
       `<span class="phase phase-${esc(phase)}">${esc(label)}</span></div>` +
       `<dl class="facts"><div><dt>round</dt><dd class="round">${r.round}</dd></div>` +
       `<div><dt>restarts</dt><dd>${r.restart_count}/${r.max_restarts}</dd></div>` +
+      `<div><dt>in place</dt><dd class="in-place">${r.in_place_recoveries}` +
+      (r.in_place_fallbacks ? ` (${r.in_place_fallbacks} fell back)` : '') + `</dd></div>` +
       `<div><dt>nodes</dt><dd>${r.members.length} (${r.min_nodes}:${r.max_nodes})</dd></div>` +
       `<div><dt>world size</dt><dd>${r.world_size}</dd></div>` +
       `<div><dt>waiting</dt><dd>${r.waiting.length}</dd></div>` +
       `<div><dt>in phase</dt><dd>${dur(r.phase_age_ms)}</dd></div></dl>` +
       (rows ? `<table class="nodes"><thead><tr><th>state</th><th>group rank</th><th>ranks</th>` +
               `<th>host</th><th>node</th><th></th></tr></thead><tbody>${rows}</tbody></table>` : '') +
-      failure + `</section>`;
+      failure + (r.last_recovery ? recoveryHtml(r.last_recovery) : '') + `</section>`;
 }
 
 function describe(e) {
@@ -151,7 +181,12 @@ function describe(e) {
     case 'node_joined': return `${node} joined`;
     case 'node_lost': return `${node} lost: ${esc(e.cause)}${e.member ? ' (a member)' : ''}`;
     case 'round_formed': return `round ${e.round}: ${e.nodes} node(s), world size ${e.world_size}` +
-        (e.spares ? `, ${e.spares} spare(s)` : '') + (e.took_ms != null ? `, ${dur(e.took_ms)} after the restart` : '');
+        (e.spares ? `, ${e.spares} spare(s)` : '') + (e.in_place ? `, ${e.in_place} in place` : '') +
+        (e.took_ms != null ? `, ${dur(e.took_ms)} after the restart` : '');
+    case 'in_place_resumed': return `${node} resumed in place (${e.resumed}/${e.in_place}): abort ` +
+        `${dur(e.abort_ms)}, rendezvous ${dur(e.rendezvous_ms)}, re-form ${dur(e.reform_ms)}; ` +
+        `${dur(e.took_ms)} after the restart`;
+    case 'in_place_fallback': return `${node}: in-place recovery fell back: ${esc(e.reason)}`;
     case 'worker_failed': return `rank ${e.rank} on ${esc(e.host)} failed: ${ended(e)}`;
     case 'restart': return `restart (${esc(e.cause)}${e.counts ? ', counts' : ''}): ${esc(e.reason)}`;
     case 'succeeded': return 'the run succeeded';

@@ -127,6 +127,21 @@ TEST_CASE("in place: kill -9 of a node: the survivors go on in their own process
     // The world message named the rank that went with b.
     CHECK_THAT(p->out(), Catch::Contains("round 2 (lost: " + std::to_string(b_rank) + ")"));
   }
+  // The server's status shows the recovery with its phases once both survivors' resumed
+  // reports are in: asked until it does (nothing here signals that moment), within a bound.
+  std::string table;
+  const auto until = std::chrono::steady_clock::now() + scaled(30s);
+  do {
+    Proc status({kRdzvd, "status", "--endpoint", server.endpoint, "--run", "ip"});
+    REQUIRE(status.wait(30s) == 0);
+    table = status.out();
+  } while (table.find("-> resumed") == std::string::npos && std::chrono::steady_clock::now() < until);
+  INFO(table);
+  CHECK_THAT(table, Catch::Contains("0/1 (1 in place)"));  // a node lost: not from the budget
+  CHECK(std::regex_search(
+      table, std::regex(R"(last recovery: round 2 after a restart \(node_lost\), \S+ ago: in place on 2 )"
+                        R"(of 2 node\(s\); noticed -> round formed \S+ -> resumed \S+ \(slowest node: )"
+                        R"(abort \S+, re-form \S+\))")));
   // They train on: the ranks of the world of two both say so, and leave on a signal.
   for (Proc* p : {a.get(), c.get()}) ::kill(p->pid(), SIGTERM);
   CHECK(a->wait() == 143);

@@ -165,6 +165,14 @@ def check_png(data):
     return width, height, len(set(pixels[::97]))
 
 
+def screenshot(browser, path, step):
+    shot = base64.b64decode(browser.call("Page.captureScreenshot", {"format": "png"})["data"])
+    with open(path, "wb") as f:
+        f.write(shot)
+    w, h, distinct = check_png(shot)
+    say(step, f"{w}x{h} {len(shot)} bytes {distinct} distinct")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--chromium", required=True)
@@ -175,6 +183,7 @@ def main():
     ap.add_argument("--kill", type=int, required=True)
     ap.add_argument("--until-2", required=True)
     ap.add_argument("--timeout", type=float, default=30)
+    ap.add_argument("--screenshot-2", help="a second screenshot, once --until-2 holds")
     a = ap.parse_args()
     browser = Browser(a.chromium, a.profile, (1280, 900))
     say("chromium", browser.proc.pid)
@@ -188,16 +197,14 @@ def main():
         browser.wait_event("Page.loadEventFired", a.timeout)
         say("loaded", a.url)
         say("shown", wait_until(browser, a.until_1, a.timeout))
-        shot = base64.b64decode(browser.call("Page.captureScreenshot", {"format": "png"})["data"])
-        with open(a.screenshot, "wb") as f:
-            f.write(shot)
-        w, h, distinct = check_png(shot)
-        say("screenshot", f"{w}x{h} {len(shot)} bytes {distinct} distinct")
+        screenshot(browser, a.screenshot, "screenshot")
         # A reload would lose this: the second wait must be met by the same document.
         browser.evaluate("window.__mark = 'no reload'; true")
         os.kill(a.kill, signal.SIGKILL)
         say("killed", a.kill)
         say("then", wait_until(browser, a.until_2, a.timeout))
+        if a.screenshot_2:
+            screenshot(browser, a.screenshot_2, "screenshot 2")
         say("document", browser.evaluate("window.__mark || 'reloaded'"))
     except Exception as e:  # one line for the test's log
         print(f"error: {type(e).__name__}: {e}", flush=True)

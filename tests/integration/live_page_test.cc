@@ -126,6 +126,75 @@ TEST_CASE("live page: a browser shows a two-agent run, then the lost node and th
   CHECK(a.wait(30s) == 128 + SIGTERM);
 }
 
+TEST_CASE("live page: an in-place recovery shows with its phases, the survivor's worker kept",
+          "[live_page][in_place]") {
+  RdzvdProc server({"--http_port", "0"});
+  REQUIRE(server.page_port > 0);
+  auto agent = [&] {
+    std::vector<std::string> argv{kLaunch};
+    for (const std::string& f :
+         agent_flags(server.endpoint, "1:2", 1, "job",
+                     {"--in_place", "--max_restarts=1", "--rdzv_conf=last_call_timeout=60"})) {
+      argv.push_back(f);
+    }
+    argv.insert(argv.end(), {TRAIN_BIN, "--steps", "100000", "--log-every", "1000"});
+    return std::make_unique<Proc>(argv);
+  };
+  auto a = agent(), b = agent();
+  auto in_round_1 = [](const std::string& out, const std::string&) {
+    return out.find("in place, round 1") != std::string::npos;
+  };
+  REQUIRE(a->wait_output(in_round_1, 60s));
+  REQUIRE(b->wait_output(in_round_1, 60s));
+
+  TempDir dir;
+  const std::string recovery = R"JS((() => {
+    const run = document.querySelector('section.run[data-run="job"]');
+    const box = run && run.querySelector('.recovery');
+    const events = [...document.querySelectorAll('#events li')].map((li) => li.innerText);
+    if (!box || box.dataset.round !== '2' || box.dataset.resumed !== 'all' ||
+        !events.some((t) => t.includes('in_place_resumed'))) return null;
+    const phases = [...box.querySelectorAll('li.ph')].map((p) => p.dataset.phase + '=' +
+        p.className.split(' ')[1]).join(',');
+    return box.dataset.mode + ' | ' + box.innerText.split('\n')[0] + ' | ' + phases + ' | in place ' +
+        run.querySelector('dd.in-place').innerText + ' | ' +
+        events.filter((t) => t.includes('in_place_resumed') || t.includes('round_formed')).join(' / ');
+  })())JS";
+  const std::string shot = dir.file("live_page.png");
+  Proc driver({kPython, LIVE_PAGE_DRIVER, "--chromium", kChromium, "--profile", dir.file("profile"),
+               "--url", "http://127.0.0.1:" + std::to_string(server.page_port) + "/",
+               "--screenshot", shot, "--kill", std::to_string(b->pid()), "--timeout", "30",
+               "--until-1", until(1, "rows.length === 2"), "--until-2", recovery, "--screenshot-2",
+               dir.file("after.png")});
+  const auto code = driver.wait(180s);
+  const std::string& out = driver.out();
+  INFO(out << driver.err() << a->out() << a->err());
+  REQUIRE(code == 0);
+  CHECK(b->wait(30s) == 128 + SIGKILL);
+  // The first view has no recovery yet; after the kill, the one survivor's recovery in place,
+  // every phase done, the resumed event with its phases, round 2 formed with one in place.
+  const std::string then = step(out, "then");
+  CHECK_THAT(then, Catch::StartsWith("in_place | Last recovery: round 2, in place on 1 of 1 node(s), "));
+  CHECK_THAT(then, Catch::Contains("noticed=done,aborted=done,re-formed=done,resumed=done | in place 1 |"));
+  CHECK(std::regex_search(then, std::regex(R"(resumed in place \(1/1\): abort \d+ms, rendezvous \d+(\.\d)?m?s, )"
+                                           R"(re-form \d+(\.\d)?m?s)")));
+  CHECK_THAT(then, Catch::Contains("round 2: 1 node(s), world size 1, 1 in place"));
+  // The survivor's worker went on in its own process.
+  CHECK(a->wait_output(
+      [](const std::string& o, const std::string&) {
+        return o.find("re-formed in place as rank 0 of 1, round 2") != std::string::npos;
+      },
+      30s));
+  std::error_code ec;
+  const std::string copy = std::regex_replace(LIVE_PAGE_SCREENSHOT, std::regex("\\.png$"), "_in_place.png");
+  CHECK_THAT(step(out, "screenshot 2"), Catch::Matches(R"(\d+x\d+ \d+ bytes \d+ distinct)"));
+  std::filesystem::copy_file(dir.file("after.png"), copy,
+                             std::filesystem::copy_options::overwrite_existing, ec);
+  CHECK_FALSE(ec);  // for humans: build/live_page_in_place.png, the page after the recovery
+  ::kill(a->pid(), SIGTERM);
+  CHECK(a->wait(30s) == 128 + SIGTERM);
+}
+
 int main(int argc, char** argv) {
   for (const std::string& bin : {kChromium, kPython}) {
     if (::access(bin.c_str(), X_OK) != 0) {
