@@ -210,9 +210,14 @@ std::optional<v1::WorkerFailure> WorkerGroup::spawn_one(int lr, const v1::Assign
       }
     }
   }
-  // --in_place: a control channel (ops/control_channel.h); the child keeps its end.
+  // --in_place: a control channel (ops/control_channel.h); the child keeps its end. A Python
+  // worker finds muster_inplace on its PYTHONPATH (after what it had: its own copy wins).
   OwnedFd child_end;
   int agent_end = -1;
+  if (opts_.in_place && !opts_.python_interpreter.empty() && !opts_.python_dir.empty()) {
+    std::string& path = env["PYTHONPATH"];
+    path = path.empty() ? opts_.python_dir : absl::StrCat(path, ":", opts_.python_dir);
+  }
   if (opts_.in_place) {
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0) {

@@ -252,8 +252,9 @@ void set_workers(agent::AgentOptions& opts, const LaunchConfig& cfg, const Entry
   if (!entry.python_reason.empty()) {
     std::error_code ec;
     opts.python_interpreter = absl::StrCat(entry.path, " (", entry.python_reason, ")");
-    opts.python_progress_hook =
-        progress_hook_pythonpath(std::filesystem::read_symlink("/proc/self/exe", ec).string());
+    const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+    opts.python_progress_hook = progress_hook_pythonpath(exe);
+    opts.python_dir = muster_python_dir(exe);
   }
   if (auto path = env.find("PATH"); path != env.end()) {
     opts.gdb_path = find_executable("gdb", path->second).value_or("");

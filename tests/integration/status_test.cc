@@ -237,7 +237,7 @@ TEST_CASE("status: rdzvd --event_log writes a JSON line per event of a run that 
   CHECK(std::regex_match(got[5], std::regex(R"(restart job 1 1 cause="worker_failure" counts=true )"
                                             R"re(reason="worker rank 0 on 127\.0\.0\.1 failed; restart 1 of 1")re")));
   CHECK(std::regex_match(got[6],
-                         std::regex(R"(round_formed job 2 1 nodes=2 spares=0 took_ms=\d+ world_size=4)")));
+                         std::regex(R"(round_formed job 2 1 in_place=0 nodes=2 spares=0 took_ms=\d+ world_size=4)")));
   CHECK(got[7] == "succeeded job 2 1 ");
 
   // The finished run (kept for the grace) shows how it ended and its last failure.

@@ -86,6 +86,9 @@ struct AgentOptions {
   // Put first on a Python worker's PYTHONPATH when the run has a hang timeout: launch's hook
   // that counts an unmodified PyTorch script's steps (docs/hangs.md). Empty: none.
   std::string python_progress_hook;
+  // muster's Python helpers (launcher/python.h muster_python_dir): with --in_place, appended to
+  // a Python worker's PYTHONPATH so that it can `import muster_inplace` (docs/in_place_torch.md).
+  std::string python_dir;
   std::map<std::string, std::string> base_env;
   std::string prefix_template;  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, or the default
   std::string error_dir;  // attempt_<k>/<local_rank>/ folders go under here

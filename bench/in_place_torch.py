@@ -1,0 +1,156 @@
+#!/usr/bin/python3
+"""A PyTorch DDP job recovering in place against today's full restart and against torchrun
+(issue 27; bench/README.md, "PyTorch in place"). Four namespace hosts (tests/support/hostnet):
+rdzvd on host 0, one agent on each of hosts 1-3 (`--nnodes=2:3 --nproc_per_node=1`), each
+running examples/python/ddp_in_place.py (Debian's python3-torch, gloo) with a checkpoint every
+50 steps into a folder every host sees. Rank 0 prints every step; every time is
+CLOCK_MONOTONIC, which all namespaces share.
+
+  kill -9 of host 2's agent (its worker dies with it), a few seconds into training: seconds
+  from the kill to the next step rank 0 completes after the recovery (in place: after its
+  "re-formed in place" line; a full restart: the new rank 0's first step), whether the
+  survivors kept their processes, whether a checkpoint was read.
+
+Three ways, side by side in one run, each trial in fresh hosts:
+  in_place   launch --in_place
+  full       launch (today's full restart: every worker new, from the checkpoint)
+  torchrun   ../shared/peer/torchrun311 (torch 1.13's elastic agent, c10d rendezvous hosted by
+             host 1's agent, --monitor_interval=0.1), the same script (not in place)
+
+  bench/in_place_torch.sh [--trials N] [--only in_place,full,torchrun]
+"""
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hostproc import Proc, wait_until  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("BUILD", "/work/main/build")
+HOSTNET = os.path.join(BUILD, "tests/hostnet")
+LAUNCH = os.path.join(BUILD, "launcher/launch")
+RDZVD = os.path.join(BUILD, "rendezvous/rdzvd")
+TORCHRUN = os.environ.get("TORCHRUN", os.path.join(ROOT, "..", "shared", "peer", "torchrun311"))
+SCRIPT = os.path.join(ROOT, "examples", "python", "ddp_in_place.py")
+
+STEP = r"\]:step (\d+): loss"
+
+
+def wrap(i):
+    return os.environ[f"HOSTNET_WRAP_{i}"].split()
+
+
+def agent(a, host, tmp):
+    script = [SCRIPT, "--steps", "1000000", "--log-every", "1", "--checkpoint",
+              os.path.join(tmp, "ck.pt"), "--checkpoint-every", "50", "--step-sleep-ms",
+              str(a.step_ms)]
+    if a.way == "torchrun":
+        endpoint = f"{os.environ['HOSTNET_HOST_1']}:29500"
+        argv = wrap(host) + [TORCHRUN, "--nnodes=2:3", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                             f"--rdzv_endpoint={endpoint}", "--rdzv_id=job", "--max_restarts=100",
+                             "--monitor_interval=0.1", "--rdzv_conf=last_call_timeout=2",
+                             "--tee=3", *script]
+    else:
+        endpoint = f"{os.environ['HOSTNET_HOST_0']}:29400"
+        argv = wrap(host) + [LAUNCH, "--nnodes=2:3", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                             f"--rdzv_endpoint={endpoint}", "--rdzv_id=job", "--max_restarts=100",
+                             "--rdzv_conf=last_call_timeout=2"]
+        if a.way == "in_place":
+            argv.append("--in_place")
+        argv += ["/usr/bin/python3", *script]
+    env = dict(os.environ, PYTHON_EXEC="/usr/bin/python3")
+    env.pop("PYTHONPATH", None)
+    return Proc(f"agent{host}", argv, env=env)
+
+
+def inner(a):
+    tmp = tempfile.mkdtemp(prefix="in_place_torch_")
+    res = {"way": a.way}
+    procs = []
+    try:
+        if a.way != "torchrun":
+            rd = Proc("rdzvd", wrap(0) + [RDZVD, "--listen", "0.0.0.0:29400"])
+            procs.append(rd)
+            if not wait_until(lambda: rd.first("listening on port"), 30):
+                raise RuntimeError("rdzvd did not start")
+        agents = {h: agent(a, h, tmp) for h in (1, 3, 2)} if a.way == "torchrun" else \
+            {h: agent(a, h, tmp) for h in (1, 2, 3)}
+        procs += agents.values()
+        # Rank 0 steps in a world of three, past a checkpoint.
+        if not wait_until(lambda: any(p.first(r"\]:step 60: loss .* \(3 ranks\)") for p in agents.values()),
+                          180):
+            raise RuntimeError("the job did not form: " + " | ".join(
+                t for p in agents.values() for _, t in p.lines[-3:]))
+        survivors = {h: agents[h] for h in (1, 3)}
+        t_kill = time.monotonic()
+        agents[2].stop(signal.SIGKILL)
+
+        def resumed():
+            for p in survivors.values():
+                mark = p.first(r"re-formed in place as rank 0 |rank 0: starting at step", t_kill)
+                if mark:
+                    done = p.first(STEP, mark[0])
+                    if done:
+                        return done[0]
+            return None
+        first = wait_until(resumed, 120)
+        if not first:
+            raise RuntimeError("no step after the kill")
+        res["kill_to_step_s"] = first - t_kill
+        res["new_processes"] = sum(p.count(r"rank \d+: starting at step|in place, round", t_kill)
+                                   for p in survivors.values())
+        res["checkpoint_read"] = any(p.first(r"resuming from the checkpoint", t_kill) for p in survivors.values())
+    except Exception as e:  # noqa: BLE001 (the result says what went wrong)
+        res["error"] = str(e)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        subprocess.run(["rm", "-rf", tmp])
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def outer(a):
+    rows = {}
+    for way in a.only.split(","):
+        for t in range(a.trials):
+            cmd = [HOSTNET, "run", "4", "--", sys.executable, __file__, "--inner", "--way", way,
+                   "--step_ms", str(a.step_ms)]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+            res = json.loads(line[-1][7:]) if line else {"error": r.stderr[-400:]}
+            print(f"  {way} #{t}: {json.dumps(res)}", flush=True)
+            rows.setdefault(way, []).append(res)
+
+    def med(way):
+        v = [r["kill_to_step_s"] for r in rows.get(way, []) if r.get("kill_to_step_s") is not None]
+        return statistics.median(v) if v else None
+
+    print(f"\n| kill -9 of a node -> rank 0's next step (median of {a.trials}) | seconds | vs in place |")
+    print("|---|---|---|")
+    base = med("in_place")
+    for way in a.only.split(","):
+        m = med(way)
+        ratio = f"{m / base:.1f}x" if m and base else "-"
+        print(f"| {way} | {m:.2f} |" if m is not None else f"| {way} | - |", ratio, "|")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--inner", action="store_true")
+    ap.add_argument("--way", default="in_place")
+    ap.add_argument("--only", default="in_place,full,torchrun")
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--step_ms", type=float, default=20, help="each step's stand-in compute")
+    a = ap.parse_args()
+    inner(a) if a.inner else outer(a)
+
+
+if __name__ == "__main__":
+    main()

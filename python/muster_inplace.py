@@ -1,0 +1,363 @@
+"""In-place recovery for PyTorch DDP scripts under muster's ``launch --in_place``
+(docs/in_place_torch.md).
+
+A failure anywhere in the job (a worker crashed, a node lost, a node added within
+``--nnodes=MIN:MAX``) changes the world. Without this module every worker is restarted: the
+interpreter, ``import torch``, the process group and the checkpoint read, again. With it the
+survivors keep their processes: this module leaves the broken process group, joins the new
+one with the new rank and world size through the agent's store, brings a replacement or a
+newcomer the survivors' model, optimizer, scheduler and scaler state over the new group, and
+the training loop goes on from the last step every rank can agree on::
+
+    import muster_inplace
+
+    job = muster_inplace.Job(model, optimizer, scheduler=sched, start_step=ckpt_step)
+    for step in job.steps(total_steps):
+        with job.step():
+            x, y = batch(step, job.rank, job.world_size)
+            optimizer.zero_grad()
+            loss = loss_fn(job.model(x), y)   # job.model: the DDP wrapper of this world
+            loss.backward()
+            optimizer.step()
+            sched.step()
+
+``Job`` creates the process group itself (do not call ``init_process_group``). Without
+``launch --in_place`` (under torchrun, or launch without the flag) it does what a DDP script
+does anyway, ``init_process_group(env://)`` and ``DistributedDataParallel``, and a failure
+raises as before: the launcher's full restart. A single file with no dependency beyond torch:
+``launch`` puts its folder on PYTHONPATH for Python workers.
+
+How (docs/in_place.md, "Control channel"): the agent that started this process names one end
+of a SOCK_SEQPACKET socket pair in MUSTER_CONTROL_FD. This module says ``hello in_place=1``
+on it, and a thread blocked in recv() takes the agent's ``abort`` and ``world`` messages. An
+``abort`` makes the next step boundary (or the step's failed collective) leave the process
+group; destroying it closes this rank's sockets, so a peer blocked on this rank fails at once
+rather than after gloo's timeout. The ``world`` message gives the new rank, world size, round
+and store; the new group's keys live under ``muster_inplace/r<round>/`` in the agent's store
+(the TCPStore-protocol store that TORCHELASTIC_USE_AGENT_STORE names: no worker hosts it, so
+a rank 0 that dies takes nothing with it). After the first step completed in the new world
+the module answers ``resumed round=R``; an agent that does not hear it from every worker
+within its in-place timeout falls back to the full restart.
+"""
+
+import datetime
+import os
+import socket
+import sys
+import threading
+import time
+
+__all__ = ["Job", "RecoveryError"]
+
+_FD_VAR = "MUSTER_CONTROL_FD"
+_MAX_MESSAGE = 1024  # ops/control_channel.h kMaxMessageBytes
+_PREFIX = "muster_inplace"
+# How long a failed step waits for the agent's abort or world before it is taken for a bug of
+# the script (the exception is raised as it was): the agent hears of a lost peer within one
+# round trip of the server's decision, far less than this.
+DEFAULT_FAILURE_WAIT = datetime.timedelta(seconds=20)
+# How long a rank waits for the next world after an abort. The agent bounds the whole
+# recovery anyway (rdzv_conf in_place_timeout) and falls back to the full restart.
+DEFAULT_WORLD_WAIT = datetime.timedelta(minutes=5)
+
+
+class RecoveryError(RuntimeError):
+    """The world could not be re-formed in place: the process exits and the agent restarts it."""
+
+
+def _parse(data):
+    """One control message: (kind, {key: value}), or None for what the contract refuses."""
+    if not data or len(data) > _MAX_MESSAGE:
+        return None
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    if not text.isprintable():
+        return None
+    kind, *parts = text.split(" ")
+    fields = {}
+    for p in parts:
+        key, sep, value = p.partition("=")
+        if not sep or not key or not value:
+            return None
+        fields[key] = value
+    return (kind, fields) if kind else None
+
+
+class _Channel:
+    """The worker's end of the control channel: a reader thread blocked in recv()."""
+
+    def __init__(self, fd):
+        self._sock = socket.socket(fileno=fd)
+        self._cv = threading.Condition()
+        self._epoch = 0  # counts abort and world messages
+        self._world = None
+        self._closed = False
+        self._sock.send(b"hello in_place=1")
+        threading.Thread(target=self._read, name="muster-control", daemon=True).start()
+
+    def _read(self):
+        while True:
+            try:
+                data = self._sock.recv(_MAX_MESSAGE + 1)
+            except OSError:
+                data = b""
+            with self._cv:
+                if not data:
+                    self._closed = True
+                    self._cv.notify_all()
+                    return
+                msg = _parse(data)
+                if msg is None:
+                    continue
+                kind, fields = msg
+                if kind == "abort":
+                    self._epoch += 1
+                elif kind == "world":
+                    self._world = fields
+                    self._epoch += 1
+                else:
+                    continue
+                self._cv.notify_all()
+
+    def epoch(self):
+        with self._cv:
+            return self._epoch
+
+    def wait_change(self, seen, timeout):
+        """True once an abort or world arrived after epoch `seen`, within `timeout` seconds."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._epoch != seen or self._closed, timeout) and \
+                self._epoch != seen
+
+    def await_world(self, after_round, timeout):
+        """The first world for a round after `after_round`."""
+        def ready():
+            return self._closed or (self._world is not None and
+                                    int(self._world.get("round", "0")) > after_round)
+        with self._cv:
+            if not self._cv.wait_for(ready, timeout):
+                raise RecoveryError("no new world from the agent within %g s" % timeout)
+            if self._world is None or int(self._world.get("round", "0")) <= after_round:
+                raise RecoveryError("the agent closed the control channel")
+            return dict(self._world)
+
+    def resumed(self, round_):
+        try:
+            self._sock.send(("resumed round=%d" % round_).encode())
+        except OSError:
+            pass  # the agent is gone: it stops this process anyway
+
+
+def _env_int(name, default):
+    value = os.environ.get(name, "")
+    return int(value) if value.lstrip("-").isdigit() else default
+
+
+class Job:
+    """The process group, the DDP wrapper and the in-place recovery of one worker.
+
+    model: the module (not wrapped); optimizer, scheduler (an LR scheduler) and scaler (a
+    GradScaler) are optional, and their state is what a replacement receives. start_step: the
+    first step to run when every process is new (a checkpoint's step + 1; 0 without one).
+    backend: "gloo", or "nccl" with CUDA (device: the module's device, default cuda:LOCAL_RANK
+    for nccl, cpu for gloo). ddp_kwargs go to DistributedDataParallel. timeout: the process
+    group's (a peer gone silent, no FIN, fails a collective only after it). log: where the
+    module says what it did (None: quiet)."""
+
+    def __init__(self, model, optimizer=None, scheduler=None, scaler=None, start_step=0,
+                 backend="gloo", device=None, ddp_kwargs=None,
+                 timeout=datetime.timedelta(seconds=60), failure_wait=DEFAULT_FAILURE_WAIT,
+                 world_wait=DEFAULT_WORLD_WAIT, log=sys.stdout):
+        import torch
+        import torch.distributed as dist
+
+        self._torch, self._dist = torch, dist
+        self.module, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.backend = backend
+        self.local_rank = _env_int("LOCAL_RANK", 0)
+        if device is None:
+            device = torch.device("cuda", self.local_rank) if backend == "nccl" else torch.device("cpu")
+        self.device = device
+        self._ddp_kwargs = dict(ddp_kwargs or {})
+        self._timeout = timeout
+        self._failure_wait = failure_wait.total_seconds()
+        self._world_wait = world_wait.total_seconds()
+        self._log = log
+        self.rank = _env_int("RANK", 0)
+        self.world_size = _env_int("WORLD_SIZE", 1)
+        self.round = _env_int("MUSTER_ROUND", 0)
+        self.lost = []  # global ranks of the world before whose nodes left
+        self.recoveries = 0
+        self.model = None
+        self._survivor = False  # this process has state from a world before the current one
+        self._done = start_step - 1  # the last step this process completed
+        self._failed = False
+        self._resume_due = False
+        fd = os.environ.get(_FD_VAR, "")
+        # In place needs the agent's store: a store hosted by rank 0 would go with it.
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True"
+        self.in_place = fd.isdigit() and agent_store
+        self._channel = _Channel(int(fd)) if self.in_place else None
+        self._seen = self._channel.epoch() if self._channel else 0
+        if self.in_place:
+            self._join(os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT", 0))
+            self.say("rank %d: pid %d in place, round %d" % (self.rank, os.getpid(), self.round))
+        else:
+            dist.init_process_group(backend, init_method="env://", timeout=timeout)
+        self._next = self._agree()
+        self._wrap()
+
+    # --- the training loop's side --------------------------------------------------------
+
+    def steps(self, total):
+        """The steps to run, from the agreed one up to `total` - 1; a step that failed for a
+        world change is given again once the new world agreed where to go on."""
+        step = self._next
+        while step < total:
+            if self._channel and self._channel.epoch() != self._seen:
+                step = self._recover("the agent said the world changed")
+                continue
+            self._failed = False
+            yield step
+            if self._failed:
+                step = self._recover("a collective failed")
+                continue
+            self._done = step
+            if self._resume_due:
+                self._resume_due = False
+                self._channel.resumed(self.round)
+            step += 1
+
+    def step(self):
+        """A context for one step's body: in place, an error that a world change explains is
+        kept for the recovery (the step runs again), any other is raised."""
+        return _StepGuard(self)
+
+    def say(self, text):
+        if self._log is not None:
+            print(text, file=self._log, flush=True)
+
+    # --- the recovery ----------------------------------------------------------------------
+
+    def _recover(self, why):
+        start = time.monotonic()
+        old_rank = self.rank
+        self._leave()
+        self._survivor = True
+        while True:
+            world = self._channel.await_world(self.round, self._world_wait)
+            seen = self._channel.epoch()
+            self.round = int(world["round"])
+            self.rank = int(world["rank"])
+            self.world_size = int(world["world_size"])
+            self.local_rank = int(world.get("local_rank", self.local_rank))
+            lost = world.get("lost", "")
+            self.lost = [int(r) for r in lost.split(",")] if lost else []
+            try:
+                self._join(world["master_addr"], int(world["master_port"]))
+                step = self._agree()
+                self._wrap()
+                break
+            except Exception as e:
+                # A loss during the re-form: the agent's next world is the one to form.
+                self._leave()
+                if not self._channel.wait_change(seen, self._failure_wait):
+                    raise RecoveryError("in-place re-form of round %d failed: %s: %s"
+                                        % (self.round, type(e).__name__, e)) from e
+        self._seen = seen  # a message after this world's is the next recovery's
+        self.recoveries += 1
+        self._resume_due = True
+        self.say("rank %d: pid %d re-formed in place as rank %d of %d, round %d (lost: %s) "
+                 "after %s, in %.0f ms" % (old_rank, os.getpid(), self.rank, self.world_size,
+                                          self.round, ",".join(map(str, self.lost)) or "-", why,
+                                          (time.monotonic() - start) * 1000))
+        return step
+
+    def _leave(self):
+        """Out of the broken group: its sockets close, so peers blocked on this rank fail now."""
+        self.model = None
+        try:
+            self._dist.destroy_process_group()
+        except Exception:
+            pass
+
+    def _join(self, addr, port):
+        dist = self._dist
+        store = dist.TCPStore(addr, port, is_master=False, timeout=self._timeout)
+        prefixed = dist.PrefixStore("%s/r%d/" % (_PREFIX, self.round), store)
+        dist.init_process_group(self.backend, store=prefixed, rank=self.rank,
+                                world_size=self.world_size, timeout=self._timeout)
+
+    def _agree(self):
+        """Every rank's last completed step, gathered; the most advanced survivor's state goes
+        to every rank that lacks it. The step to run next."""
+        torch, dist = self._torch, self._dist
+        mine = torch.tensor([self._done, 1 if self._survivor else 0], dtype=torch.int64,
+                            device=self.device)
+        seen = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(seen, mine)
+        ranks = [(int(t[0]), bool(t[1])) for t in seen]
+        pool = [r for r, (_, survivor) in enumerate(ranks) if survivor] or list(range(len(ranks)))
+        best = max(ranks[r][0] for r in pool)
+        src = min(r for r in pool if ranks[r][0] == best)
+        # Survivors of one world hold the same state (DDP keeps it so) when their steps agree;
+        # a new process, or a survivor a step behind, needs it. A job whose every process is
+        # new agrees from its checkpoint, and DDP's own start broadcasts rank 0's module.
+        if len(pool) < len(ranks) or any(done != best for done, _ in ranks):
+            self._send_state(src)
+        self.source = src
+        self._done = best
+        return best + 1
+
+    def _send_state(self, src):
+        torch, dist = self._torch, self._dist
+        with torch.no_grad():
+            for t in self.module.state_dict().values():
+                if torch.is_tensor(t):
+                    dist.broadcast(t, src)
+        state = [None]
+        if self.rank == src:
+            state[0] = {
+                "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+                "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                "scaler": self.scaler.state_dict() if self.scaler else None,
+            }
+        dist.broadcast_object_list(state, src, device=self.device if self.backend == "nccl" else None)
+        if self.rank != src:
+            s = state[0]
+            if self.optimizer and s["optimizer"] is not None:
+                self.optimizer.load_state_dict(s["optimizer"])
+            if self.scheduler and s["scheduler"] is not None:
+                self.scheduler.load_state_dict(s["scheduler"])
+            if self.scaler and s["scaler"] is not None:
+                self.scaler.load_state_dict(s["scaler"])
+
+    def _wrap(self):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        kwargs = dict(self._ddp_kwargs)
+        if self.backend == "nccl":
+            kwargs.setdefault("device_ids", [self.device])
+        self.model = DDP(self.module, **kwargs)
+
+
+class _StepGuard:
+    def __init__(self, job):
+        self._job = job
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        job = self._job
+        if kind is None or not job.in_place or not issubclass(kind, Exception) or \
+                isinstance(value, RecoveryError):
+            return False
+        # A world change explains it when the agent says so, now or within failure_wait.
+        if job._channel.epoch() == job._seen and \
+                not job._channel.wait_change(job._seen, job._failure_wait):
+            return False
+        job._failed = True
+        return True

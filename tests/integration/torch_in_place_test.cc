@@ -1,0 +1,220 @@
+// PyTorch DDP in place (docs/in_place_torch.md): examples/python/ddp_in_place.py with Debian's
+// python3-torch (gloo) under real launches on 127.0.0.1. A worker crash replaces only it; kill
+// -9 of a node leaves the survivors' processes in a smaller world; a newcomer gets the
+// survivors' state; without --in_place the script is an ordinary DDP job. After each recovery
+// every rank holds the same parameters (a digest each prints), and the run finishes.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "helpers.h"
+#include "rdzvd_proc.h"
+#include "skip.h"
+
+using namespace muster::testing;
+
+namespace {
+
+const std::string kPython = "/usr/bin/python3";
+const std::string kScript = DDP_IN_PLACE_PY;
+
+bool has_torch() {
+  Proc probe({kPython, "-c", "import torch.distributed"});
+  return probe.wait(120s) == 0;
+}
+
+// Every match of `re`'s first group, in order.
+std::vector<std::string> all_of(const std::string& out, const std::string& re) {
+  std::vector<std::string> found;
+  const std::regex r(re);
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), r); it != std::sregex_iterator(); ++it) {
+    found.push_back((*it)[1].str());
+  }
+  return found;
+}
+
+// "rank R: pid P in place, round N": the pids that started, by (round, rank).
+std::map<std::pair<int, int>, std::string> started(const std::string& out) {
+  std::map<std::pair<int, int>, std::string> pids;
+  static const std::regex re(R"(rank (\d+): pid (\d+) in place, round (\d+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it) {
+    pids[{std::stoi((*it)[3]), std::stoi((*it)[1])}] = (*it)[2].str();
+  }
+  return pids;
+}
+
+std::set<std::string> distinct(const std::vector<std::string>& v) { return {v.begin(), v.end()}; }
+
+std::vector<std::string> script(const std::vector<std::string>& flags) {
+  std::vector<std::string> argv{kPython, kScript};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return argv;
+}
+
+std::vector<std::string> standalone(int nproc, std::vector<std::string> launch_flags,
+                                    const std::vector<std::string>& flags) {
+  std::vector<std::string> argv{kLaunch, "--standalone", "--nproc_per_node=" + std::to_string(nproc)};
+  argv.insert(argv.end(), launch_flags.begin(), launch_flags.end());
+  for (const std::string& a : script(flags)) argv.push_back(a);
+  return argv;
+}
+
+const std::map<std::string, std::optional<std::string>> kEnv{{"PYTHONPATH", std::nullopt}};
+
+auto said_in_out(const std::string& what) {
+  return [what](const std::string& out, const std::string&) {
+    return out.find(what) != std::string::npos;
+  };
+}
+
+// Until the agent whose worker is rank 0 (it logs the steps) says `what`.
+bool rank0_said(const std::vector<Proc*>& agents, const std::string& what) {
+  for (Proc* p : agents) {
+    if (p->out().find("rank 0: pid") != std::string::npos) return p->wait_output(said_in_out(what), 120s);
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("torch in place: a worker crash replaces only it, the survivors keep their pids and "
+          "every rank ends with the same parameters, an unbroken run's up to rounding",
+          "[torch][in_place]") {
+  if (!has_torch()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  const std::vector<std::string> steps{"--steps", "120", "--log-every", "40"};
+  Proc plain(standalone(3, {"--in_place"}, steps), kEnv);
+  INFO(plain.out() << plain.err());
+  REQUIRE(plain.wait(180s) == 0);
+  const auto plain_params = distinct(all_of(plain.out(), R"(final loss \S+ steps 120 params (\S+))"));
+  REQUIRE(plain_params.size() == 1);
+
+  std::vector<std::string> faulty_flags = steps;
+  faulty_flags.insert(faulty_flags.end(), {"--fail-at-step", "60", "--fail-rank", "1"});
+  Proc faulty(standalone(3, {"--in_place", "--max_restarts=1"}, faulty_flags), kEnv);
+  INFO(faulty.out() << faulty.err());
+  REQUIRE(faulty.wait(180s) == 0);
+  const auto pids = started(faulty.out());
+  // Round 1's three workers, then one new process for rank 1 in round 2; nobody else.
+  REQUIRE(pids.size() == 4);
+  REQUIRE(pids.count({2, 1}) == 1);
+  CHECK(pids.at({2, 1}) != pids.at({1, 1}));
+  for (int r : {0, 2}) {
+    CHECK(all_of(faulty.out(), "rank " + std::to_string(r) +
+                                   R"(: pid (\d+) re-formed in place as rank )" + std::to_string(r) +
+                                   " of 3, round 2") == std::vector<std::string>{pids.at({1, r})});
+  }
+  // The survivors agree at once; the replacement got their state (step 60 redone by the
+  // same world on the same data): every rank ends with the same parameters, where the
+  // unbroken run ends up to rounding (the new DDP wrapper buckets the gradients in another
+  // order at first, so gloo sums them in another order).
+  CHECK(distinct(all_of(faulty.out(), R"(round 2 params (\S+) at step 60)")).size() == 1);
+  const auto faulty_params = distinct(all_of(faulty.out(), R"(final loss \S+ steps 120 params (\S+))"));
+  REQUIRE(faulty_params.size() == 1);
+  const double got = std::stod(*faulty_params.begin()), want = std::stod(*plain_params.begin());
+  CHECK(std::abs(got - want) <= 1e-9 * std::abs(want));
+  CHECK(count_lines_with(faulty.out(), "final loss") == 3);
+}
+
+TEST_CASE("torch in place: kill -9 of a node: the survivors go on in their own processes in a "
+          "world of two, with the same parameters, and finish",
+          "[torch][in_place]") {
+  if (!has_torch()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  RdzvdProc server;
+  const std::vector<std::string> conf{"--rdzv_conf=last_call_timeout=60", "--in_place",
+                                      "--max_restarts=1"};
+  auto agent = [&] {
+    std::vector<std::string> argv = c10d(server.endpoint, "2:3", 1, "tip", conf);
+    argv.insert(argv.begin(), kLaunch);
+    for (const std::string& a : script({"--steps", "400", "--log-every", "100", "--step-sleep-ms", "10"})) {
+      argv.push_back(a);
+    }
+    return std::make_unique<Proc>(argv, kEnv);
+  };
+  auto a = agent(), b = agent(), c = agent();
+  auto stepping = [](const std::string& out, const std::string&) {
+    return out.find("in place, round 1") != std::string::npos;
+  };
+  for (auto* p : {a.get(), b.get(), c.get()}) REQUIRE(p->wait_output(stepping, 120s));
+  // Rank 0 logs step 0 once every rank is in the training loop.
+  REQUIRE(rank0_said({a.get(), b.get(), c.get()}, "step 0: loss"));
+  ::kill(b->pid(), SIGKILL);
+  REQUIRE(b->wait() == 128 + SIGKILL);
+  for (Proc* p : {a.get(), c.get()}) {
+    const auto rc = p->wait(180s);
+    INFO(p->out() << p->err());
+    CHECK(rc == 0);
+    const auto pids = started(p->out());
+    REQUIRE(pids.size() == 1);  // nothing new started on a survivor
+    CHECK(all_of(p->out(), R"(: pid (\d+) re-formed in place as rank \d of 2, round 2)") ==
+          std::vector<std::string>{pids.begin()->second});
+    CHECK(count_lines_with(p->out(), "final loss") == 1);
+  }
+  // Both survivors hold the same parameters after the re-form and at the end.
+  const std::string both = a->out() + c->out();
+  CHECK(all_of(both, R"(round 2 params (\S+))").size() == 2);
+  CHECK(distinct(all_of(both, R"(round 2 params (\S+))")).size() == 1);
+  CHECK(distinct(all_of(both, R"(final loss \S+ steps 400 params (\S+))")).size() == 1);
+}
+
+TEST_CASE("torch in place: a newcomer within MIN:MAX receives the survivors' state, and they keep "
+          "their processes",
+          "[torch][in_place]") {
+  if (!has_torch()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  RdzvdProc server;
+  const std::vector<std::string> conf{"--rdzv_conf=last_call_timeout=0.5", "--in_place",
+                                      "--max_restarts=1"};
+  auto agent = [&] {
+    std::vector<std::string> argv = c10d(server.endpoint, "2:3", 1, "tnew", conf);
+    argv.insert(argv.begin(), kLaunch);
+    for (const std::string& a : script({"--steps", "400", "--log-every", "100", "--step-sleep-ms", "10"})) {
+      argv.push_back(a);
+    }
+    return std::make_unique<Proc>(argv, kEnv);
+  };
+  auto a = agent(), b = agent();
+  for (auto* p : {a.get(), b.get()}) REQUIRE(p->wait_output(said_in_out("in place, round 1"), 120s));
+  REQUIRE(rank0_said({a.get(), b.get()}, "step 100: loss"));
+  auto c = agent();  // joins the running job: round 2 has three nodes
+  for (Proc* p : {a.get(), b.get(), c.get()}) {
+    const auto rc = p->wait(180s);
+    INFO(p->out() << p->err());
+    CHECK(rc == 0);
+  }
+  for (Proc* p : {a.get(), b.get()}) {
+    const auto pids = started(p->out());
+    REQUIRE(pids.size() == 1);
+    CHECK(all_of(p->out(), R"(: pid (\d+) re-formed in place as rank \d of 3, round 2)") ==
+          std::vector<std::string>{pids.begin()->second});
+  }
+  CHECK_THAT(c->out(), Catch::Contains("in place, round 2"));
+  // The survivors agree on their state at the re-form; the newcomer took it (the end is the
+  // same on all three).
+  const std::string all = a->out() + b->out() + c->out();
+  CHECK(distinct(all_of(all, R"(round 2 params (\S+))")).size() == 1);
+  CHECK(all_of(all, R"(final loss \S+ steps 400 params (\S+))").size() == 3);
+  CHECK(distinct(all_of(all, R"(final loss \S+ steps 400 params (\S+))")).size() == 1);
+}
+
+TEST_CASE("torch in place: without --in_place the script is an ordinary DDP job: a failure "
+          "restarts every worker, which resume from the checkpoint",
+          "[torch][in_place]") {
+  if (!has_torch()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  TempDir dir;
+  Proc p(standalone(2, {"--max_restarts=1"},
+                    {"--steps", "120", "--log-every", "40", "--fail-at-step", "70", "--fail-rank",
+                     "0", "--checkpoint", dir.file("ck.pt"), "--checkpoint-every", "50"}),
+         kEnv);
+  INFO(p.out() << p.err());
+  REQUIRE(p.wait(180s) == 0);
+  CHECK(started(p.out()).empty());  // no control channel: not in place
+  CHECK_THAT(p.out(), Catch::Contains("failing at step 70"));
+  CHECK(count_lines_with(p.out(), "re-formed in place") == 0);
+  CHECK(distinct(all_of(p.out(), R"(final loss \S+ steps 120 params (\S+))")).size() == 1);
+  CHECK(count_lines_with(p.out(), "final loss") == 2);
+  CHECK_THAT(p.err(), Catch::Contains("restarting workers"));
+}
