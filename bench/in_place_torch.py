@@ -6,7 +6,7 @@ running examples/python/ddp_in_place.py (Debian's python3-torch, gloo) with a ch
 50 steps into a folder every host sees. Rank 0 prints every step; every time is
 CLOCK_MONOTONIC, which all namespaces share.
 
-  kill -9 of host 2's agent (its worker dies with it), a few seconds into training: seconds
+  kill -9 of host 2's agent and its workers (its session), past step 60: seconds
   from the kill to the next step rank 0 completes after the recovery (in place: after its
   "re-formed in place" line; a full restart: the new rank 0's first step), whether the
   survivors kept their processes, whether a checkpoint was read.
@@ -90,7 +90,10 @@ def inner(a):
                 t for p in agents.values() for _, t in p.lines[-3:]))
         survivors = {h: agents[h] for h in (1, 3)}
         t_kill = time.monotonic()
-        agents[2].stop(signal.SIGKILL)
+        # The node dies: its agent and everything in the agent's session, at once (torchrun's
+        # workers do not die with their agent; launch's do either way).
+        os.killpg(agents[2].p.pid, signal.SIGKILL)
+        agents[2].p.wait()
 
         def resumed():
             for p in survivors.values():
@@ -102,10 +105,19 @@ def inner(a):
             return None
         first = wait_until(resumed, 120)
         if not first:
-            raise RuntimeError("no step after the kill")
+            raise RuntimeError("no step after the kill: " + " | ".join(
+                f"{p.name}: {t}" for p in survivors.values() for _, t in p.lines[-4:]))
         res["kill_to_step_s"] = first - t_kill
-        res["new_processes"] = sum(p.count(r"rank \d+: starting at step|in place, round", t_kill)
-                                   for p in survivors.values())
+        # In place: the survivors re-formed in the processes they had (no new one started on
+        # them) and hold the same parameters after the re-form.
+        res["new_processes_on_survivors"] = sum(
+            p.count(r"rank \d+: starting at step|in place, round", t_kill) for p in survivors.values())
+        if a.way == "in_place":
+            digests = wait_until(lambda: [m.group(1) for p in survivors.values()
+                                          for _, m in p.all(r"round \d+ params (\S+)", t_kill)]
+                                 if all(p.first(r"round \d+ params", t_kill) for p in survivors.values())
+                                 else None, 30)
+            res["survivors_same_params"] = bool(digests) and len(set(digests)) == 1
         res["checkpoint_read"] = any(p.first(r"resuming from the checkpoint", t_kill) for p in survivors.values())
     except Exception as e:  # noqa: BLE001 (the result says what went wrong)
         res["error"] = str(e)

@@ -95,31 +95,49 @@ class _Channel:
         self._world = None
         self._closed = False
         self._sock.send(b"hello in_place=1")
+        # What the agent said before this process listened (an abort and a newer world for a
+        # replacement that was still starting) is taken now, before the first group is joined.
+        self._sock.setblocking(False)
+        try:
+            while True:
+                data = self._sock.recv(_MAX_MESSAGE + 1)
+                if not self._take(data):
+                    break
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._take(b"")
+        self._sock.setblocking(True)
         threading.Thread(target=self._read, name="muster-control", daemon=True).start()
 
     def _read(self):
-        while True:
+        while not self._closed:
             try:
                 data = self._sock.recv(_MAX_MESSAGE + 1)
             except OSError:
                 data = b""
-            with self._cv:
-                if not data:
-                    self._closed = True
-                    self._cv.notify_all()
-                    return
-                msg = _parse(data)
-                if msg is None:
-                    continue
-                kind, fields = msg
-                if kind == "abort":
-                    self._epoch += 1
-                elif kind == "world":
-                    self._world = fields
-                    self._epoch += 1
-                else:
-                    continue
+            self._take(data)
+
+    def _take(self, data):
+        """One packet (b"": the channel closed); False once closed."""
+        with self._cv:
+            if not data:
+                self._closed = True
                 self._cv.notify_all()
+                return False
+            msg = _parse(data)
+            if msg is None:
+                return True
+            kind, fields = msg
+            if kind == "abort":
+                self._epoch += 1
+            elif kind == "world":
+                self._world = fields
+                self._epoch += 1
+            else:
+                return True
+            self._cv.notify_all()
+            return True
 
     def epoch(self):
         with self._cv:
@@ -132,7 +150,7 @@ class _Channel:
                 self._epoch != seen
 
     def await_world(self, after_round, timeout):
-        """The first world for a round after `after_round`."""
+        """The first world for a round after `after_round`, and the epoch it came with."""
         def ready():
             return self._closed or (self._world is not None and
                                     int(self._world.get("round", "0")) > after_round)
@@ -141,7 +159,7 @@ class _Channel:
                 raise RecoveryError("no new world from the agent within %g s" % timeout)
             if self._world is None or int(self._world.get("round", "0")) <= after_round:
                 raise RecoveryError("the agent closed the control channel")
-            return dict(self._world)
+            return dict(self._world), self._epoch
 
     def resumed(self, round_):
         try:
@@ -202,7 +220,10 @@ class Job:
         self._channel = _Channel(int(fd)) if self.in_place else None
         self._seen = self._channel.epoch() if self._channel else 0
         if self.in_place:
-            self._join(os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT", 0))
+            addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT", 0)
+            if self._seen != 0:  # the world moved on before this process joined it
+                addr, port = self._adopt(self._channel.await_world(self.round, self._world_wait))
+            self._join(addr, port)
             self.say("rank %d: pid %d in place, round %d" % (self.rank, os.getpid(), self.round))
         else:
             dist.init_process_group(backend, init_method="env://", timeout=timeout)
@@ -247,16 +268,10 @@ class Job:
         self._leave()
         self._survivor = True
         while True:
-            world = self._channel.await_world(self.round, self._world_wait)
-            seen = self._channel.epoch()
-            self.round = int(world["round"])
-            self.rank = int(world["rank"])
-            self.world_size = int(world["world_size"])
-            self.local_rank = int(world.get("local_rank", self.local_rank))
-            lost = world.get("lost", "")
-            self.lost = [int(r) for r in lost.split(",")] if lost else []
+            addr, port = self._adopt(self._channel.await_world(self.round, self._world_wait))
+            seen = self._seen
             try:
-                self._join(world["master_addr"], int(world["master_port"]))
+                self._join(addr, port)
                 step = self._agree()
                 self._wrap()
                 break
@@ -274,6 +289,17 @@ class Job:
                                           self.round, ",".join(map(str, self.lost)) or "-", why,
                                           (time.monotonic() - start) * 1000))
         return step
+
+    def _adopt(self, got):
+        """The agent's world message (await_world's) as this process's world; its store."""
+        world, self._seen = got
+        self.round = int(world["round"])
+        self.rank = int(world["rank"])
+        self.world_size = int(world["world_size"])
+        self.local_rank = int(world.get("local_rank", self.local_rank))
+        lost = world.get("lost", "")
+        self.lost = [int(r) for r in lost.split(",")] if lost else []
+        return world["master_addr"], int(world["master_port"])
 
     def _leave(self):
         """Out of the broken group: its sockets close, so peers blocked on this rank fail now."""

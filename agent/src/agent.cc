@@ -247,7 +247,7 @@ class Agent::Impl {
   void carry_out(session::AbortWorkers& a) { group_.abort_all(a.round); }
   void carry_out(session::ReformWorkers& r) {
     WorkerGroup::Started started =
-        group_.reform(r.assignment, round_spec(r.assignment), r.lost_ranks);
+        group_.reform(r.assignment, round_spec(r.assignment), r.lost_ranks, r.replace);
     if (started.failure) {
       apply(machine_.on_spawn_failed(*started.failure, now()));
     } else {

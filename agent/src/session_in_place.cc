@@ -19,7 +19,7 @@ namespace muster::agent::session {
 bool SessionMachine::in_place_ready() const {
   if (!config_.in_place || in_place_off_ || !supports_) return false;
   for (std::size_t lr = 0; lr < declared_.size(); ++lr) {
-    if (!declared_[lr] && !dead_[lr]) return false;
+    if (!declared_[lr] && !dead_[lr] && !fresh_[lr]) return false;
   }
   return true;
 }
@@ -29,6 +29,7 @@ void SessionMachine::reset_in_place() {
   declared_.assign(n, false);
   dead_.assign(n, false);
   resumed_.assign(n, false);
+  fresh_.assign(n, false);
   reform_pending_ = false;
 }
 
@@ -63,15 +64,22 @@ bool SessionMachine::recover_in_place(Step& s, const char* cause) {
 
 void SessionMachine::on_reform(Step& s, const v1::Assignment& a) {
   enter_round(s, a);
+  std::vector<int> replace;
   for (std::size_t lr = 0; lr < dead_.size(); ++lr) {
-    if (dead_[lr]) declared_[lr] = false;  // a new process: it declares for itself
+    // A replacement still starting (not declared yet) is replaced too: it holds no state.
+    const bool starting = !dead_[lr] && fresh_[lr];
+    if (starting) replace.push_back(static_cast<int>(lr));
+    if (dead_[lr] || starting) {
+      declared_[lr] = false;  // a new process: it declares for itself
+      fresh_[lr] = true;
+    }
   }
   dead_.assign(dead_.size(), false);
   resumed_.assign(resumed_.size(), false);
   reform_pending_ = true;
   std::sort(lost_ranks_.begin(), lost_ranks_.end());
   lost_ranks_.erase(std::unique(lost_ranks_.begin(), lost_ranks_.end()), lost_ranks_.end());
-  s.add(ReformWorkers{a, std::exchange(lost_ranks_, {})});
+  s.add(ReformWorkers{a, std::exchange(lost_ranks_, {}), std::move(replace)});
   reform_due_ = s.now + config_.in_place_timeout;
   s.add(ArmTimer{Timer::kInPlace, reform_due_});
   arm_silence(s);
@@ -92,6 +100,7 @@ Actions SessionMachine::on_workers_reformed(int replaced, Time now) {
 Actions SessionMachine::on_worker_declared(int local_rank, Time now) {
   if (local_rank < 0 || local_rank >= static_cast<int>(declared_.size())) return {};
   declared_[local_rank] = true;
+  fresh_[local_rank] = false;
   supports_ = true;
   (void)now;
   return {};

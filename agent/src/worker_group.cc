@@ -95,7 +95,10 @@ struct WorkerGroup::Worker {
   // counts it), its pidfd is still watched, and its process group stays with the supervisor.
   bool abandoned = false;
   ProcState stuck;
-  bool released = false;  // abandoned, and its round is over (it lives in abandoned_)
+  // Abandoned, and its round is over (it lives in abandoned_); or a replacement still
+  // starting that an in-place re-form replaced (it lives in retired_). Its exit is not a
+  // failure.
+  bool released = false;
   std::string page;       // its progress page ("": none)
   // --in_place: the agent's end of its control channel, and what the worker said on it.
   std::unique_ptr<Descriptor> control;
@@ -313,12 +316,14 @@ void WorkerGroup::abort_all(int round) {
 }
 
 WorkerGroup::Started WorkerGroup::reform(const v1::Assignment& a, const WorkerEnvSpec& round,
-                                         const std::vector<int>& lost_ranks) {
+                                         const std::vector<int>& lost_ranks,
+                                         const std::vector<int>& replace) {
   std::string lost;
   for (int r : lost_ranks) lost += (lost.empty() ? "" : ",") + std::to_string(r);
   // Workers retired by earlier re-forms whose pipes and channel have closed have no handler
   // left to run: they go (a long job recovers many times).
   auto drained = [](const std::unique_ptr<Worker>& w) {
+    if (!w->reaped) return false;  // a replaced one still exiting: its exit is still watched
     for (const Descriptor* d : {w->out ? &w->out->sd : nullptr, w->err ? &w->err->sd : nullptr,
                                 w->control.get()}) {
       if (d != nullptr && d->is_open()) return false;
@@ -331,7 +336,9 @@ WorkerGroup::Started WorkerGroup::reform(const v1::Assignment& a, const WorkerEn
   std::vector<int> dead;
   for (auto it = workers_.begin(); it != workers_.end();) {
     Worker& w = **it;
-    if (!w.reaped) {
+    const bool replaced =
+        std::find(replace.begin(), replace.end(), w.local_rank) != replace.end();
+    if (!w.reaped && !replaced) {
       w.rank = a.rank_offset() + w.local_rank;
       ops::control::Message m{ops::control::kWorld, {}};
       auto& f = m.fields;
@@ -350,9 +357,18 @@ WorkerGroup::Started WorkerGroup::reform(const v1::Assignment& a, const WorkerEn
       ++it;
       continue;
     }
-    // Dead: its process group's leftovers go; a new process takes its local rank.
+    // Dead (or a replacement still starting, which holds nothing): its process group goes; a
+    // new process takes its local rank. A live one's exit is then not a failure (released).
     ::kill(-w.pid, SIGKILL);
-    if (opts_.supervisor != nullptr) opts_.supervisor->forget_group(w.pid);
+    if (w.reaped) {
+      if (opts_.supervisor != nullptr) opts_.supervisor->forget_group(w.pid);
+    } else {
+      w.released = true;  // its exit is not a failure
+      if (w.control) {    // nor is anything it still says (a late hello is not the new one's)
+        boost::system::error_code ignored;
+        w.control->close(ignored);
+      }
+    }
     dead.push_back(w.local_rank);
     retired_.push_back(std::move(*it));
     it = workers_.erase(it);

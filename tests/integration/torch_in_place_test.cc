@@ -120,6 +120,41 @@ TEST_CASE("torch in place: a worker crash replaces only it, the survivors keep t
   CHECK(count_lines_with(faulty.out(), "final loss") == 3);
 }
 
+TEST_CASE("torch in place: a second worker lost while the first is being recovered is replaced "
+          "too, and the survivor keeps its process",
+          "[torch][in_place]") {
+  if (!has_torch()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  Proc p(standalone(3, {"--in_place", "--max_restarts=2"},
+                    {"--steps", "120", "--log-every", "40", "--fail-at-step", "60", "--fail-rank", "1"}),
+         kEnv);
+  REQUIRE(p.wait_output(said_in_out("failing at step 60 as asked"), 180s));
+  // Rank 1 is gone and the survivors are recovering (the replacement is still importing
+  // torch): rank 2 dies too.
+  const auto first = started(p.out());
+  REQUIRE(first.count({1, 2}) == 1);
+  ::kill(std::stoi(first.at({1, 2})), SIGKILL);
+  const auto rc = p.wait(180s);
+  INFO(p.out() << p.err());
+  REQUIRE(rc == 0);
+  // Rank 0 re-formed in its own process (once or twice, by how the losses fell); ranks 1 and
+  // 2 are new processes; every rank ends with the same parameters.
+  const auto pids = started(p.out());
+  std::set<std::string> rank0;
+  for (const auto& [key, pid] : pids) {
+    if (key.second == 0) rank0.insert(pid);
+  }
+  CHECK(rank0 == std::set<std::string>{first.at({1, 0})});
+  const auto reformed = distinct(all_of(p.out(), R"(rank 0: pid (\d+) re-formed in place as rank 0 of 3)"));
+  CHECK(reformed == std::set<std::string>{first.at({1, 0})});
+  std::set<std::string> rank2;
+  for (const auto& [key, pid] : pids) {
+    if (key.second == 2) rank2.insert(pid);
+  }
+  CHECK(rank2.size() == 2);  // the first, and its replacement
+  CHECK(count_lines_with(p.out(), "final loss") == 3);
+  CHECK(distinct(all_of(p.out(), R"(final loss \S+ steps 120 params (\S+))")).size() == 1);
+}
+
 TEST_CASE("torch in place: kill -9 of a node: the survivors go on in their own processes in a "
           "world of two, with the same parameters, and finish",
           "[torch][in_place]") {

@@ -198,6 +198,45 @@ TEST_CASE("in place: a failure during the re-form starts the recovery over") {
   CHECK(has<session::ReformWorkers>(n.last));
 }
 
+TEST_CASE("in place: a replacement still starting counts as ready: a second failure recovers in "
+          "place and replaces it too") {
+  Node n;
+  n.in_place();
+  declared_running(n);
+  fail_worker(n, 1);
+  n.restart();
+  n.hear(assignment(2));
+  const auto* reform = first<session::ReformWorkers>(n.last);
+  REQUIRE(reform != nullptr);
+  CHECK(reform->replace.empty());  // rank 1 is dead: a new process, not a replacement of a live one
+  // Local rank 1's new process is still importing (no hello yet) when local rank 0 dies.
+  Actions& a = fail_worker(n, 0);
+  CHECK(has<session::AbortWorkers>(a));
+  CHECK_FALSE(has<session::StopWorkers>(a));
+  n.restart();
+  n.hear(assignment(3));
+  const auto* again = first<session::ReformWorkers>(n.last);
+  REQUIRE(again != nullptr);
+  CHECK(again->replace == std::vector<int>{1});  // started again in round 3's world
+  // Both are new processes now: each must declare before the next recovery counts on it,
+  // and both must resume.
+  n.go(n.m->on_worker_declared(0, n.t));
+  n.go(n.m->on_worker_resumed(0, 3, n.t));
+  CHECK(emitted(n.last, AgentEvent::Kind::kInPlaceResumed) == nullptr);
+  n.go(n.m->on_worker_resumed(1, 3, n.t));
+  CHECK(emitted(n.last, AgentEvent::Kind::kInPlaceResumed) != nullptr);
+}
+
+TEST_CASE("in place: a program whose workers never declared is not helped by the rule for "
+          "starting replacements") {
+  Node n;
+  n.in_place();
+  n.running(1);  // nobody declared: not in place
+  Actions& a = fail_worker(n, 1);
+  CHECK(has<session::StopWorkers>(a));
+  CHECK_FALSE(has<session::AbortWorkers>(a));
+}
+
 TEST_CASE("in place: a worker lost while re-forming is one more to replace, not a report") {
   Node n;
   n.in_place();

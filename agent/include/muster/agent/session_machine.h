@@ -132,6 +132,10 @@ struct AbortWorkers {
 struct ReformWorkers {
   v1::Assignment assignment;
   std::vector<int> lost_ranks;  // the round before's global ranks whose nodes left (Restart's)
+  // Local ranks whose process is alive but is a replacement that has not declared yet (still
+  // starting: an interpreter importing torch): it holds no state, so a new process for this
+  // round takes its place, as for a dead one (it would otherwise start in a stale world).
+  std::vector<int> replace;
 };
 struct KillWorkers {};     // a second signal: SIGKILL now, no grace left
 struct ReleaseWorkers {};  // the stopped round's workers are forgotten (their pids may be reused)
@@ -344,6 +348,9 @@ class SessionMachine {
   // in-place round waits for every `resumed` (reform_pending_); in_place_off_: the last one
   // fell back, so the next restart is the full one.
   std::vector<bool> declared_, dead_, resumed_;
+  // A replacement started by an in-place re-form, until it declares: it counts as ready for
+  // the next recovery (and is replaced in it), since the program is known to support it.
+  std::vector<bool> fresh_;
   bool reform_pending_ = false;
   Time reform_due_{};  // the end of the wait for `resumed`
   bool in_place_off_ = false;

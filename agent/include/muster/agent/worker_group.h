@@ -61,11 +61,12 @@ class WorkerGroup {
   // In-place recovery (--in_place). abort_all: every running worker's collectives are to
   // fail now (`abort`; `round`: the round coming, 0 if not known yet). reform: the running
   // workers are told the new round's world (`world`, with the round before's ranks whose
-  // nodes left), each dead one is replaced by a new
-  // process with the round's environment; `failure` when a replacement could not start.
+  // nodes left), each dead one, and each local rank in `replace` (a replacement that has
+  // not declared yet: killed, its exit not a failure), is replaced by a new process with the
+  // round's environment; `failure` when a replacement could not start.
   void abort_all(int round);
   Started reform(const v1::Assignment& assignment, const WorkerEnvSpec& spec,
-                 const std::vector<int>& lost_ranks);
+                 const std::vector<int>& lost_ranks, const std::vector<int>& replace = {});
 
   // Sends `sig` to every worker's process group; SIGKILL follows after the shutdown grace.
   void stop(int sig);

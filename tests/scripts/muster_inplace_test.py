@@ -1,0 +1,90 @@
+"""python/muster_inplace.py's control channel, without torch: a SOCK_SEQPACKET pair stands for
+the agent (ops/control_channel.h is the contract). The hello goes out first; abort and world
+messages move the epoch and wake a waiter at once; malformed messages are refused and change
+nothing; a world for an older round is not the one awaited; `resumed` is answered; a closed
+channel ends the wait with RecoveryError. Exit 0 when every check holds.
+
+  python3 tests/scripts/muster_inplace_test.py PYTHON_DIR
+"""
+import os
+import socket
+import sys
+import threading
+import time
+
+sys.path.insert(0, sys.argv[1])
+import muster_inplace as mi  # noqa: E402
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok    " if ok else "FAIL  ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+# The parser: the contract's shape, and what it refuses.
+check(mi._parse(b"abort round=3") == ("abort", {"round": "3"}), "parse: abort round=3")
+check(mi._parse(b"world round=2 rank=1 world_size=3 lost=4,5")[1]["lost"] == "4,5", "parse: lost list")
+for bad in (b"", b"world round", b"world =1", b"world round=", b"w\x00rld", b"\xff abort",
+            b"abort " + b"x" * 1100 + b"=1"):
+    check(mi._parse(bad) is None, "parse refuses %r" % bad[:24])
+
+agent, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+ch = mi._Channel(os.dup(worker.fileno()))
+worker.close()
+check(agent.recv(2048) == b"hello in_place=1", "the worker says hello first")
+check(ch.epoch() == 0, "no message yet: epoch 0")
+
+# Malformed and unknown messages change nothing.
+agent.send(b"world round")
+agent.send(b"dance round=1")
+check(not ch.wait_change(0, 0.2), "refused messages do not wake a waiter")
+
+# An abort wakes a waiter at once (no polling interval).
+woke = []
+t = threading.Thread(target=lambda: woke.append((ch.wait_change(0, 10), time.monotonic())))
+sent = time.monotonic()
+t.start()
+agent.send(b"abort round=2")
+t.join()
+check(woke and woke[0][0], "abort moves the epoch")
+check(woke and woke[0][1] - sent < 0.5, "the waiter woke within 0.5 s of the abort (%.3f s)"
+      % (woke[0][1] - sent if woke else -1))
+
+# A world for an older round is not the one awaited; the next one is.
+agent.send(b"world round=1 rank=0 world_size=2 master_addr=h master_port=1")
+agent.send(b"world round=2 rank=1 world_size=2 local_rank=0 master_addr=h master_port=29400 lost=3")
+w, epoch = ch.await_world(1, 5)
+check(epoch == ch.epoch(), "await_world gives the epoch its world came with")
+check(w["round"] == "2" and w["rank"] == "1" and w["lost"] == "3", "await_world(1) returns round 2's world")
+try:
+    ch.await_world(2, 0.2)
+    check(False, "no world after round 2: await_world times out")
+except mi.RecoveryError as e:
+    check("within" in str(e), "no world after round 2: RecoveryError (%s)" % e)
+
+ch.resumed(2)
+check(agent.recv(2048) == b"resumed round=2", "resumed round=2 is sent")
+
+# Messages queued before the worker listened are taken before the constructor returns.
+a2, w2 = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+a2.send(b"abort round=3")
+a2.send(b"world round=3 rank=0 world_size=1 master_addr=h master_port=1")
+ch2 = mi._Channel(os.dup(w2.fileno()))
+w2.close()
+check(ch2.epoch() == 2, "an abort and a world sent before the hello are seen at once (epoch %d)" % ch2.epoch())
+check(a2.recv(2048) == b"hello in_place=1", "the hello still goes out")
+a2.close()
+
+# The agent goes: a waiter ends with RecoveryError, not a hang.
+agent.close()
+try:
+    ch.await_world(2, 10)
+    check(False, "a closed channel ends the wait")
+except mi.RecoveryError as e:
+    check("closed" in str(e), "a closed channel ends the wait with RecoveryError (%s)" % e)
+
+print("%d failure(s)" % len(failures))
+sys.exit(1 if failures else 0)
