@@ -88,7 +88,8 @@ def _parse(data):
 class _Channel:
     """The worker's end of the control channel: a reader thread blocked in recv()."""
 
-    def __init__(self, fd):
+    def __init__(self, fd, on_abort=None):
+        self._on_abort = on_abort  # called on the reader thread when an abort comes
         self._sock = socket.socket(fileno=fd)
         self._cv = threading.Condition()
         self._epoch = 0  # counts abort and world messages
@@ -120,6 +121,7 @@ class _Channel:
 
     def _take(self, data):
         """One packet (b"": the channel closed); False once closed."""
+        aborted = False
         with self._cv:
             if not data:
                 self._closed = True
@@ -131,13 +133,16 @@ class _Channel:
             kind, fields = msg
             if kind == "abort":
                 self._epoch += 1
+                aborted = True
             elif kind == "world":
                 self._world = fields
                 self._epoch += 1
             else:
                 return True
             self._cv.notify_all()
-            return True
+        if aborted and self._on_abort is not None:
+            self._on_abort()
+        return True
 
     def epoch(self):
         with self._cv:
@@ -217,7 +222,11 @@ class Job:
         # In place needs the agent's store: a store hosted by rank 0 would go with it.
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True"
         self.in_place = fd.isdigit() and agent_store
-        self._channel = _Channel(int(fd)) if self.in_place else None
+        # NCCL: a collective blocked on a dead peer does not return by itself; where torch can
+        # abort a process group from another thread (_abort_process_group, torch >= 2.6), the
+        # reader thread does it when the agent says abort. gloo: the dead peer's sockets close.
+        on_abort = self._abort_group if backend == "nccl" else None
+        self._channel = _Channel(int(fd), on_abort) if self.in_place else None
         self._seen = self._channel.epoch() if self._channel else 0
         if self.in_place:
             addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT", 0)
@@ -300,6 +309,14 @@ class Job:
         lost = world.get("lost", "")
         self.lost = [int(r) for r in lost.split(",")] if lost else []
         return world["master_addr"], int(world["master_port"])
+
+    def _abort_group(self):
+        abort = getattr(self._dist.distributed_c10d, "_abort_process_group", None)
+        if abort is not None and self._dist.is_initialized():
+            try:
+                abort()
+            except Exception:
+                pass
 
     def _leave(self):
         """Out of the broken group: its sockets close, so peers blocked on this rank fail now."""

@@ -78,6 +78,17 @@ check(ch2.epoch() == 2, "an abort and a world sent before the hello are seen at 
 check(a2.recv(2048) == b"hello in_place=1", "the hello still goes out")
 a2.close()
 
+# The abort hook (NCCL's group abort) runs on the reader thread when an abort comes.
+a3, w3 = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+hooked = threading.Event()
+ch3 = mi._Channel(os.dup(w3.fileno()), on_abort=hooked.set)
+w3.close()
+a3.send(b"world round=4 rank=0 world_size=1 master_addr=h master_port=1")
+check(not hooked.wait(0.2), "a world message does not call the abort hook")
+a3.send(b"abort round=5")
+check(hooked.wait(10), "an abort calls the abort hook")
+a3.close()
+
 # The agent goes: a waiter ends with RecoveryError, not a hang.
 agent.close()
 try:
