@@ -50,18 +50,21 @@ def wrap(i):
 def agent(a, host, tmp):
     script = [SCRIPT, "--steps", "1000000", "--log-every", "1", "--checkpoint",
               os.path.join(tmp, "ck.pt"), "--checkpoint-every", "50", "--step-sleep-ms",
-              str(a.step_ms)]
+              str(a.step_ms), "--pg-timeout", str(a.pg_timeout)]
+    conf = "last_call_timeout=2"
+    if a.fault == "cut":
+        conf += ",keep_alive_interval=0.5,keep_alive_max_attempt=4"  # a 2 s liveness window
     if a.way == "torchrun":
         endpoint = f"{os.environ['HOSTNET_HOST_1']}:29500"
         argv = wrap(host) + [TORCHRUN, "--nnodes=2:3", "--nproc_per_node=1", "--rdzv_backend=c10d",
                              f"--rdzv_endpoint={endpoint}", "--rdzv_id=job", "--max_restarts=100",
-                             "--monitor_interval=0.1", "--rdzv_conf=last_call_timeout=2",
+                             "--monitor_interval=0.1", f"--rdzv_conf={conf}",
                              "--tee=3", *script]
     else:
         endpoint = f"{os.environ['HOSTNET_HOST_0']}:29400"
         argv = wrap(host) + [LAUNCH, "--nnodes=2:3", "--nproc_per_node=1", "--rdzv_backend=c10d",
                              f"--rdzv_endpoint={endpoint}", "--rdzv_id=job", "--max_restarts=100",
-                             "--rdzv_conf=last_call_timeout=2"]
+                             f"--rdzv_conf={conf}"]
         if a.way == "in_place":
             argv.append("--in_place")
         argv += ["/usr/bin/python3", *script]
@@ -72,11 +75,11 @@ def agent(a, host, tmp):
 
 def inner(a):
     tmp = tempfile.mkdtemp(prefix="in_place_torch_")
-    res = {"way": a.way}
+    res = {"way": a.way, "fault": a.fault}
     procs = []
     try:
         if a.way != "torchrun":
-            rd = Proc("rdzvd", wrap(0) + [RDZVD, "--listen", "0.0.0.0:29400"])
+            rd = Proc("rdzvd", wrap(0) + [RDZVD, "--listen", "0.0.0.0:29400", "--event_log", "-"])
             procs.append(rd)
             if not wait_until(lambda: rd.first("listening on port"), 30):
                 raise RuntimeError("rdzvd did not start")
@@ -90,10 +93,15 @@ def inner(a):
                 t for p in agents.values() for _, t in p.lines[-3:]))
         survivors = {h: agents[h] for h in (1, 3)}
         t_kill = time.monotonic()
-        # The node dies: its agent and everything in the agent's session, at once (torchrun's
-        # workers do not die with their agent; launch's do either way).
-        os.killpg(agents[2].p.pid, signal.SIGKILL)
-        agents[2].p.wait()
+        if a.fault == "cut":
+            # Host 2 goes silent (iptables DROP, no FIN, no RST): the survivors' collectives
+            # wait on its rank until the process group's timeout (gloo cannot be aborted).
+            subprocess.run([os.environ["HOSTNET_CTL"], "cut", os.environ["HOSTNET_NS_2"]], check=True)
+        else:
+            # The node dies: its agent and everything in the agent's session, at once
+            # (torchrun's workers do not die with their agent; launch's do either way).
+            os.killpg(agents[2].p.pid, signal.SIGKILL)
+            agents[2].p.wait()
 
         def resumed():
             for p in survivors.values():
@@ -108,6 +116,12 @@ def inner(a):
             raise RuntimeError("no step after the kill: " + " | ".join(
                 f"{p.name}: {t}" for p in survivors.values() for _, t in p.lines[-4:]))
         res["kill_to_step_s"] = first - t_kill
+        if a.way != "torchrun":
+            # The server's decision (its node_lost event) -> rank 0's next step: what the push
+            # saves (a cut is decided only after the liveness window).
+            decided = rd.first(r'"event":"node_lost"', t_kill)
+            if decided:
+                res["decision_to_step_s"] = first - decided[0]
         # In place: the survivors re-formed in the processes they had (no new one started on
         # them) and hold the same parameters after the re-form.
         res["new_processes_on_survivors"] = sum(
@@ -133,7 +147,7 @@ def outer(a):
     for way in a.only.split(","):
         for t in range(a.trials):
             cmd = [HOSTNET, "run", "4", "--", sys.executable, __file__, "--inner", "--way", way,
-                   "--step_ms", str(a.step_ms)]
+                   "--step_ms", str(a.step_ms), "--fault", a.fault, "--pg_timeout", str(a.pg_timeout)]
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
             res = json.loads(line[-1][7:]) if line else {"error": r.stderr[-400:]}
@@ -144,7 +158,8 @@ def outer(a):
         v = [r["kill_to_step_s"] for r in rows.get(way, []) if r.get("kill_to_step_s") is not None]
         return statistics.median(v) if v else None
 
-    print(f"\n| kill -9 of a node -> rank 0's next step (median of {a.trials}) | seconds | vs in place |")
+    what = "kill -9 of a node" if a.fault == "kill" else f"a node cut silently (pg timeout {a.pg_timeout:g} s)"
+    print(f"\n| {what} -> rank 0's next step (median of {a.trials}) | seconds | vs in place |")
     print("|---|---|---|")
     base = med("in_place")
     for way in a.only.split(","):
@@ -160,6 +175,9 @@ def main():
     ap.add_argument("--only", default="in_place,full,torchrun")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--step_ms", type=float, default=20, help="each step's stand-in compute")
+    ap.add_argument("--fault", default="kill", choices=["kill", "cut"])
+    ap.add_argument("--pg_timeout", type=float, default=60,
+                    help="the script's process-group timeout, seconds (a silent peer's bound)")
     a = ap.parse_args()
     inner(a) if a.inner else outer(a)
 

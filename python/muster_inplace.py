@@ -173,6 +173,23 @@ class _Channel:
             pass  # the agent is gone: it stops this process anyway
 
 
+def _socket_fds():
+    """{fd: socket inode} of this process's open sockets."""
+    out = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for name in names:
+        try:
+            target = os.readlink("/proc/self/fd/" + name)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out[int(name)] = target[8:-1]
+    return out
+
+
 def _env_int(name, default):
     value = os.environ.get(name, "")
     return int(value) if value.lstrip("-").isdigit() else default
@@ -222,11 +239,10 @@ class Job:
         # In place needs the agent's store: a store hosted by rank 0 would go with it.
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True"
         self.in_place = fd.isdigit() and agent_store
-        # NCCL: a collective blocked on a dead peer does not return by itself; where torch can
-        # abort a process group from another thread (_abort_process_group, torch >= 2.6), the
-        # reader thread does it when the agent says abort. gloo: the dead peer's sockets close.
-        on_abort = self._abort_group if backend == "nccl" else None
-        self._channel = _Channel(int(fd), on_abort) if self.in_place else None
+        # The abort is pushed: the reader thread makes a collective blocked on a peer that went
+        # silent (no FIN, no RST) return now, not after the group's timeout (_abort_group).
+        self._group_sockets = set()  # the inodes of the current gloo group's sockets
+        self._channel = _Channel(int(fd), self._abort_group) if self.in_place else None
         self._seen = self._channel.epoch() if self._channel else 0
         if self.in_place:
             addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT", 0)
@@ -311,12 +327,25 @@ class Job:
         return world["master_addr"], int(world["master_port"])
 
     def _abort_group(self):
-        abort = getattr(self._dist.distributed_c10d, "_abort_process_group", None)
-        if abort is not None and self._dist.is_initialized():
-            try:
-                abort()
-            except Exception:
-                pass
+        """On the reader thread, at the agent's abort. gloo (which torch cannot abort): shut
+        down the group's own sockets, so that a blocked recv or send returns at once and the
+        collective raises; the group is destroyed at the step's end anyway. NCCL: torch's
+        _abort_process_group where it has it (torch >= 2.6)."""
+        if self.backend == "nccl":
+            abort = getattr(self._dist.distributed_c10d, "_abort_process_group", None)
+            if abort is not None and self._dist.is_initialized():
+                try:
+                    abort()
+                except Exception:
+                    pass
+            return
+        for fd, inode in _socket_fds().items():
+            if inode in self._group_sockets:
+                try:
+                    with socket.socket(fileno=os.dup(fd)) as s:
+                        s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def _leave(self):
         """Out of the broken group: its sockets close, so peers blocked on this rank fail now."""
@@ -330,8 +359,10 @@ class Job:
         dist = self._dist
         store = dist.TCPStore(addr, port, is_master=False, timeout=self._timeout)
         prefixed = dist.PrefixStore("%s/r%d/" % (_PREFIX, self.round), store)
+        before = set(_socket_fds().values())  # the store's connection is not the group's
         dist.init_process_group(self.backend, store=prefixed, rank=self.rank,
                                 world_size=self.world_size, timeout=self._timeout)
+        self._group_sockets = set(_socket_fds().values()) - before
 
     def _agree(self):
         """Every rank's last completed step, gathered; the most advanced survivor's state goes
@@ -350,7 +381,6 @@ class Job:
         # new agrees from its checkpoint, and DDP's own start broadcasts rank 0's module.
         if len(pool) < len(ranks) or any(done != best for done, _ in ranks):
             self._send_state(src)
-        self.source = src
         self._done = best
         return best + 1
 

@@ -14,6 +14,7 @@ the data it saw before. The per-rank batch stays when the world shrinks or grows
 batch is batch x world size; the schedule is a function of the step only.
 """
 import argparse
+import datetime
 import math
 import os
 import sys
@@ -40,6 +41,8 @@ def args_of(argv):
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     p.add_argument("--step-sleep-ms", type=float, default=0, help="bench: a step's extra time")
+    p.add_argument("--pg-timeout", type=float, default=60,
+                   help="seconds a collective waits for a silent peer (gloo cannot be aborted)")
     return p.parse_args(argv)
 
 
@@ -88,7 +91,8 @@ def main(argv):
 
     # in place: the process group, DDP and the recovery (instead of init_process_group + DDP)
     job = muster_inplace.Job(model, optimizer, scheduler=scheduler, scaler=scaler,
-                             start_step=start, backend=a.backend, device=device)
+                             start_step=start, backend=a.backend, device=device,
+                             timeout=datetime.timedelta(seconds=a.pg_timeout))
     amp = dict(device_type="cuda", dtype=torch.float16) if cuda else dict(device_type="cpu", dtype=torch.bfloat16)
     loss = torch.zeros(())
     seen_round = job.round
