@@ -203,8 +203,10 @@ class Job:
     first step to run when every process is new (a checkpoint's step + 1; 0 without one).
     backend: "gloo", or "nccl" with CUDA (device: the module's device, default cuda:LOCAL_RANK
     for nccl, cpu for gloo). ddp_kwargs go to DistributedDataParallel. timeout: the process
-    group's (a peer gone silent, no FIN, fails a collective only after it). log: where the
-    module says what it did (None: quiet)."""
+    group's and the store client's, the bound on what no abort reaches (a group that forms
+    with a silent member, a store that does not answer); in place, a collective blocked on a
+    lost peer returns at the agent's abort instead. log: where the module says what it did
+    (None: quiet)."""
 
     def __init__(self, model, optimizer=None, scheduler=None, scaler=None, start_step=0,
                  backend="gloo", device=None, ddp_kwargs=None,
