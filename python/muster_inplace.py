@@ -243,19 +243,20 @@ class Job:
         self.in_place = fd.isdigit() and agent_store
         # The abort is pushed: the reader thread makes a collective blocked on a peer that went
         # silent (no FIN, no RST) return now, not after the group's timeout (_abort_group).
-        self._group_sockets = set()  # the inodes of the current gloo group's sockets
+        self._group_sockets = set()  # the inodes of the current group's sockets (and store's)
+        self._join_before = None  # during a join: the inodes that were open before it
         self._channel = _Channel(int(fd), self._abort_group) if self.in_place else None
         self._seen = self._channel.epoch() if self._channel else 0
         if self.in_place:
             addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT", 0)
             if self._seen != 0:  # the world moved on before this process joined it
                 addr, port = self._adopt(self._channel.await_world(self.round, self._world_wait))
-            self._join(addr, port)
+            self._next = self._form(addr, port)
             self.say("rank %d: pid %d in place, round %d" % (self.rank, os.getpid(), self.round))
         else:
             dist.init_process_group(backend, init_method="env://", timeout=timeout)
-        self._next = self._agree()
-        self._wrap()
+            self._next = self._agree()
+            self._wrap()
 
     # --- the training loop's side --------------------------------------------------------
 
@@ -294,21 +295,7 @@ class Job:
         old_rank = self.rank
         self._leave()
         self._survivor = True
-        while True:
-            addr, port = self._adopt(self._channel.await_world(self.round, self._world_wait))
-            seen = self._seen
-            try:
-                self._join(addr, port)
-                step = self._agree()
-                self._wrap()
-                break
-            except Exception as e:
-                # A loss during the re-form: the agent's next world is the one to form.
-                self._leave()
-                if not self._channel.wait_change(seen, self._failure_wait):
-                    raise RecoveryError("in-place re-form of round %d failed: %s: %s"
-                                        % (self.round, type(e).__name__, e)) from e
-        self._seen = seen  # a message after this world's is the next recovery's
+        step = self._form(*self._adopt(self._channel.await_world(self.round, self._world_wait)))
         self.recoveries += 1
         self._resume_due = True
         self.say("rank %d: pid %d re-formed in place as rank %d of %d, round %d (lost: %s) "
@@ -316,6 +303,24 @@ class Job:
                                           self.round, ",".join(map(str, self.lost)) or "-", why,
                                           (time.monotonic() - start) * 1000))
         return step
+
+    def _form(self, addr, port):
+        """Joins the adopted world's group, agrees on the state, wraps DDP; the step to run
+        next. A loss while this goes on (the agent's abort ends a join or a collective) makes
+        the agent's next world the one to form; any other failure is a RecoveryError."""
+        while True:
+            seen = self._seen
+            try:
+                self._join(addr, port)
+                step = self._agree()
+                self._wrap()
+                return step
+            except Exception as e:
+                self._leave()
+                if not self._channel.wait_change(seen, self._failure_wait):
+                    raise RecoveryError("in-place re-form of round %d failed: %s: %s"
+                                        % (self.round, type(e).__name__, e)) from e
+                addr, port = self._adopt(self._channel.await_world(self.round, self._world_wait))
 
     def _adopt(self, got):
         """The agent's world message (await_world's) as this process's world; its store."""
@@ -333,7 +338,8 @@ class Job:
         down the group's own sockets, so that a blocked recv or send returns at once and the
         collective raises; the group is destroyed at the step's end anyway. NCCL: torch's
         _abort_process_group where it has it (torch >= 2.6)."""
-        if self.backend == "nccl":
+        joining = self._join_before  # a join under way: every socket it opened so far
+        if self.backend == "nccl" and joining is None:
             abort = getattr(self._dist.distributed_c10d, "_abort_process_group", None)
             if abort is not None and self._dist.is_initialized():
                 try:
@@ -342,7 +348,7 @@ class Job:
                     pass
             return
         for fd, inode in _socket_fds().items():
-            if inode in self._group_sockets:
+            if inode in self._group_sockets or (joining is not None and inode not in joining):
                 try:
                     with socket.socket(fileno=os.dup(fd)) as s:
                         s.shutdown(socket.SHUT_RDWR)
@@ -352,19 +358,40 @@ class Job:
     def _leave(self):
         """Out of the broken group: its sockets close, so peers blocked on this rank fail now."""
         self.model = None
+        dist = self._dist
         try:
-            self._dist.destroy_process_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
         except Exception:
             pass
+        if not dist.is_initialized():
+            # A join that failed part-way has moved torch's group counter on, and torch puts it
+            # back only when it destroys a default group: the next group's names and its
+            # store-based barrier key would then not be the other ranks' (a new process starts
+            # at 0), and that barrier would wait for its whole timeout.
+            c10d = dist.distributed_c10d
+            if hasattr(c10d, "_group_count"):  # torch 1.x
+                c10d._group_count = 0
+            world = getattr(c10d, "_world", None)
+            if world is not None and hasattr(world, "group_count"):  # torch 2.x
+                world.group_count = 0
 
     def _join(self, addr, port):
         dist = self._dist
-        store = dist.TCPStore(addr, port, is_master=False, timeout=self._timeout)
-        prefixed = dist.PrefixStore("%s/r%d/" % (_PREFIX, self.round), store)
-        before = set(_socket_fds().values())  # the store's connection is not the group's
-        dist.init_process_group(self.backend, store=prefixed, rank=self.rank,
-                                world_size=self.world_size, timeout=self._timeout)
-        self._group_sockets = set(_socket_fds().values()) - before
+        before = set(_socket_fds().values())
+        # From here an abort ends the join: it shuts every socket the join opened (the store
+        # client's, the group's so far), so a join blocked on a world that moved on returns.
+        self._join_before = before
+        try:
+            if self._channel.epoch() != self._seen:
+                raise RecoveryError("the world changed before round %d formed" % self.round)
+            store = dist.TCPStore(addr, port, is_master=False, timeout=self._timeout)
+            prefixed = dist.PrefixStore("%s/r%d/" % (_PREFIX, self.round), store)
+            dist.init_process_group(self.backend, store=prefixed, rank=self.rank,
+                                    world_size=self.world_size, timeout=self._timeout)
+            self._group_sockets = set(_socket_fds().values()) - before
+        finally:
+            self._join_before = None
 
     def _agree(self):
         """Every rank's last completed step, gathered; the most advanced survivor's state goes
