@@ -9,14 +9,6 @@
 
 using namespace muster::testing;
 
-namespace {
-// Whether Debian's python3 has torch (python3-torch, from scripts/setup --tests).
-bool has_torch() {
-  Proc probe({"/usr/bin/python3", "-c", "import torch.distributed"});
-  return probe.wait(60s) == 0;
-}
-}  // namespace
-
 TEST_CASE("hang: a Python worker stuck in time.sleep is named, its traceback is in the dump",
           "[hang]") {
   TempDir logs;
@@ -43,7 +35,7 @@ TEST_CASE("hang: a Python worker stuck in time.sleep is named, its traceback is 
 
 TEST_CASE("hang: an unmodified DDP script stuck in its data loading is named, with its phase",
           "[hang][torch]") {
-  if (!has_torch()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
   // The script imports nothing of muster's and PYTHONPATH is unset: the step counting is the
   // hook launch puts on the workers' PYTHONPATH for a run with a hang timeout.
   TempDir logs;
@@ -75,7 +67,7 @@ TEST_CASE("hang: an unmodified DDP script stuck in its data loading is named, wi
 
 TEST_CASE("hang: without --hang_timeout a Python worker's PYTHONPATH is left as it is",
           "[hang][torch]") {
-  if (!has_torch()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
   Proc p({kLaunch, "--standalone", "--nproc_per_node=2",
           std::string(INTEROP_SCRIPTS_DIR) + "/ddp_hang_in_data.py", "2"},
          {{"PYTHON_EXEC", "/usr/bin/python3"}, {"PYTHONPATH", std::nullopt}});

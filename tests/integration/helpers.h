@@ -66,6 +66,18 @@ inline auto has_ready(int n, const std::string& what = "") {
   };
 }
 
+// A wait_output predicate: `what` is in the process's stdout.
+inline auto out_has(const std::string& what) {
+  return [what](const std::string& out, const std::string&) {
+    return out.find(what) != std::string::npos;
+  };
+}
+
+// Whether Debian's /usr/bin/python3 has torch (python3-torch, from scripts/setup --tests).
+inline bool torch_importable() {
+  Proc probe({"/usr/bin/python3", "-c", "import torch.distributed"});
+  return probe.wait(120s) == 0;
+}
 
 // The pids in "ready <pid> ... restart <n>" lines of `out`.
 inline std::vector<pid_t> ready_with(const std::string& out, const std::string& restart) {

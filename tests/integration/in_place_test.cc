@@ -165,12 +165,6 @@ std::vector<std::unique_ptr<Proc>> train_agents(const RdzvdProc& server, const s
   return out;
 }
 
-auto said(const std::string& what) {
-  return [what](const std::string& out, const std::string&) {
-    return out.find(what) != std::string::npos;
-  };
-}
-
 // Of four agents, 1 and 2 were killed -9: 0 and 3 re-form in a world of two, in the processes
 // they started with (whatever round that took), then leave on SIGTERM.
 void survivors_reformed_in_two(std::vector<std::unique_ptr<Proc>>& agents) {
@@ -178,7 +172,7 @@ void survivors_reformed_in_two(std::vector<std::unique_ptr<Proc>>& agents) {
   CHECK(agents[2]->wait() == 128 + SIGKILL);
   for (int i : {0, 3}) {
     Proc& p = *agents[i];
-    const bool ok = p.wait_output(said("of 2, round"), 30s);
+    const bool ok = p.wait_output(out_has("of 2, round"), 30s);
     INFO(p.out() << p.err());
     REQUIRE(ok);
     const auto pids = started(p.out());
@@ -198,7 +192,7 @@ TEST_CASE("in place: a node whose link to the server goes silent (no FIN, no RST
   RdzvdProc server;
   // b reaches the server only through a proxy that black-holes on SIGUSR1.
   Proc proxy({FAULT_PROXY_BIN, "--listen", "127.0.0.1:0", "--target", server.endpoint});
-  REQUIRE(proxy.wait_output(said("listening on "), 10s));
+  REQUIRE(proxy.wait_output(out_has("listening on "), 10s));
   std::smatch m;
   const std::string proxy_out = proxy.out();
   REQUIRE(std::regex_search(proxy_out, m, std::regex(R"(listening on (\d+))")));
@@ -214,11 +208,11 @@ TEST_CASE("in place: a node whose link to the server goes silent (no FIN, no RST
     return std::make_unique<Proc>(argv);
   };
   auto a = agent(server.endpoint), b = agent(via_proxy), c = agent(server.endpoint);
-  for (auto* p : {a.get(), b.get(), c.get()}) REQUIRE(p->wait_output(said("in place, round 1"), 60s));
+  for (auto* p : {a.get(), b.get(), c.get()}) REQUIRE(p->wait_output(out_has("in place, round 1"), 60s));
   ::kill(proxy.pid(), SIGUSR1);
-  REQUIRE(proxy.wait_output(said("blackhole on"), 10s));
+  REQUIRE(proxy.wait_output(out_has("blackhole on"), 10s));
   for (Proc* p : {a.get(), c.get()}) {
-    const bool ok = p->wait_output(said("of 2, round 2"), 30s);
+    const bool ok = p->wait_output(out_has("of 2, round 2"), 30s);
     INFO(p->out() << p->err());
     REQUIRE(ok);
     const auto pids = started(p->out());
@@ -237,7 +231,7 @@ TEST_CASE("in place: two nodes lost at once: the two survivors re-form once, in 
           "processes", "[in_place]") {
   RdzvdProc server;
   auto agents = train_agents(server, "2:4", 4);
-  for (auto& p : agents) REQUIRE(p->wait_output(said("in place, round 1"), 60s));
+  for (auto& p : agents) REQUIRE(p->wait_output(out_has("in place, round 1"), 60s));
   ::kill(agents[1]->pid(), SIGKILL);
   ::kill(agents[2]->pid(), SIGKILL);
   survivors_reformed_in_two(agents);
@@ -247,7 +241,7 @@ TEST_CASE("in place: a second node lost while the first loss is being recovered:
           "survivors still re-form in their own processes", "[in_place]") {
   RdzvdProc server;
   auto agents = train_agents(server, "2:4", 4);
-  for (auto& p : agents) REQUIRE(p->wait_output(said("in place, round 1"), 60s));
+  for (auto& p : agents) REQUIRE(p->wait_output(out_has("in place, round 1"), 60s));
   ::kill(agents[1]->pid(), SIGKILL);
   // The recovery is under way on a survivor (the server's Restart reached it): now the next.
   REQUIRE(agents[0]->wait_output(
@@ -274,13 +268,13 @@ TEST_CASE("in place: a newcomer within MIN:MAX joins the running group, which ke
   };
   agents.push_back(one());
   agents.push_back(one());
-  for (auto& p : agents) REQUIRE(p->wait_output(said("in place, round 1"), 60s));
+  for (auto& p : agents) REQUIRE(p->wait_output(out_has("in place, round 1"), 60s));
   agents.push_back(one());
   Proc& newcomer = *agents[2];
-  REQUIRE(newcomer.wait_output(said("in place, round 2"), 60s));
+  REQUIRE(newcomer.wait_output(out_has("in place, round 2"), 60s));
   for (int i : {0, 1}) {
     Proc& p = *agents[i];
-    const bool ok = p.wait_output(said("of 3, round 2"), 30s);
+    const bool ok = p.wait_output(out_has("of 3, round 2"), 30s);
     INFO(p.out() << p.err());
     REQUIRE(ok);
     const auto pids = started(p.out());
@@ -289,7 +283,7 @@ TEST_CASE("in place: a newcomer within MIN:MAX joins the running group, which ke
   }
   // Rank 0 (a survivor) says where the world of three goes on from: its own state, not step 0.
   Proc& rank0 = agents[0]->out().find("as rank 0 of 3") != std::string::npos ? *agents[0] : *agents[1];
-  REQUIRE(rank0.wait_output(said("in place: 3 rank(s), resuming after step"), 30s));
+  REQUIRE(rank0.wait_output(out_has("in place: 3 rank(s), resuming after step"), 30s));
   std::smatch m;
   const std::string out = rank0.out();
   REQUIRE(std::regex_search(out, m, std::regex(R"(in place: 3 rank\(s\), resuming after step (\d+))")));

@@ -141,11 +141,8 @@ TEST_CASE("live page: an in-place recovery shows with its phases, the survivor's
     return std::make_unique<Proc>(argv);
   };
   auto a = agent(), b = agent();
-  auto in_round_1 = [](const std::string& out, const std::string&) {
-    return out.find("in place, round 1") != std::string::npos;
-  };
-  REQUIRE(a->wait_output(in_round_1, 60s));
-  REQUIRE(b->wait_output(in_round_1, 60s));
+  REQUIRE(a->wait_output(out_has("in place, round 1"), 60s));
+  REQUIRE(b->wait_output(out_has("in place, round 1"), 60s));
 
   TempDir dir;
   const std::string recovery = R"JS((() => {
@@ -180,11 +177,7 @@ TEST_CASE("live page: an in-place recovery shows with its phases, the survivor's
                                            R"(re-form \d+(\.\d)?m?s)")));
   CHECK_THAT(then, Catch::Contains("round 2: 1 node(s), world size 1, 1 in place"));
   // The survivor's worker went on in its own process.
-  CHECK(a->wait_output(
-      [](const std::string& o, const std::string&) {
-        return o.find("re-formed in place as rank 0 of 1, round 2") != std::string::npos;
-      },
-      30s));
+  CHECK(a->wait_output(out_has("re-formed in place as rank 0 of 1, round 2"), 30s));
   std::error_code ec;
   const std::string copy = std::regex_replace(LIVE_PAGE_SCREENSHOT, std::regex("\\.png$"), "_in_place.png");
   CHECK_THAT(step(out, "screenshot 2"), Catch::Matches(R"(\d+x\d+ \d+ bytes \d+ distinct)"));

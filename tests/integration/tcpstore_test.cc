@@ -42,11 +42,6 @@ int threads_of(pid_t pid) {
   return -1;
 }
 
-bool torch_importable() {
-  Proc probe({"/usr/bin/python3", "-c", "import torch.distributed"});
-  return probe.wait(120s) == 0;
-}
-
 const std::string kScript = std::string(INTEROP_SCRIPTS_DIR) + "/tcpstore_conformance.py";
 
 // Until `pred(stats)` holds (the server's counters move on its own thread).

@@ -22,11 +22,6 @@ namespace {
 const std::string kPython = "/usr/bin/python3";
 const std::string kScript = DDP_IN_PLACE_PY;
 
-bool has_torch() {
-  Proc probe({kPython, "-c", "import torch.distributed"});
-  return probe.wait(120s) == 0;
-}
-
 // Every match of `re`'s first group, in order.
 std::vector<std::string> all_of(const std::string& out, const std::string& re) {
   std::vector<std::string> found;
@@ -66,16 +61,10 @@ std::vector<std::string> standalone(int nproc, std::vector<std::string> launch_f
 
 const std::map<std::string, std::optional<std::string>> kEnv{{"PYTHONPATH", std::nullopt}};
 
-auto said_in_out(const std::string& what) {
-  return [what](const std::string& out, const std::string&) {
-    return out.find(what) != std::string::npos;
-  };
-}
-
 // Until the agent whose worker is rank 0 (it logs the steps) says `what`.
 bool rank0_said(const std::vector<Proc*>& agents, const std::string& what) {
   for (Proc* p : agents) {
-    if (p->out().find("rank 0: pid") != std::string::npos) return p->wait_output(said_in_out(what), 120s);
+    if (p->out().find("rank 0: pid") != std::string::npos) return p->wait_output(out_has(what), 120s);
   }
   return false;
 }
@@ -85,7 +74,7 @@ bool rank0_said(const std::vector<Proc*>& agents, const std::string& what) {
 TEST_CASE("torch in place: a worker crash replaces only it, the survivors keep their pids and "
           "every rank ends with the same parameters, an unbroken run's up to rounding",
           "[torch][in_place]") {
-  if (!has_torch()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
   const std::vector<std::string> steps{"--steps", "120", "--log-every", "40"};
   Proc plain(standalone(3, {"--in_place"}, steps), kEnv);
   INFO(plain.out() << plain.err());
@@ -123,11 +112,11 @@ TEST_CASE("torch in place: a worker crash replaces only it, the survivors keep t
 TEST_CASE("torch in place: a second worker lost while the first is being recovered is replaced "
           "too, and the survivor keeps its process",
           "[torch][in_place]") {
-  if (!has_torch()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
   Proc p(standalone(3, {"--in_place", "--max_restarts=2"},
                     {"--steps", "120", "--log-every", "40", "--fail-at-step", "60", "--fail-rank", "1"}),
          kEnv);
-  REQUIRE(p.wait_output(said_in_out("failing at step 60 as asked"), 180s));
+  REQUIRE(p.wait_output(out_has("failing at step 60 as asked"), 180s));
   // Rank 1 is gone and the survivors are recovering (the replacement is still importing
   // torch): rank 2 dies too.
   const auto first = started(p.out());
@@ -158,7 +147,7 @@ TEST_CASE("torch in place: a second worker lost while the first is being recover
 TEST_CASE("torch in place: kill -9 of a node: the survivors go on in their own processes in a "
           "world of two, with the same parameters, and finish",
           "[torch][in_place]") {
-  if (!has_torch()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
   RdzvdProc server;
   const std::vector<std::string> conf{"--rdzv_conf=last_call_timeout=60", "--in_place",
                                       "--max_restarts=1"};
@@ -199,7 +188,7 @@ TEST_CASE("torch in place: kill -9 of a node: the survivors go on in their own p
 TEST_CASE("torch in place: a newcomer within MIN:MAX receives the survivors' state, and they keep "
           "their processes",
           "[torch][in_place]") {
-  if (!has_torch()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
   RdzvdProc server;
   const std::vector<std::string> conf{"--rdzv_conf=last_call_timeout=0.5", "--in_place",
                                       "--max_restarts=1"};
@@ -212,7 +201,7 @@ TEST_CASE("torch in place: a newcomer within MIN:MAX receives the survivors' sta
     return std::make_unique<Proc>(argv, kEnv);
   };
   auto a = agent(), b = agent();
-  for (auto* p : {a.get(), b.get()}) REQUIRE(p->wait_output(said_in_out("in place, round 1"), 120s));
+  for (auto* p : {a.get(), b.get()}) REQUIRE(p->wait_output(out_has("in place, round 1"), 120s));
   REQUIRE(rank0_said({a.get(), b.get()}, "step 100: loss"));
   auto c = agent();  // joins the running job: round 2 has three nodes
   for (Proc* p : {a.get(), b.get(), c.get()}) {
@@ -238,7 +227,7 @@ TEST_CASE("torch in place: a newcomer within MIN:MAX receives the survivors' sta
 TEST_CASE("torch in place: without --in_place the script is an ordinary DDP job: a failure "
           "restarts every worker, which resume from the checkpoint",
           "[torch][in_place]") {
-  if (!has_torch()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
   TempDir dir;
   Proc p(standalone(2, {"--max_restarts=1"},
                     {"--steps", "120", "--log-every", "40", "--fail-at-step", "70", "--fail-rank",
