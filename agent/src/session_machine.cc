@@ -25,6 +25,8 @@ SessionMachine::SessionMachine(Config config)
     : config_(std::move(config)),
       window_(config_.keep_alive_interval * config_.keep_alive_max_attempt),
       probe_after_(config_.keep_alive_interval * kProbeAfterIntervals),
+      beat_(std::max(config_.keep_alive_interval / kKeepAlivesPerInterval,
+                     std::chrono::milliseconds(1))),
       endpoints_(named(config_.endpoints)) {
   reset_in_place();
 }
@@ -60,7 +62,7 @@ Actions SessionMachine::start(Time now) {
   }
   open_stream(s, config_.wait_for_server, config_.connect_timeout);
   send_join(s);
-  s.add(ArmTimer{Timer::kKeepAlive, now + config_.keep_alive_interval});
+  s.add(ArmTimer{Timer::kKeepAlive, now + beat_});
   return std::move(s.out);
 }
 
@@ -144,7 +146,7 @@ Actions SessionMachine::on_timer(Timer timer, Time now) {
         msg.mutable_keep_alive();
         s.add(Send{std::move(msg)});
       }
-      s.add(ArmTimer{Timer::kKeepAlive, now + config_.keep_alive_interval});
+      s.add(ArmTimer{Timer::kKeepAlive, now + beat_});
       break;
     case Timer::kSilence:
       if (silence_armed_) on_silence(s);

@@ -33,7 +33,7 @@ void SessionMachine::start_probe(Step& s) {
   open_probe(s);
 }
 
-// One attempt: a fresh connection to the next endpoint, for at most half a keep-alive
+// One attempt: a fresh connection to the next endpoint, for at most a tenth of a keep-alive
 // interval (a blip's end is met by a new connection, a new SYN, within that, not by TCP's
 // back-off), a re-attach Join and a keep-alive on it.
 void SessionMachine::open_probe(Step& s) {
@@ -44,7 +44,7 @@ void SessionMachine::open_probe(Step& s) {
   p.connect_timeout =
       std::min(std::chrono::duration_cast<std::chrono::milliseconds>(end - s.now),
                std::max(config_.keep_alive_interval / kProbeAttemptsPerInterval,
-                        std::chrono::milliseconds(1)));
+                        kMinProbeAttempt));
   p.msgs.push_back(join_message(true));
   p.msgs.emplace_back().mutable_keep_alive();
   probe_open_ = true;

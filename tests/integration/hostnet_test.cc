@@ -283,6 +283,10 @@ TEST_CASE("cut drops a host's packets silently and heal restores it") {
   CHECK(probe(*net, 2, net->addr(1), port, 1000) == 3);
   int fd = dial(net->addr(1), port, 1000);  // from the root namespace too
   CHECK(fd == -2);
+  // Packets are dropped, the link is not taken down: no carrier lost, no neighbour table
+  // flushed (ip6tables too: a missing one used to fall back to taking the link down).
+  CHECK(net->run(1, {"sh", "-c", "ip link show dev eth0 | grep -q LOWER_UP"}) == 0);
+  CHECK(net->run(1, {"sh", "-c", "ip6tables -S INPUT | grep -q DROP"}) == 0);
 
   REQUIRE(net->heal(1).ok());
   CHECK(probe(*net, 0, net->addr(1), port, 5000) == 0);

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <random>
 #include <regex>
 
 #define CATCH_CONFIG_RUNNER
@@ -225,6 +226,32 @@ TEST_CASE("hosts: a blip shorter than the run's window restarts nothing", "[host
   CHECK_FALSE(a.wait_output(has("restarting"), 7s));
   CHECK_FALSE(b.wait_output(has("lost the server"), 1s));
   check_undisturbed({&a, &b});
+  for (Proc* p : {&a, &b}) stop(*p);
+}
+
+TEST_CASE("hosts: blips of 50%, 70% and 90% of the default 2 s window restart nothing",
+          "[hosts]") {
+  // The default rule (0.5 s x 4 = 2 s), each blip cut at a random phase of the keep-alives.
+  // After a silent cut TCP's retransmissions back off past the window; the probe's fresh
+  // connections, and keep-alives five times an interval, are what keep the node.
+  auto net = make_hosts(2);
+  const std::string ep = net->hostname(0) + ":" + std::to_string(free_port());
+  Proc a(net->wrap(0, launch_args(c10d(ep, "2", 1), {"wait"})));
+  Proc b(net->wrap(1, launch_args(c10d(ep, "2", 1), {"wait"})));
+  for (Proc* p : {&a, &b}) REQUIRE(p->wait_output(has_ready(1, "world 2"), 60s));
+  const unsigned seed = std::random_device{}();
+  INFO("phase seed " << seed);
+  std::mt19937 rng(seed);
+  for (int blip_ms : {1000, 1400, 1800}) {
+    INFO("a blip of " << blip_ms << " ms");
+    ::usleep(std::uniform_int_distribution<int>(0, 500'000)(rng));  // the phase: an input
+    REQUIRE(net->cut(1).ok());
+    ::usleep(blip_ms * 1000);  // the blip's length is the test's input, not an event
+    REQUIRE(net->heal(1).ok());
+    // Both windows have ended within one window of the heal: nothing happened.
+    CHECK_FALSE(a.wait_output(has("restarting"), 2s));
+    check_undisturbed({&a, &b});
+  }
   for (Proc* p : {&a, &b}) stop(*p);
 }
 

@@ -42,14 +42,20 @@ std::string find_tool(const std::string& name) {
 const std::string& tool(const char* name) {
   // Looked up once per tool; the machine's tools do not move while a test runs.
   static const std::string ip = find_tool("ip"), iptables = find_tool("iptables"),
-                           tc = find_tool("tc"), unshare = find_tool("unshare"),
-                           sh = find_tool("sh");
+                           ip6tables = find_tool("ip6tables"), tc = find_tool("tc"),
+                           unshare = find_tool("unshare"), sh = find_tool("sh");
+  static const std::string none;
   std::string n = name;
   if (n == "ip") return ip;
   if (n == "iptables") return iptables;
+  if (n == "ip6tables") return ip6tables;
   if (n == "tc") return tc;
   if (n == "unshare") return unshare;
-  return sh;
+  if (n == "sh") return sh;
+  // A tool not named here was never looked up: "" (missing), never another tool. (ip6tables
+  // used to fall through to sh, so every cut also took the link down: not silent, and the
+  // neighbour table flushed.)
+  return none;
 }
 
 std::string join(const std::vector<std::string>& argv) {

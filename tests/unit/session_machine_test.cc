@@ -23,7 +23,7 @@ TEST_CASE("session: start opens a stream, sends the Join and arms the keep-alive
   CHECK(join->msg.join().reattach_round() == 0);
   const auto* ka = armed(a, session::Timer::kKeepAlive);
   REQUIRE(ka != nullptr);
-  CHECK(ka->at == n.t + 500ms);
+  CHECK(ka->at == n.t + 100ms);  // a fifth of the 500 ms interval
   CHECK(n.m->phase() == Phase::kJoining);
 }
 
@@ -35,14 +35,14 @@ TEST_CASE("session: waiting for the server says so and waits on the stream") {
   CHECK(first<session::OpenStream>(a)->wait_for_ready);
 }
 
-TEST_CASE("session: keep-alives go out every interval until the agent exits") {
+TEST_CASE("session: keep-alives go out five times an interval until the agent exits") {
   Node n;
   n.start();
-  n.advance(500ms);
+  n.advance(100ms);
   Actions& a = n.timer(session::Timer::kKeepAlive);
   CHECK(sent(a, v1::AgentMsg::kKeepAlive) != nullptr);
   REQUIRE(armed(a, session::Timer::kKeepAlive) != nullptr);
-  CHECK(armed(a, session::Timer::kKeepAlive)->at == n.t + 500ms);
+  CHECK(armed(a, session::Timer::kKeepAlive)->at == n.t + 100ms);
   n.signal(SIGTERM);  // in Joining: nothing to stop, it exits at once
   REQUIRE(n.m->exiting());
   CHECK(n.timer(session::Timer::kKeepAlive).empty());
@@ -601,7 +601,7 @@ TEST_CASE("session: two intervals of silence in a round open a probe, the worker
   const auto* p = first<session::OpenProbe>(a);
   REQUIRE(p != nullptr);
   CHECK(p->endpoint.name == "node1:29400");  // its own server first, on a fresh connection
-  CHECK(p->connect_timeout == 250ms);          // half an interval
+  CHECK(p->connect_timeout == 50ms);           // a tenth of an interval
   REQUIRE(p->msgs.size() == 2);
   CHECK(p->msgs[0].join().reattach_round() == 1);
   CHECK(p->msgs[0].join().reattach_group_rank() == 1);
@@ -614,19 +614,36 @@ TEST_CASE("session: two intervals of silence in a round open a probe, the worker
   CHECK(n.m->attached());
   // The attempt times out; the next one opens on the loop's next turn, the last one only
   // for what is left of the window.
-  n.advance(500ms);
+  n.advance(50ms);
   REQUIRE(armed(n.probe_closed(absl::DeadlineExceededError("timeout")), session::Timer::kProbe));
-  n.advance(300ms);
+  const auto* r = first<session::OpenProbe>(n.timer(session::Timer::kProbe));
+  REQUIRE(r != nullptr);
+  CHECK(r->connect_timeout == 50ms);  // a fresh SYN every 50 ms until the window's end
+  n.advance(920ms);
+  REQUIRE(armed(n.probe_closed(absl::DeadlineExceededError("timeout")), session::Timer::kProbe));
   const auto* q = first<session::OpenProbe>(n.timer(session::Timer::kProbe));
   REQUIRE(q != nullptr);
-  CHECK(q->connect_timeout == 200ms);
+  CHECK(q->connect_timeout == 30ms);
   // A probe's end after its window is not one more attempt.
-  n.advance(200ms);
+  n.advance(30ms);
   Actions& end = n.timer(session::Timer::kSilence);
   CHECK(has<session::CloseProbe>(end));
   CHECK(has<session::StopWorkers>(end));
   CHECK_FALSE(n.m->probing());
   CHECK(n.probe_closed(absl::CancelledError("closed")).empty());
+}
+
+TEST_CASE("session: a short interval's keep-alives and probe attempts keep their floors") {
+  Node n;
+  n.config.keep_alive_interval = 100ms;  // a 400 ms window
+  n.m = std::make_unique<SessionMachine>(n.config);
+  n.running(1, 0);
+  REQUIRE(armed(n.timer(session::Timer::kKeepAlive), session::Timer::kKeepAlive) != nullptr);
+  CHECK(armed(n.last, session::Timer::kKeepAlive)->at == n.t + 20ms);
+  n.advance(200ms);  // two intervals of silence
+  const auto* p = first<session::OpenProbe>(n.timer(session::Timer::kSilence));
+  REQUIRE(p != nullptr);
+  CHECK(p->connect_timeout == muster::agent::kMinProbeAttempt);  // not 10 ms: a connection needs more
 }
 
 TEST_CASE("session: a probe answered with Attached becomes the stream, nothing restarts") {

@@ -58,9 +58,9 @@ struct AgentOptions {
   // another of its endpoints when a round forms, that endpoint's target.
   std::string store_addr;
   // The run's timing rules, sent with every Join (the first node's hold for the run); the
-  // agent sends a keep-alive every keep_alive_interval, and knows it is out of the run when
-  // it has heard nothing from the server (which answers each) for the liveness window,
-  // keep_alive_interval x keep_alive_max_attempt.
+  // agent sends kKeepAlivesPerInterval keep-alives per keep_alive_interval (session_machine.h),
+  // and knows it is out of the run when it has heard nothing from the server (which answers
+  // each) for the liveness window, keep_alive_interval x keep_alive_max_attempt.
   rendezvous::RendezvousTimeouts rdzv_timeouts;
   // Static rendezvous: the workers' MASTER_ADDR/MASTER_PORT are fixed by flags. When empty,
   // they come from the round (a free port on the group-rank-0 node).

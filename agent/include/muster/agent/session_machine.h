@@ -20,8 +20,8 @@
 // does not wait for the whole window with its old stream: that stream may be stuck in TCP's
 // back-off after a blip, or its server may be gone while another replica is there. It opens
 // fresh connections, one endpoint after the other starting with its own, each for at most
-// half an interval, and on each asks for its place back (a re-attach Join, then a keep-alive);
-// the workers keep running and the old stream stays open meanwhile.
+// a tenth of an interval, and on each asks for its place back (a re-attach Join, then a
+// keep-alive); the workers keep running and the old stream stays open meanwhile.
 //  - An Attached on a probe (the server that holds the round, reached again, or a new
 //    leader) makes the probe the stream: the server closed the old one, nothing restarts.
 //  - A keep-alive answered without Attached is a standby holding the Join: another replica
@@ -63,11 +63,21 @@ namespace muster::agent {
 // kept failing before any rank made a step (--max_restarts_without_progress; docs/hangs.md).
 inline constexpr int kExitDoNotRequeue = 3;
 
+// The agent's keep-alives go out this many times per keep_alive_interval (the unit of the
+// liveness window), and the server answers each: when a cut begins, the last word each end
+// heard from the other is at most a fifth of an interval old, not a whole one, so a blip of
+// 90% of the window still leaves most of the window's last tenth for the path back
+// (docs/rendezvous.md, "Blips").
+inline constexpr int kKeepAlivesPerInterval = 5;
 // A node in a round probes its server after this many keep-alive intervals of silence (when
 // that is less than the liveness window: keep_alive_max_attempt above it).
 inline constexpr int kProbeAfterIntervals = 2;
-// Each probe attempt waits for its connection at most this share of an interval.
-inline constexpr int kProbeAttemptsPerInterval = 2;
+// Each probe attempt waits for its connection at most this share of an interval (50 ms by
+// default), then the next one sends a fresh SYN: after a blip the path back is found within
+// about that, where one attempt's own SYN would be sent again only after 1 s (TCP's initial
+// retransmission timeout). At least kMinProbeAttempt.
+inline constexpr int kProbeAttemptsPerInterval = 10;
+inline constexpr std::chrono::milliseconds kMinProbeAttempt{20};
 
 namespace session {
 
@@ -304,6 +314,7 @@ class SessionMachine {
   const Config config_;
   const std::chrono::milliseconds window_;  // the liveness window
   const std::chrono::milliseconds probe_after_;  // silence that starts a probe
+  const std::chrono::milliseconds beat_;         // between two keep-alives
   Endpoints endpoints_;
   Phase phase_ = Phase::kJoining;
   After after_ = After::kNone;
