@@ -16,11 +16,18 @@
 // the tool prints "first_loss_ns <t> last_attached_ns <t> retries <n>" (n: streams that ended
 // before their Attached, over all agents); an Attached{ok = false} prints "failed". One
 // failover per run of the tool.
+//
+// With --keep_alive_ms P --hold_s S (the cost of keep-alives: bench/run's keepalive rows), once
+// the rounds are held every agent sends a keep-alive every P ms for S seconds, as an idle
+// agent in a round does, and the tool prints "keep_alives_sent <n> answered <m> start_ns <t>
+// end_ns <t>" (the server answers each one); "hold_start" and "hold_end" lines mark the hold, for
+// the runner to read the server's CPU time at each.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -59,6 +66,7 @@ struct Shared {
   int retries = 0;
   std::int64_t first_loss_ns = 0;
   std::int64_t last_attached_ns = 0;
+  std::atomic<std::int64_t> keep_alives_answered{0};
 
   void fail(const std::string& why) {
     std::lock_guard<std::mutex> lock(mu);
@@ -166,6 +174,17 @@ class SimAgent {
     c->write(std::move(msg));
   }
 
+  void send_keep_alive() {
+    v1::AgentMsg msg;
+    msg.mutable_keep_alive();
+    Call* c;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      c = call_;
+    }
+    c->write(std::move(msg));
+  }
+
   // A new stream to the current re-attach endpoint (from the Opener's thread).
   void open_reattach() {
     v1::AgentMsg msg;
@@ -201,6 +220,8 @@ class SimAgent {
         shared_->last_assignment_ns = std::max(shared_->last_assignment_ns, mono_ns());
         shared_->cv.notify_all();
       }
+    } else if (m.has_keep_alive()) {
+      shared_->keep_alives_answered.fetch_add(1, std::memory_order_relaxed);
     } else if (m.has_restart()) {
       v1::AgentMsg msg;
       *msg.mutable_join() = join_;
@@ -336,8 +357,8 @@ std::vector<std::shared_ptr<grpc::Channel>> make_channels(const std::string& tar
 int main(int argc, char** argv) {
   std::string target, run_id = "bench", node_prefix = "sim", reattach;
   int agents = 1000, channels = 8, min_nodes = 0, max_nodes = 0, nproc = 8, rounds = 1;
-  int retry_pause_ms = 50;
-  double timeout_s = 60;
+  int retry_pause_ms = 50, keep_alive_ms = 0;
+  double timeout_s = 60, hold_s = 0;
   CLI::App app{"rdzv_sim: simulated agents for rendezvous benchmarks"};
   app.add_option("--target", target, "rendezvous server host:port")->required();
   app.add_option("--run_id", run_id);
@@ -355,6 +376,11 @@ int main(int argc, char** argv) {
                  "HOST:PORT,...: re-attach there when a stream ends after the rounds are held");
   app.add_option("--retry_pause_ms", retry_pause_ms,
                  "pause before a re-attach stream that ended early is tried on the next endpoint")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep_alive_ms", keep_alive_ms,
+                 "after the rounds: each agent sends a keep-alive this often, for --hold_s")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--hold_s", hold_s, "seconds of keep-alives (with --keep_alive_ms)")
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   if (max_nodes == 0) max_nodes = agents;
@@ -420,6 +446,33 @@ int main(int argc, char** argv) {
     if (!ok || shared.agents_failed > 0) give_up(shared.agents_done, "assigned");
     std::printf("first_join_ns %lld last_assignment_ns %lld\n", static_cast<long long>(first),
                 static_cast<long long>(shared.last_assignment_ns));
+    std::fflush(stdout);
+  }
+  if (keep_alive_ms > 0 && hold_s > 0) {
+    // Each agent's keep-alives at its own phase of the period, as independent agents send
+    // them: on each 1 ms tick, the agents whose turn has come.
+    const std::int64_t start = mono_ns();
+    const auto period = std::chrono::milliseconds(keep_alive_ms);
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto end = t0 + std::chrono::duration<double>(hold_s);
+    std::int64_t sent = 0;
+    std::printf("hold_start\n");
+    std::fflush(stdout);
+    for (auto tick = t0; tick < end; tick += std::chrono::milliseconds(1)) {
+      std::this_thread::sleep_until(tick);
+      const double periods = std::chrono::duration<double>(tick - t0) / period;
+      const auto due = static_cast<std::int64_t>(periods * static_cast<double>(agents)) + 1;
+      for (; sent < due; ++sent) sims[static_cast<std::size_t>(sent % agents)]->send_keep_alive();
+    }
+    const std::int64_t stop = mono_ns();
+    std::printf("hold_end\n");
+    std::fflush(stdout);
+    // The answers still in flight: at most one period more.
+    std::this_thread::sleep_for(period);
+    std::printf("keep_alives_sent %lld answered %lld start_ns %lld end_ns %lld\n",
+                static_cast<long long>(sent),
+                static_cast<long long>(shared.keep_alives_answered.load()),
+                static_cast<long long>(start), static_cast<long long>(stop));
     std::fflush(stdout);
   }
   if (!cfg.reattach_order.empty()) {

@@ -9,6 +9,18 @@
 #include "muster/agent/failure.h"
 #include "session_step.h"
 
+namespace muster::agent {
+
+int keep_alives_per_interval(std::chrono::milliseconds interval, int nodes) {
+  if (nodes <= 0) return kKeepAlivesPerInterval;
+  const double fit = static_cast<double>(kKeepAliveBudgetPerSecond) *
+                     std::chrono::duration<double>(interval).count() / nodes;
+  if (fit >= kKeepAlivesPerInterval) return kKeepAlivesPerInterval;
+  return std::max(1, static_cast<int>(fit));
+}
+
+}  // namespace muster::agent
+
 namespace muster::agent::session {
 namespace {
 
@@ -19,14 +31,18 @@ std::vector<RdzvEndpoint> named(std::vector<RdzvEndpoint> list) {
   return list;
 }
 
+std::chrono::milliseconds beat_for(std::chrono::milliseconds interval, int nodes) {
+  return std::max(interval / keep_alives_per_interval(interval, nodes),
+                  std::chrono::milliseconds(1));
+}
+
 }  // namespace
 
 SessionMachine::SessionMachine(Config config)
     : config_(std::move(config)),
       window_(config_.keep_alive_interval * config_.keep_alive_max_attempt),
       probe_after_(config_.keep_alive_interval * kProbeAfterIntervals),
-      beat_(std::max(config_.keep_alive_interval / kKeepAlivesPerInterval,
-                     std::chrono::milliseconds(1))),
+      beat_(beat_for(config_.keep_alive_interval, 0)),
       endpoints_(named(config_.endpoints)) {
   reset_in_place();
 }
@@ -360,6 +376,8 @@ void SessionMachine::handle(Step& s, const v1::ServerMsg& m) {
 void SessionMachine::enter_round(Step& s, const v1::Assignment& a) {
   attached_ = true;
   assignment_ = a;
+  // The next keep-alive is armed already; those after it go at the round's rate.
+  beat_ = beat_for(config_.keep_alive_interval, a.group_world_size());
   AgentEvent e = event(AgentEvent::Kind::kRoundFormed, s.now);
   e.world_size = a.world_size();
   if (recovery_) recovery_->formed = s.now;

@@ -12,7 +12,9 @@
 // `tc` for rate limits. create() says why when it cannot; callers then skip.
 //
 // Faults: cut()/cut_between() drop packets with iptables rules inside a host's namespace (no FIN,
-// no RST: the peers see silence; the cut host's own datagram sends fail with EPERM). Without a
+// no RST: the peers see silence; the cut host's own datagram sends fail with EPERM). cut() and
+// heal() each take effect at one instant per address family (one iptables-restore transaction
+// for both directions), so a blip is as long as the caller waits between the two. Without a
 // working iptables cut() falls back to taking the bridge-side veth down and cut_between() is
 // unavailable. rate_limit() is tbf on both ends of the host's veth. There is no netem on the
 // machines this was written on: for delay use fault_proxy (tests/support/fault_proxy.cc).

@@ -48,6 +48,32 @@ TEST_CASE("session: keep-alives go out five times an interval until the agent ex
   CHECK(n.timer(session::Timer::kKeepAlive).empty());
 }
 
+TEST_CASE("session: a big round's nodes send fewer keep-alives, down to one an interval") {
+  using muster::agent::keep_alives_per_interval;
+  // 10,000 a second for the whole run at most: 5 x 1,000 nodes / 0.5 s.
+  CHECK(keep_alives_per_interval(500ms, 0) == 5);  // before any round
+  CHECK(keep_alives_per_interval(500ms, 2) == 5);
+  CHECK(keep_alives_per_interval(500ms, 1000) == 5);
+  CHECK(keep_alives_per_interval(500ms, 1001) == 4);
+  CHECK(keep_alives_per_interval(500ms, 2500) == 2);
+  CHECK(keep_alives_per_interval(500ms, 5000) == 1);
+  CHECK(keep_alives_per_interval(500ms, 100000) == 1);  // never none
+  CHECK(keep_alives_per_interval(5s, 10000) == 5);       // a longer interval has room
+  // In a machine: the Assignment's group_world_size sets the rate from the next keep-alive on.
+  Node n;
+  n.start();
+  n.ready();
+  v1::ServerMsg big = assignment(1);
+  big.mutable_assignment()->set_group_world_size(2500);
+  n.hear(big);
+  n.go(n.m->on_workers_started(2, n.t));
+  n.advance(100ms);  // the one armed before the round, at the old rate
+  Actions& a = n.timer(session::Timer::kKeepAlive);
+  CHECK(sent(a, v1::AgentMsg::kKeepAlive) != nullptr);
+  REQUIRE(armed(a, session::Timer::kKeepAlive) != nullptr);
+  CHECK(armed(a, session::Timer::kKeepAlive)->at == n.t + 250ms);
+}
+
 TEST_CASE("session: the silence timer is armed once and follows the last word heard") {
   Node n;
   n.start();

@@ -69,6 +69,17 @@ inline constexpr int kExitDoNotRequeue = 3;
 // 90% of the window still leaves most of the window's last tenth for the path back
 // (docs/rendezvous.md, "Blips").
 inline constexpr int kKeepAlivesPerInterval = 5;
+// ...but a run's nodes together send their server at most this many keep-alives a second
+// (each answered): a node in a round of N nodes sends floor(budget x interval / N) per
+// interval, at most kKeepAlivesPerInterval and at least one. At the default 0.5 s interval,
+// rounds of up to 1,000 nodes get five, of 2,500 two, of 5,000 or more one (the rule before
+// the five). rdzvd answers each keep-alive on its one decision thread: 10,000 a second took
+// about two thirds of a core here (bench/README.md, "keepalive"), and 100,000 (10,000 nodes
+// at five) are more than it answers. A round that sends fewer survives blips of less of its
+// window (docs/rendezvous.md, "Blips").
+inline constexpr int kKeepAliveBudgetPerSecond = 10'000;
+// The keep-alives per interval for a round of `nodes` nodes (before any round: the most).
+int keep_alives_per_interval(std::chrono::milliseconds interval, int nodes);
 // A node in a round probes its server after this many keep-alive intervals of silence (when
 // that is less than the liveness window: keep_alive_max_attempt above it).
 inline constexpr int kProbeAfterIntervals = 2;
@@ -314,7 +325,7 @@ class SessionMachine {
   const Config config_;
   const std::chrono::milliseconds window_;  // the liveness window
   const std::chrono::milliseconds probe_after_;  // silence that starts a probe
-  const std::chrono::milliseconds beat_;         // between two keep-alives
+  std::chrono::milliseconds beat_;               // between two keep-alives (the round's size)
   Endpoints endpoints_;
   Phase phase_ = Phase::kJoining;
   After after_ = After::kNone;
