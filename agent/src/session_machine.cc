@@ -168,7 +168,7 @@ Actions SessionMachine::on_timer(Timer timer, Time now) {
       if (silence_armed_) on_silence(s);
       break;
     case Timer::kProbe:
-      if (probing_ && !probe_open_) open_probe(s);
+      if (probing_ && !probe_open_ && !probe_settling_) open_probe(s);
       break;
     case Timer::kInPlace:
       in_place_due(s);
@@ -237,7 +237,16 @@ Actions SessionMachine::on_stream_closed(const absl::Status& status, Time now) {
   if (phase_ == Phase::kExiting || after_ == After::kExit || after_ == After::kFail) return {};
   // The probe and the window decide: the server may have closed the old stream because a
   // probe took the node's place (ABORTED), or the old connection broke at last.
-  if (probing_) return {};
+  if (probing_) {
+    if (probe_settling_) old_closed_ = status;
+    return {};
+  }
+  stream_closed(s, status);
+  return std::move(s.out);
+}
+
+void SessionMachine::stream_closed(Step& s, const absl::Status& status) {
+  const Time now = s.now;
   stop_silence(s);
   // A refusal (token, bad config, timeout) carries its own message; a lost connection says
   // which server went away, or that it was never reached.
@@ -272,7 +281,6 @@ Actions SessionMachine::on_stream_closed(const absl::Status& status, Time now) {
     s.log(Level::kError, absl::StrCat("rendezvous: ", status.message()));
     exit_with(s, 1);
   }
-  return std::move(s.out);
 }
 
 void SessionMachine::never_reached(Step& s, const std::string& why) {
@@ -322,7 +330,12 @@ void SessionMachine::lost_server(Step& s, const std::string& why) {
 Actions SessionMachine::on_message(const v1::ServerMsg& m, Time now) {
   Step s(now);
   if (phase_ == Phase::kExiting) return {};
-  end_probe(s);  // the stream was only slow
+  // The stream was only slow: the probe ends, but an attempt open now is let finish.
+  if (probing_ && probe_open_) {
+    settle_probe(s);
+  } else {
+    end_probe(s);
+  }
   handle(s, m);
   return std::move(s.out);
 }

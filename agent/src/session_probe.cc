@@ -54,13 +54,29 @@ void SessionMachine::open_probe(Step& s) {
 void SessionMachine::end_probe(Step& s) {
   if (!probing_) return;
   probing_ = false;
+  probe_settling_ = false;
+  old_closed_.reset();
   if (std::exchange(probe_open_, false)) s.add(CloseProbe{});
   s.add(CancelTimer{Timer::kProbe});
+}
+
+// The old stream was heard while an attempt is open (session_machine.h, "The probe"): no new
+// attempt; the open one is let finish, for at most one interval from the first word heard.
+void SessionMachine::settle_probe(Step& s) {
+  if (!probe_settling_) {
+    probe_settling_ = true;
+    settle_since_ = s.now;
+    s.add(CancelTimer{Timer::kProbe});
+    return;
+  }
+  if (s.now - settle_since_ >= config_.keep_alive_interval) end_probe(s);
 }
 
 // The probe's server holds this node's round (it answered the re-attach): it is the stream
 // now, and the answer is handled as any re-attach's.
 void SessionMachine::adopt_probe(Step& s) {
+  probe_settling_ = false;
+  old_closed_.reset();
   s.add(AdoptProbe{});
   for (std::size_t k = 0; k < probe_k_ % endpoints_.size(); ++k) endpoints_.next();
   probing_ = false;
@@ -79,6 +95,13 @@ Actions SessionMachine::on_probe_message(const v1::ServerMsg& m, Time now) {
     adopt_probe(s);
     handle(s, m);
   } else if (m.has_keep_alive()) {
+    if (probe_settling_) {
+      // Not moved there, and the old stream is alive: the probe is over.
+      std::optional<absl::Status> old = std::exchange(old_closed_, std::nullopt);
+      end_probe(s);
+      if (old) stream_closed(s, *old);
+      return std::move(s.out);
+    }
     // Answered without Attached: a standby holds the Join. The others get their turn.
     standby_heard_ = true;
     s.add(CloseProbe{});
@@ -95,6 +118,14 @@ Actions SessionMachine::on_probe_closed(const absl::Status& status, Time now) {
   probe_open_ = false;
   s.log(Level::kDebug, absl::StrFormat("rendezvous: probe of %s: %s",
                                        endpoints_.after(probe_k_).name, status.message()));
+  if (probe_settling_) {
+    // The attempt that might have moved the node did not: the old stream decides, as if
+    // there had been no probe (its end, if it ended meanwhile, is handled now).
+    std::optional<absl::Status> old = std::exchange(old_closed_, std::nullopt);
+    end_probe(s);
+    if (old) stream_closed(s, *old);
+    return std::move(s.out);
+  }
   ++probe_k_;
   s.add(ArmTimer{Timer::kProbe, now});  // the next endpoint, on the loop's next turn
   return std::move(s.out);

@@ -26,7 +26,11 @@
 //    leader) makes the probe the stream: the server closed the old one, nothing restarts.
 //  - A keep-alive answered without Attached is a standby holding the Join: another replica
 //    is there and may lead soon. The probe goes on to the next endpoint.
-//  - Anything heard on the old stream ends the probe: it was only slow.
+//  - Anything heard on the old stream ends the probe: it was only slow. But an attempt open
+//    at that moment may have delivered its Join already, and its server then moves the node
+//    to it and closes the old stream: it is let finish (for at most one interval). Attached:
+//    it is adopted as above; anything else: it is closed and the old stream kept (or, if
+//    the old one ended meanwhile, that end is handled then).
 //  - At the end of the window with no Attached: when a standby answered and the round keeps
 //    its runs (re-attach), the node re-attaches, as after a lost stream, and its workers keep
 //    running; otherwise it is out, as before the probe: it stops its workers and rejoins.
@@ -299,6 +303,8 @@ class SessionMachine {
   void open_probe(Step& s);
   void end_probe(Step& s);
   void adopt_probe(Step& s);
+  void settle_probe(Step& s);
+  void stream_closed(Step& s, const absl::Status& status);
   void enter_round(Step& s, const v1::Assignment& a);
   void on_assignment(Step& s, const v1::Assignment& a);
   void on_attached(Step& s, const v1::Attached& a);
@@ -357,6 +363,13 @@ class SessionMachine {
   bool probe_open_ = false;
   Time probe_since_{};
   bool standby_heard_ = false;
+  // The old stream was heard while an attempt was open, whose re-attach Join may have reached
+  // the server already (which then moves the node to it and closes the old stream): the
+  // attempt is let finish, no new one starts (see "The probe" above). old_closed_: how the old
+  // stream ended meanwhile, for when the attempt fails too.
+  bool probe_settling_ = false;
+  Time settle_since_{};
+  std::optional<absl::Status> old_closed_;
 
   // This round's reports.
   std::optional<v1::AgentMsg> last_report_;
