@@ -729,8 +729,8 @@ TEST_CASE("session: anything heard on the old stream ends the probe") {
 
 // The old stream heard while an attempt is open: that attempt's Join may be at the server
 // already, which then moves the node to it and closes the old stream. Closing the attempt
-// then would leave the node with no stream at all (a restart, seen once in 92 blips of 68%
-// of a 5 s window).
+// then would leave the node with no stream the server keeps (the likely cause of one restart
+// in 92 blips of 68% of a 5 s window).
 TEST_CASE("session: an attempt open when the old stream is heard is let finish: Attached adopts it") {
   Node n;
   n.running();
