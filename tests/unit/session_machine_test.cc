@@ -751,13 +751,20 @@ TEST_CASE("session: an attempt open when the old stream is heard is let finish: 
   CHECK(n.m->attached());
 }
 
-TEST_CASE("session: a let-finish attempt answered without Attached is closed, the old stream kept") {
-  Node n;
+// A node whose probe attempt is open when its old stream is heard again (20 ms after the probe
+// started): the attempt is let finish.
+static void let_finish(Node& n) {
   n.running();
   n.advance(1s);
-  n.timer(session::Timer::kSilence);
+  REQUIRE(has<session::OpenProbe>(n.timer(session::Timer::kSilence)));
   n.advance(20ms);
-  n.keep_alive_answer();
+  REQUIRE_FALSE(has<session::CloseProbe>(n.keep_alive_answer()));
+  REQUIRE(n.m->probing());
+}
+
+TEST_CASE("session: a let-finish attempt answered without Attached is closed, the old stream kept") {
+  Node n;
+  let_finish(n);
   v1::ServerMsg ka;
   ka.mutable_keep_alive();
   Actions& a = n.probe_hears(ka);
@@ -768,11 +775,7 @@ TEST_CASE("session: a let-finish attempt answered without Attached is closed, th
 
 TEST_CASE("session: a let-finish attempt that fails after the old stream ended: that end decides") {
   Node n;
-  n.running();
-  n.advance(1s);
-  n.timer(session::Timer::kSilence);
-  n.advance(20ms);
-  n.keep_alive_answer();
+  let_finish(n);
   CHECK(n.closed(absl::UnavailableError("connection reset")).empty());  // held for the attempt
   Actions& a = n.probe_closed(absl::DeadlineExceededError("not reachable"));
   CHECK(has<session::StopWorkers>(a));  // out of the run: no server-side run store here
@@ -782,11 +785,7 @@ TEST_CASE("session: a let-finish attempt that fails after the old stream ended: 
 
 TEST_CASE("session: a let-finish attempt gets one interval, then the old stream alone decides") {
   Node n;
-  n.running();
-  n.advance(1s);
-  n.timer(session::Timer::kSilence);
-  n.advance(20ms);
-  n.keep_alive_answer();
+  let_finish(n);
   n.advance(400ms);
   CHECK_FALSE(has<session::CloseProbe>(n.keep_alive_answer()));
   n.advance(100ms);  // one interval since the old stream was heard
