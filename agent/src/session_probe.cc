@@ -72,6 +72,14 @@ void SessionMachine::settle_probe(Step& s) {
   if (s.now - settle_since_ >= config_.keep_alive_interval) end_probe(s);
 }
 
+// A let-finish attempt did not move the node: the old stream decides, as if there had been no
+// probe (its end, if the server closed it meanwhile, is handled now).
+void SessionMachine::end_settled_probe(Step& s) {
+  std::optional<absl::Status> old = std::exchange(old_closed_, std::nullopt);
+  end_probe(s);
+  if (old) stream_closed(s, *old);
+}
+
 // The probe's server holds this node's round (it answered the re-attach): it is the stream
 // now, and the answer is handled as any re-attach's.
 void SessionMachine::adopt_probe(Step& s) {
@@ -96,10 +104,7 @@ Actions SessionMachine::on_probe_message(const v1::ServerMsg& m, Time now) {
     handle(s, m);
   } else if (m.has_keep_alive()) {
     if (probe_settling_) {
-      // Not moved there, and the old stream is alive: the probe is over.
-      std::optional<absl::Status> old = std::exchange(old_closed_, std::nullopt);
-      end_probe(s);
-      if (old) stream_closed(s, *old);
+      end_settled_probe(s);  // not moved there: the old stream decides
       return std::move(s.out);
     }
     // Answered without Attached: a standby holds the Join. The others get their turn.
@@ -119,11 +124,7 @@ Actions SessionMachine::on_probe_closed(const absl::Status& status, Time now) {
   s.log(Level::kDebug, absl::StrFormat("rendezvous: probe of %s: %s",
                                        endpoints_.after(probe_k_).name, status.message()));
   if (probe_settling_) {
-    // The attempt that might have moved the node did not: the old stream decides, as if
-    // there had been no probe (its end, if it ended meanwhile, is handled now).
-    std::optional<absl::Status> old = std::exchange(old_closed_, std::nullopt);
-    end_probe(s);
-    if (old) stream_closed(s, *old);
+    end_settled_probe(s);  // the attempt that might have moved the node did not
     return std::move(s.out);
   }
   ++probe_k_;

@@ -59,8 +59,9 @@ struct AgentOptions {
   std::string store_addr;
   // The run's timing rules, sent with every Join (the first node's hold for the run); the
   // agent sends kKeepAlivesPerInterval keep-alives per keep_alive_interval (session_machine.h;
-  // fewer in a round of more than 1,000 nodes at the default: keep_alives_per_interval), and knows it is out of the run when it has heard nothing from the server (which answers
-  // each) for the liveness window, keep_alive_interval x keep_alive_max_attempt.
+  // fewer in a round of more than 1,000 nodes at the default: keep_alives_per_interval), and
+  // knows it is out of the run when it has heard nothing from the server (which answers each)
+  // for the liveness window, keep_alive_interval x keep_alive_max_attempt.
   rendezvous::RendezvousTimeouts rdzv_timeouts;
   // Static rendezvous: the workers' MASTER_ADDR/MASTER_PORT are fixed by flags. When empty,
   // they come from the round (a free port on the group-rank-0 node).

@@ -304,6 +304,7 @@ class SessionMachine {
   void end_probe(Step& s);
   void adopt_probe(Step& s);
   void settle_probe(Step& s);
+  void end_settled_probe(Step& s);
   void stream_closed(Step& s, const absl::Status& status);
   void enter_round(Step& s, const v1::Assignment& a);
   void on_assignment(Step& s, const v1::Assignment& a);
