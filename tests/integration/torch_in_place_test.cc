@@ -210,6 +210,7 @@ TEST_CASE("torch in place: a newcomer within MIN:MAX receives the survivors' sta
     CHECK(rc == 0);
   }
   for (Proc* p : {a.get(), b.get()}) {
+    INFO(p->out() << p->err());  // a second start on a survivor: its agent says why
     const auto pids = started(p->out());
     REQUIRE(pids.size() == 1);
     CHECK(all_of(p->out(), R"(: pid (\d+) re-formed in place as rank \d of 3, round 2)") ==
