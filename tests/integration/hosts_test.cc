@@ -418,6 +418,84 @@ TEST_CASE("hosts: PyTorch DDP across two hosts", "[hosts][interop]") {
   CHECK(sums.size() == 1);
 }
 
+namespace {
+
+// Issue 38: three hosts, one rank each, train `elastic_train.py` in a world of 3 until the test
+// takes hosts away; a world of `finish_world` ranks trains 10 steps and ends.
+struct TorchHosts {
+  std::unique_ptr<HostNet> net = make_hosts(3);
+  std::string ep = net->hostname(0) + ":" + std::to_string(free_port());
+  std::vector<std::unique_ptr<Proc>> hosts;
+  explicit TorchHosts(int finish_world) {
+    const std::map<std::string, std::optional<std::string>> env{{"PYTHON_EXEC", "/usr/bin/python3"}};
+    for (int h = 0; h < 3; ++h) {
+      std::vector<std::string> argv{kLaunch};
+      for (const std::string& f : c10d(ep, "1:3", 1)) argv.push_back(f);
+      argv.insert(argv.end(), {kScripts + "/elastic_train.py",
+                               "--finish_world=" + std::to_string(finish_world), "--steps=10"});
+      hosts.push_back(std::make_unique<Proc>(net->wrap(h, argv), env));
+    }
+    for (auto& p : hosts) {
+      const bool training = p->wait_output(
+          [](const std::string& out, const std::string&) { return out.find("/3 step 3 ") != std::string::npos; },
+          180s);
+      INFO(p->out() << p->err());
+      REQUIRE(training);
+    }
+  }
+  // Every host in `survivors` exits 0 after its rank finished in a world of `world`, with the
+  // others' parameters, at the same restart count (no restart was counted: max_restarts=0).
+  void check_survivors(std::initializer_list<int> survivors, int world) {
+    std::string all;
+    for (int h : survivors) {
+      Proc& p = *hosts[static_cast<std::size_t>(h)];
+      const auto rc = p.wait(300s);
+      INFO("host " << h << "\n" << p.out() << p.err());
+      REQUIRE(rc == 0);
+      CHECK(count_lines_with(p.out(), "/" + std::to_string(world) + " done steps=10 params_identical=True") == 1);
+      CHECK_THAT(p.out(), !Catch::Contains("joined attempt=1"));
+      all += p.out();
+    }
+    std::regex re(R"(/(\d+) done steps=10 params_identical=True checksum=(\S+))");
+    std::set<std::string> sums;
+    for (auto it = std::sregex_iterator(all.begin(), all.end(), re); it != std::sregex_iterator(); ++it) {
+      if (std::stoi((*it)[1]) == world) sums.insert((*it)[2]);
+    }
+    CHECK(sums.size() == 1);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("hosts: PyTorch, kill -9 of one host of three: the other two train on in a world of 2",
+          "[hosts][torch_leave]") {
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  TorchHosts t(2);
+  ::kill(t.hosts[1]->pid(), SIGKILL);
+  CHECK(t.hosts[1]->wait(60s) == 128 + SIGKILL);
+  t.check_survivors({0, 2}, 2);
+}
+
+TEST_CASE("hosts: PyTorch, kill -9 of two hosts of three: the last trains on alone",
+          "[hosts][torch_leave]") {
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  TorchHosts t(1);
+  ::kill(t.hosts[1]->pid(), SIGKILL);
+  ::kill(t.hosts[2]->pid(), SIGKILL);
+  for (int h : {1, 2}) CHECK(t.hosts[static_cast<std::size_t>(h)]->wait(60s) == 128 + SIGKILL);
+  t.check_survivors({0}, 1);
+}
+
+TEST_CASE("hosts: PyTorch, a host cut off silently: the other two train on in a world of 2",
+          "[hosts][torch_leave]") {
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  TorchHosts t(2);
+  REQUIRE(t.net->cut(2).ok());
+  t.check_survivors({0, 1}, 2);
+  REQUIRE(t.net->heal(2).ok());
+  stop(*t.hosts[2]);
+}
+
 int main(int argc, char** argv) {
   {
     auto probe = HostNet::create(1);

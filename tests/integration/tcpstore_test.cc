@@ -17,9 +17,12 @@
 #include "helpers.h"
 #include "muster/rendezvous/tcpstore_server.h"
 #include "rdzvd_proc.h"
+#include "store/tcpstore/agent_stores.h"
 #include "tcpstore_client.h"
 
 using namespace muster::testing;
+using muster::rendezvous::AgentStores;
+using muster::rendezvous::StoreLimits;
 using muster::rendezvous::TcpStoreOptions;
 using muster::rendezvous::TcpStoreServer;
 using Dialect = muster::rendezvous::tcpstore::Dialect;
@@ -367,4 +370,46 @@ TEST_CASE("tcpstore: rdzvd gives each run a listener of its own, on one shared t
     if (!refused) std::this_thread::sleep_for(10ms);  // the server sees the stream end first
   }
   CHECK(refused);
+}
+
+// Issue 38: a world formed after a node left or joined has the restart count of the one
+// before, so torch's own keys (/worker/attempt_<N>/...) have the same names: each round's
+// world gets a store of its own.
+TEST_CASE("tcpstore: each round of a run has a store of its own; the two newest are kept",
+          "[tcpstore]") {
+  AgentStores stores("127.0.0.1", StoreLimits{});
+  CHECK(stores.port("unheld", 1) == 0);  // only runs from their first Join
+  stores.open("job");
+  const int p1 = stores.port("job", 1);
+  REQUIRE(p1 > 0);
+  CHECK(stores.port("job", 1) == p1);  // every node of the round gets the same store
+  TcpStoreClient old_world(p1, Dialect::kTorch1);
+  REQUIRE(old_world.set("/worker/attempt_0/rank_1", "the old world's address"));
+  REQUIRE(old_world.get("/worker/attempt_0/rank_1") == "the old world's address");
+
+  const int p2 = stores.port("job", 2);
+  REQUIRE(p2 > 0);
+  CHECK(p2 != p1);
+  TcpStoreClient new_world(p2, Dialect::kTorch2);
+  CHECK(new_world.check({"/worker/attempt_0/rank_1"}) == false);  // not the old world's keys
+  REQUIRE(new_world.set("/worker/attempt_0/rank_1", "the new world's"));
+  // The world before stays as it was while its workers may still be stopping.
+  CHECK(old_world.get("/worker/attempt_0/rank_1") == "the old world's address");
+  CHECK(stores.worlds("job") == 2);
+  CHECK(stores.port("job", 1) == p1);
+
+  // A third round closes the first: its connections end, its port refuses, its round is 0.
+  const int p3 = stores.port("job", 3);
+  REQUIRE(p3 > 0);
+  CHECK(stores.worlds("job") == 2);
+  CHECK(old_world.closed_by_server());
+  CHECK_FALSE(TcpStoreClient(p1, Dialect::kTorch2).ok());
+  CHECK(stores.port("job", 1) == 0);
+  CHECK(new_world.get("/worker/attempt_0/rank_1") == "the new world's");
+
+  stores.drop("job");
+  CHECK(stores.worlds("job") == 0);
+  CHECK(new_world.closed_by_server());
+  CHECK_FALSE(TcpStoreClient(p2, Dialect::kTorch2).ok());
+  CHECK_FALSE(TcpStoreClient(p3, Dialect::kTorch2).ok());
 }

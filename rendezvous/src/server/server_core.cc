@@ -320,7 +320,8 @@ void Core::deliver(Decision decision) {
     }
     if (o.msg && o.msg->has_assignment() && agent_stores_) {
       if (const std::string* run = machine_.run_id_of(o.session)) {
-        o.msg->mutable_assignment()->set_agent_store_port(agent_stores_->port(*run));
+        v1::Assignment* a = o.msg->mutable_assignment();
+        a->set_agent_store_port(agent_stores_->port(*run, a->round()));
       }
     }
     if (o.msg) r->enqueue(std::move(*o.msg));

@@ -140,14 +140,19 @@ inline constexpr std::size_t kStoreReplyBudgetFrom = 64 << 10;
 // Its keys, values and tables follow the Store limits above. One frame (a query with all its
 // keys and values; a length field that says more is refused when it arrives):
 inline constexpr std::size_t kMaxTcpStoreFrameBytes = kMaxStoreMessageBytes;
-// Connections one run's listener holds; one more is closed at once, with a log line.
+// Connections one world's listener holds (a run has one per round, AgentStores); one more is
+// closed at once, with a log line.
 inline constexpr std::size_t kMaxTcpStoreConnections = 20000;
-// WAITs parked at once on one run's listener; a WAIT over it closes its connection.
+// WAITs parked at once on one world's listener; a WAIT over it closes its connection.
 inline constexpr std::size_t kMaxTcpStoreWaits = 20000;
 // Replies a client has not read, per connection, before it is closed as not reading.
 inline constexpr std::size_t kMaxTcpStoreUnsentBytes = 2 * kMaxStoreMessageBytes;
 // How long a half-sent frame may sit unfinished before its connection is closed.
 inline constexpr milliseconds kTcpStorePartialFrameTimeout = std::chrono::seconds(30);
+// Worlds (rounds) of one run whose stores are kept: each world has a store of its own (a new
+// world never sees an earlier one's keys); the newest one and the one before (whose workers may
+// still be stopping) stay open, an older one is closed with its connections and keys.
+inline constexpr std::size_t kTcpStoreWorldsKept = 2;
 
 // The gRPC receive cap of the server (rendezvous and store share the port): the larger of
 // the two services' messages. The Session reactor applies the tighter agent bound itself.
