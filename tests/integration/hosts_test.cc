@@ -9,6 +9,7 @@
 
 #include <random>
 #include <regex>
+#include <set>
 #include <thread>
 
 #define CATCH_CONFIG_RUNNER
@@ -47,6 +48,16 @@ auto has(const std::string& what) {
 }
 
 bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// The parameter checksums that ranks of a world of `world` printed (ddp_train.py).
+std::set<std::string> checksums(const std::string& out, int world) {
+  static const std::regex re(R"(rank \d+/(\d+) params_identical=True checksum=(\S+))");
+  std::set<std::string> sums;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
+    if (std::stoi((*it)[1]) == world) sums.insert((*it)[2]);
+  }
+  return sums;
+}
 
 // Every launch in `ps` still runs the workers of its first round: no restart, no lost server.
 void check_undisturbed(std::initializer_list<Proc*> ps) {
@@ -407,20 +418,15 @@ TEST_CASE("hosts: PyTorch DDP across two hosts", "[hosts][interop]") {
     INFO(p->err());
     REQUIRE(rc == 0);
   }
-  std::regex re(R"(rank (\d+)/2 params_identical=True checksum=(\S+))");
-  std::set<std::string> sums;
   const std::string out = a.out() + b.out();
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
-    sums.insert((*it)[2]);
-  }
   CHECK(count_lines_with(out, "params_identical=True") == 2);
   CHECK(count_lines_with(out, "agent_store=True") == 2);  // the hosting agent's run store
-  CHECK(sums.size() == 1);
+  CHECK(checksums(out, 2).size() == 1);
 }
 
 namespace {
 
-// Issue 38: three hosts, one rank each, train `elastic_train.py` in a world of 3 until the test
+// Issue 38: three hosts, one rank each, train `ddp_train.py` (elastic) in a world of 3 until the test
 // takes hosts away; a world of `finish_world` ranks trains 10 steps and ends.
 struct TorchHosts {
   std::unique_ptr<HostNet> net = make_hosts(3);
@@ -431,8 +437,8 @@ struct TorchHosts {
     for (int h = 0; h < 3; ++h) {
       std::vector<std::string> argv{kLaunch};
       for (const std::string& f : c10d(ep, "1:3", 1)) argv.push_back(f);
-      argv.insert(argv.end(), {kScripts + "/elastic_train.py",
-                               "--finish_world=" + std::to_string(finish_world), "--steps=10"});
+      argv.insert(argv.end(), {kScripts + "/ddp_train.py", "10",
+                               "--finish_world=" + std::to_string(finish_world)});
       hosts.push_back(std::make_unique<Proc>(net->wrap(h, argv), env));
     }
     for (auto& p : hosts) {
@@ -452,16 +458,12 @@ struct TorchHosts {
       const auto rc = p.wait(300s);
       INFO("host " << h << "\n" << p.out() << p.err());
       REQUIRE(rc == 0);
-      CHECK(count_lines_with(p.out(), "/" + std::to_string(world) + " done steps=10 params_identical=True") == 1);
+      CHECK(count_lines_with(p.out(), "/" + std::to_string(world) + " params_identical=True") == 1);
+      CHECK(count_lines_with(p.out(), " steps=10") == 1);
       CHECK_THAT(p.out(), !Catch::Contains("joined attempt=1"));
       all += p.out();
     }
-    std::regex re(R"(/(\d+) done steps=10 params_identical=True checksum=(\S+))");
-    std::set<std::string> sums;
-    for (auto it = std::sregex_iterator(all.begin(), all.end(), re); it != std::sregex_iterator(); ++it) {
-      if (std::stoi((*it)[1]) == world) sums.insert((*it)[2]);
-    }
-    CHECK(sums.size() == 1);
+    CHECK(checksums(all, world).size() == 1);
   }
 };
 

@@ -375,7 +375,7 @@ TEST_CASE("tcpstore: rdzvd gives each run a listener of its own, on one shared t
 // Issue 38: a world formed after a node left or joined has the restart count of the one
 // before, so torch's own keys (/worker/attempt_<N>/...) have the same names: each round's
 // world gets a store of its own.
-TEST_CASE("tcpstore: each round of a run has a store of its own; the two newest are kept",
+TEST_CASE("tcpstore: each round of a run has a store of its own, the two newest are kept",
           "[tcpstore]") {
   AgentStores stores("127.0.0.1", StoreLimits{});
   CHECK(stores.port("unheld", 1) == 0);  // only runs from their first Join

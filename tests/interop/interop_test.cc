@@ -184,17 +184,12 @@ auto world_at(int world, const std::string& what, int n) {
   };
 }
 
-// Every rank of the finished world of `world` ranks printed the same parameter checksum.
+// Every rank of the finished world of `world` ranks trained `steps` steps and printed the same
+// parameter checksum.
 void check_finished(const std::string& out, int world, int steps) {
-  CHECK(lines_of_world(out, world, "done steps=" + std::to_string(steps) +
-                                       " params_identical=True") == world);
-  std::regex re(R"(rank \d+/(\d+) done steps=\d+ params_identical=True checksum=(\S+))");
-  std::set<std::string> sums;
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
-       ++it) {
-    if (std::stoi((*it)[1]) == world) sums.insert((*it)[2]);
-  }
-  CHECK(sums.size() == 1);
+  CHECK(lines_of_world(out, world, "params_identical=True") == world);
+  CHECK(count_lines_with(out, "steps=" + std::to_string(steps)) == world);
+  CHECK(checksums(out, world).size() == 1);
 }
 
 // The wall clock (seconds) of the first "rank R/W step 0 t=T" of a world of `world` ranks.
@@ -215,8 +210,8 @@ std::vector<std::string> elastic_job(const std::string& ep, const std::string& i
   std::vector<std::string> argv{kLaunch, "--nnodes=1:2", "--nproc_per_node=2",
                                 "--rdzv_backend=c10d", "--rdzv_endpoint=" + ep, "--rdzv_id=" + id};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  argv.insert(argv.end(), {kScripts + "/elastic_train.py",
-                           "--finish_world=" + std::to_string(finish_world), "--steps=10"});
+  argv.insert(argv.end(), {kScripts + "/ddp_train.py", "10",
+                           "--finish_world=" + std::to_string(finish_world)});
   return argv;
 }
 
