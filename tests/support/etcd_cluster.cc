@@ -49,11 +49,6 @@ struct PortTaken : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-std::string trim(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\r')) s.pop_back();
-  return s;
-}
-
 std::string ms_flag(milliseconds d) { return std::to_string(d.count()) + "ms"; }
 
 milliseconds left_until(Clock::time_point deadline) {
@@ -350,7 +345,7 @@ std::string EtcdCluster::log_path(int i) const {
 }
 
 std::string EtcdCluster::log_tail(int i) const {
-  std::string log = trim(read_file(log_path(i)));
+  std::string log = trim_end(read_file(log_path(i)));
   return log.size() > kLogTail ? "..." + log.substr(log.size() - kLogTail) : log;
 }
 
@@ -430,7 +425,7 @@ std::string EtcdCluster::ctl(const std::vector<std::string>& args, int member) c
     for (const auto& a : args) cmd += " " + a;
     throw std::runtime_error("EtcdCluster: `" + cmd + "` failed (" +
                              (r.code ? "exit " + std::to_string(*r.code) : "timed out") +
-                             "): " + trim(r.err));
+                             "): " + trim_end(r.err));
   }
   return r.out;
 }

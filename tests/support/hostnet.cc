@@ -68,11 +68,6 @@ std::string join(const std::vector<std::string>& argv) {
   return s;
 }
 
-std::string trim(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
 CmdResult exec_cmd(const std::vector<std::string>& argv,
                    std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
   CmdResult r;
@@ -93,7 +88,7 @@ absl::Status must(const std::vector<std::string>& argv) {
   CmdResult r = exec_cmd(argv);
   if (r.code == 0) return absl::OkStatus();
   std::string why = r.code == -1 ? (r.err.empty() ? "timed out" : r.err)
-                                 : "exit " + std::to_string(r.code) + ": " + trim(r.err);
+                                 : "exit " + std::to_string(r.code) + ": " + trim_end(r.err);
   return absl::InternalError("`" + join(argv) + "` failed (" + why + ")");
 }
 
@@ -135,7 +130,7 @@ absl::Status remove_rule(const std::string& ns, std::vector<std::string> spec,
 // The root-namespace end of the namespace's eth0: "2: eth0@if7: ..." names its ifindex.
 absl::StatusOr<std::string> bridge_side(const std::string& ns) {
   CmdResult r = exec_cmd({tool("ip"), "-n", ns, "-o", "link", "show", "dev", "eth0"});
-  if (r.code != 0) return absl::NotFoundError("no eth0 in namespace " + ns + ": " + trim(r.err));
+  if (r.code != 0) return absl::NotFoundError("no eth0 in namespace " + ns + ": " + trim_end(r.err));
   auto at = r.out.find("@if");
   if (at == std::string::npos) return absl::NotFoundError("eth0 of " + ns + " is no veth");
   unsigned idx = static_cast<unsigned>(std::atoi(r.out.c_str() + at + 3));
@@ -242,7 +237,7 @@ absl::Status HostNet::build(int n) {
   if (auto s = must({tool("ip"), "link", "set", "dev", bridge_, "up"}); !s.ok()) return s;
   // Where bridged frames go through the root's iptables (br_netfilter), a FORWARD policy of
   // DROP (docker sets one) would cut the hosts apart: let this bridge's frames through.
-  if (trim(read_file("/proc/sys/net/bridge/bridge-nf-call-iptables")) == "1" &&
+  if (trim_end(read_file("/proc/sys/net/bridge/bridge-nf-call-iptables")) == "1" &&
       !tool("iptables").empty()) {
     forward_rule_ = ok({tool("iptables"), "-w", "-I", "FORWARD", "-i", bridge_, "-o", bridge_,
                         "-j", "ACCEPT"});

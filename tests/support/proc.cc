@@ -166,6 +166,11 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+std::string trim_end(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\r')) s.pop_back();
+  return s;
+}
+
 int count_lines_with(const std::string& text, const std::string& needle) {
   int n = 0;
   std::istringstream in(text);

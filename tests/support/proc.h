@@ -86,5 +86,7 @@ class TempDir {
 
 std::string read_file(const std::string& path);
 int count_lines_with(const std::string& text, const std::string& needle);
+// `s` without its trailing newlines, carriage returns and spaces (a tool's output, for a message).
+std::string trim_end(std::string s);
 
 }  // namespace muster::testing

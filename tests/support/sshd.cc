@@ -46,11 +46,6 @@ std::string lines(const std::vector<std::string>& ls) {
   return out;
 }
 
-std::string trim(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\r')) s.pop_back();
-  return s;
-}
-
 // A fresh ed25519 key pair at `path` and `path`.pub (ssh-keygen would ask before overwriting).
 absl::Status keygen(const std::string& path, const std::string& comment) {
   std::error_code ec;
@@ -61,7 +56,7 @@ absl::Status keygen(const std::string& path, const std::string& comment) {
   if (code != 0) {
     return absl::InternalError("SshHosts: `ssh-keygen -f " + path + "` failed (" +
                                (code ? "exit " + std::to_string(*code) : "timed out") +
-                               "): " + trim(p.err()));
+                               "): " + trim_end(p.err()));
   }
   return absl::OkStatus();
 }
@@ -260,8 +255,8 @@ absl::StatusOr<std::unique_ptr<SshHosts>> SshHosts::start(const HostNet& net,
         std::string why = code ? "exited with " + std::to_string(*code)
                                : "did not answer on " + net.addr(h) + ":22 within 15 s";
         return absl::UnavailableError("SshHosts: sshd in host " + std::to_string(h) + " " + why +
-                                      "; its stderr: " + trim(read_file(s->log_path(h))) +
-                                      (p.err().empty() ? "" : "; " + trim(p.err())));
+                                      "; its stderr: " + trim_end(read_file(s->log_path(h))) +
+                                      (p.err().empty() ? "" : "; " + trim_end(p.err())));
       }
     }
   }
