@@ -257,24 +257,32 @@ TEST_CASE("interop: a node killed -9 mid-training: the survivor trains on in the
   }
 }
 
-TEST_CASE("interop: a node joining a running job: both train in the larger world and exit 0",
+TEST_CASE("interop: a node joining a running job: both train in the larger world and exit 0, "
+          "with and without --in_place",
           "[interop]") {
-  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
-  Proc a(elastic_job(ep, "join", {"--rdzv_conf=last_call_timeout=1,is_host=true"}, 4), kEnv);
-  {
-    const bool training = a.wait_output(world_at(2, "step 3", 2), 120s);
-    INFO(a.out() << a.err());
-    REQUIRE(training);
+  for (bool in_place : {false, true}) {
+    const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+    auto flags = [&](const std::string& is_host) {
+      std::vector<std::string> f{"--rdzv_conf=last_call_timeout=1,is_host=" + is_host};
+      if (in_place) f.push_back("--in_place");
+      return f;
+    };
+    Proc a(elastic_job(ep, "join", flags("true"), 4), kEnv);
+    {
+      const bool training = a.wait_output(world_at(2, "step 3", 2), 120s);
+      INFO(a.out() << a.err());
+      REQUIRE(training);
+    }
+    Proc b(elastic_job(ep, "join", flags("false"), 4), kEnv);
+    for (Proc* p : {&a, &b}) {
+      const auto rc = p->wait(300s);
+      INFO("in_place=" << in_place << "\n" << p->out() << p->err());
+      REQUIRE(rc == 0);
+    }
+    check_finished(a.out() + b.out(), 4, 10);
+    CHECK(count_lines_with(a.out() + b.out(), "joined attempt=0") == 6);  // 2, then 4
+    CHECK_THAT(a.out() + b.out(), !Catch::Contains("joined attempt=1"));
   }
-  Proc b(elastic_job(ep, "join", {"--rdzv_conf=last_call_timeout=1,is_host=false"}, 4), kEnv);
-  for (Proc* p : {&a, &b}) {
-    const auto rc = p->wait(300s);
-    INFO(p->out() << p->err());
-    REQUIRE(rc == 0);
-  }
-  check_finished(a.out() + b.out(), 4, 10);
-  CHECK(count_lines_with(a.out() + b.out(), "joined attempt=0") == 6);  // 2, then 4
-  CHECK_THAT(a.out() + b.out(), !Catch::Contains("joined attempt=1"));
 }
 
 int main(int argc, char** argv) {
