@@ -205,6 +205,13 @@ double wall_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// --rdzv_conf=`conf`, and --in_place when asked.
+std::vector<std::string> job_flags(const std::string& conf, bool in_place) {
+  std::vector<std::string> f{"--rdzv_conf=" + conf};
+  if (in_place) f.push_back("--in_place");
+  return f;
+}
+
 std::vector<std::string> elastic_job(const std::string& ep, const std::string& id,
                                      std::vector<std::string> extra, int finish_world) {
   std::vector<std::string> argv{kLaunch, "--nnodes=1:2", "--nproc_per_node=2",
@@ -226,14 +233,9 @@ TEST_CASE("interop: a node killed -9 mid-training: the survivor trains on in the
           "[interop]") {
   for (bool in_place : {false, true}) {
     const std::string ep = "127.0.0.1:" + std::to_string(free_port());
-    auto flags = [&](const std::string& is_host) {
-      std::vector<std::string> f{"--rdzv_conf=is_host=" + is_host};
-      if (in_place) f.push_back("--in_place");
-      return f;
-    };
     // The first hosts the rendezvous (it survives); both join its first round (last call: 30 s).
-    Proc a(elastic_job(ep, "leave", flags("true"), 2), kEnv);
-    Proc b(elastic_job(ep, "leave", flags("false"), 2), kEnv);
+    Proc a(elastic_job(ep, "leave", job_flags("is_host=true", in_place), 2), kEnv);
+    Proc b(elastic_job(ep, "leave", job_flags("is_host=false", in_place), 2), kEnv);
     for (Proc* p : {&a, &b}) {
       const bool training = p->wait_output(world_at(4, "step 3", 2), 120s);
       INFO(p->out() << p->err());
@@ -262,18 +264,13 @@ TEST_CASE("interop: a node joining a running job: both train in the larger world
           "[interop]") {
   for (bool in_place : {false, true}) {
     const std::string ep = "127.0.0.1:" + std::to_string(free_port());
-    auto flags = [&](const std::string& is_host) {
-      std::vector<std::string> f{"--rdzv_conf=last_call_timeout=1,is_host=" + is_host};
-      if (in_place) f.push_back("--in_place");
-      return f;
-    };
-    Proc a(elastic_job(ep, "join", flags("true"), 4), kEnv);
+    Proc a(elastic_job(ep, "join", job_flags("last_call_timeout=1,is_host=true", in_place), 4), kEnv);
     {
       const bool training = a.wait_output(world_at(2, "step 3", 2), 120s);
       INFO(a.out() << a.err());
       REQUIRE(training);
     }
-    Proc b(elastic_job(ep, "join", flags("false"), 4), kEnv);
+    Proc b(elastic_job(ep, "join", job_flags("last_call_timeout=1,is_host=false", in_place), 4), kEnv);
     for (Proc* p : {&a, &b}) {
       const auto rc = p->wait(300s);
       INFO("in_place=" << in_place << "\n" << p->out() << p->err());
