@@ -198,6 +198,7 @@ class Agent::Impl {
       if (!*probe) apply(machine_.on_stream_ready(now()));
     };
     opts.tls = opts_.tls;
+    if (opts_.local_rdzv && endpoint.target == opts_.rdzv_target) opts.local = opts_.local_rdzv;
     opts.explain_timeout = !*probe;  // a probe's many short attempts must end on time
     client->open(std::move(opts));
     return client;

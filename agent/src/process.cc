@@ -4,6 +4,7 @@
 #include <linux/mempolicy.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -59,7 +60,7 @@ absl::Status open_pipes(const SpawnRequest& req, Pipes& p) {
   return absl::OkStatus();
 }
 
-// What the child needs, made before the fork (the child may only use it).
+// What the child needs, made before the clone (the child may only read it).
 struct ChildSetup {
   std::vector<char*> argv, envp;
   // (Planned CPUs come from launch's own affinity, a cpu_set_t: each is below CPU_SETSIZE.)
@@ -84,7 +85,10 @@ ChildSetup child_setup(const SpawnRequest& req) {
   return c;
 }
 
-// The child, between fork and exec: async-signal-safe calls only.
+// The child, between clone and exec. It runs in the agent's memory (CLONE_VM) while the
+// agent's thread waits (CLONE_VFORK), as posix_spawn's child does: async-signal-safe calls
+// only, nothing written but its own stack (errno aside: the waiting thread's, which is not
+// read after), no allocation, and messages without translation (strerrordesc_np).
 [[noreturn]] void run_child(const SpawnRequest& req, const ChildSetup& c, const Pipes& p) {
   for (int sig = 1; sig < NSIG; ++sig) {
     struct sigaction sa;
@@ -101,7 +105,7 @@ ChildSetup child_setup(const SpawnRequest& req) {
   }
   if (!req.cpus.empty() && ::sched_setaffinity(0, sizeof c.cpu_set, &c.cpu_set) != 0) {
     write_str(p.err[1], "launch: --numa_binding: cannot bind the worker to its CPUs: ");
-    write_str(p.err[1], strerror(errno));
+    write_str(p.err[1], strerrordesc_np(errno));
     write_str(p.err[1], "\n");
     ::_exit(127);
   }
@@ -123,9 +127,42 @@ ChildSetup child_setup(const SpawnRequest& req) {
   write_str(STDERR_FILENO, "launch: cannot execute ");
   write_str(STDERR_FILENO, req.path.c_str());
   write_str(STDERR_FILENO, ": ");
-  write_str(STDERR_FILENO, strerror(errno));
+  write_str(STDERR_FILENO, strerrordesc_np(errno));
   write_str(STDERR_FILENO, "\n");
   ::_exit(127);
+}
+
+struct ChildArgs {
+  const SpawnRequest* req;
+  const ChildSetup* setup;
+  const Pipes* pipes;
+};
+
+int child_main(void* arg) {
+  const auto* a = static_cast<const ChildArgs*>(arg);
+  run_child(*a->req, *a->setup, *a->pipes);
+}
+
+// The child's stack while it shares the agent's memory: run_child's frames and the libc
+// calls it makes. Mapped for each spawn (pages are touched only as used) and unmapped once
+// the child has exec'd or exited: CLONE_VFORK returns only then.
+constexpr std::size_t kChildStack = 64 * 1024;
+
+// clone(CLONE_VM | CLONE_VFORK): no copy of the agent's page tables, no copy-on-write faults
+// in either process afterwards (a fork of the agent, with its gRPC threads and heaps, cost
+// each worker about 70 page faults before exec and the agent as many after: docs/launch.md,
+// "What start-up costs"). Returns the child's pid, or -1 with errno.
+pid_t clone_and_exec(const SpawnRequest& req, const ChildSetup& setup, const Pipes& pipes) {
+  void* stack = ::mmap(nullptr, kChildStack, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED) return -1;
+  ChildArgs args{&req, &setup, &pipes};
+  const pid_t pid = ::clone(child_main, static_cast<char*>(stack) + kChildStack,
+                            CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
+  const int e = errno;
+  ::munmap(stack, kChildStack);
+  errno = e;
+  return pid;
 }
 
 }  // namespace
@@ -134,19 +171,19 @@ absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& req) {
   Pipes p;
   if (absl::Status s = open_pipes(req, p); !s.ok()) return s;
   const ChildSetup setup = child_setup(req);
-  // Signals stay blocked from before the fork until the child has put every handler back to
+  // Signals stay blocked from before the clone until the child has put every handler back to
   // default: a signal sent to a child that has not exec'd yet must not run the agent's
-  // handlers there (asio's would write into the agent's own self-pipe).
+  // handlers there (asio's would write into the agent's own self-pipe, and the child runs in
+  // the agent's memory).
   sigset_t all, saved;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &saved);
-  const pid_t pid = ::fork();
-  if (pid == 0) run_child(req, setup, p);
+  const pid_t pid = clone_and_exec(req, setup, p);
+  const int clone_errno = errno;
   ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
   if (pid < 0) {
-    const int e = errno;
     p.close_all();
-    return absl::ErrnoToStatus(e, "fork");
+    return absl::ErrnoToStatus(clone_errno, "clone");
   }
   ::setpgid(pid, pid);  // also in the parent, so signalling the group never races the child
   ::close(p.out[1]);

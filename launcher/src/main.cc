@@ -22,6 +22,7 @@
 #include "muster/launcher/cluster.h"
 #include "muster/launcher/config.h"
 #include "muster/launcher/python.h"
+#include "muster/ops/build_info.h"
 #include "muster/ops/exit_codes.h"
 #include "muster/rendezvous/server.h"
 #include "node_job.h"
@@ -62,16 +63,50 @@ void log_config_notes(const muster::launcher::LaunchConfig& cfg) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `launch --version` alone prints before anything is made (the flag table included).
+  if (argc == 2 && std::string_view(argv[1]) == "--version") {
+    std::fputs((muster::ops::version_line("launch") + "\n").c_str(), stdout);
+    return 0;
+  }
   // `launch status ...` asks a rendezvous server and exits; it starts no job.
   if (argc >= 2 && std::string_view(argv[1]) == "status") {
     return muster::launcher::status_command(argc - 1, argv + 1);
   }
   ::signal(SIGPIPE, SIG_IGN);
-  std::unique_ptr<muster::agent::JobSupervisor> supervisor = start_supervisor();
+  // The flags first: --help and --version print and exit, an error line exits, and neither
+  // starts anything. The supervisor is forked after them but still before the first thread:
+  // the flags start none, except GPU detection (nproc_per_node=gpu/auto loads the driver,
+  // which starts its own), so that forks it first.
+  std::unique_ptr<muster::agent::JobSupervisor> supervisor;
+  bool supervisor_started = false;
+  auto ensure_supervisor = [&] {
+    if (supervisor_started) return;
+    supervisor_started = true;
+    supervisor = start_supervisor();
+  };
+  muster::launcher::HostInfo host;
+  host.cpu_count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  host.gpu_count = [&] {
+    ensure_supervisor();
+    return muster::launcher::detect_gpu_count();
+  };
+  host.xpu_count = [&] {
+    ensure_supervisor();
+    return muster::launcher::detect_xpu_count();
+  };
+  muster::launcher::ParseResult parsed =
+      muster::launcher::parse_launch_args(std::vector<std::string>(argv + 1, argv + argc), host);
+  if (!parsed.help.empty()) {
+    std::fputs(parsed.help.c_str(), stdout);
+    return 0;
+  }
+  const absl::Status logging = setup_logging();
+  if (!logging.ok()) return muster::ops::usage_error("launch", logging);
+  if (!parsed.error.ok()) return muster::ops::usage_error("launch", parsed.error);
+  ensure_supervisor();
   // Debian's abseil checks every absl::Mutex (gRPC's too) for lock-order cycles; not needed
   // on the embedded server's hot path.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  const absl::Status logging = setup_logging();
   muster::rendezvous::route_grpc_logs_to_spdlog();
   if (supervisor) {
     spdlog::info("job supervisor pid {}; containment: {}", supervisor->pid(),
@@ -79,19 +114,6 @@ int main(int argc, char** argv) {
   } else {
     spdlog::warn("cannot start the job supervisor: what workers start may outlive launch");
   }
-
-  muster::launcher::HostInfo host;
-  host.cpu_count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  host.gpu_count = muster::launcher::detect_gpu_count;
-  host.xpu_count = muster::launcher::detect_xpu_count;
-  muster::launcher::ParseResult parsed =
-      muster::launcher::parse_launch_args(std::vector<std::string>(argv + 1, argv + argc), host);
-  if (!parsed.help.empty()) {
-    std::fputs(parsed.help.c_str(), stdout);
-    return 0;
-  }
-  if (!logging.ok()) return muster::ops::usage_error("launch", logging);
-  if (!parsed.error.ok()) return muster::ops::usage_error("launch", parsed.error);
   const muster::launcher::LaunchConfig& cfg = *parsed.config;
   log_config_notes(cfg);
 

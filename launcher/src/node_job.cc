@@ -1,4 +1,5 @@
 #include "node_job.h"
+#include <grpc/grpc.h>
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -11,6 +12,7 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <optional>
 #include <random>
@@ -147,6 +149,9 @@ Rendezvous host_or_reach(const LaunchConfig& cfg, boost::asio::io_context& io,
   Rendezvous r;
   if (cfg.mode == RdzvMode::kEmbedded) {
     opts.listen_address = "127.0.0.1:0";
+    // Its agent is in-process (AgentOptions::local_rdzv): gRPC waits for a worker's store
+    // call or a status query.
+    opts.start_grpc_on_demand = true;
     auto started = rendezvous::RendezvousServer::start(io, opts);
     if (!started.ok()) leave_with({ops::kExitRuntime, started.status()});
     r.server = std::move(*started);
@@ -218,6 +223,8 @@ void set_rendezvous(agent::AgentOptions& opts, const LaunchConfig& cfg, const Re
   opts.rdzv_target = r.target;
   opts.rdzv_name = r.name;
   opts.rdzv_more = r.more;
+  // The embedded server (--standalone) is this process's: its agent needs no socket to it.
+  if (cfg.mode == RdzvMode::kEmbedded && r.server) opts.local_rdzv = r.server->local();
   opts.wait_for_server = r.server == nullptr;
   opts.connect_timeout = cfg.rdzv_conf.read_timeout;
   opts.token = cfg.rdzv_conf.token;
@@ -348,6 +355,12 @@ void close_hosted(rendezvous::RendezvousServer& server, std::chrono::millisecond
 
 void run_node_job(const LaunchConfig& cfg, boost::asio::io_context& io,
                   std::function<void(int)>& on_signal, agent::JobSupervisor* supervisor) {
+  // This host's name is looked up (bounded, through the system resolver) while the rest is
+  // made: it is needed only for the agent's Join.
+  std::future<std::string> fqdn;
+  if (cfg.local_addr.empty()) {
+    fqdn = std::async(std::launch::async, [] { return rendezvous::fully_qualified_hostname(); });
+  }
   std::map<std::string, std::string> env = agent::current_environment();
   bool watch_stdin = false;
   if (auto w = env.find(kStdinWatchVar); w != env.end()) {
@@ -355,6 +368,7 @@ void run_node_job(const LaunchConfig& cfg, boost::asio::io_context& io,
     env.erase(w);  // not the workers'
   }
   auto entry = resolve_entrypoint(cfg, env);
+
   if (!entry.ok()) leave_with({ops::kExitUsage, entry.status()});
   agent::AgentOptions opts;
   opts.numa_of = numa_plan(cfg);
@@ -366,7 +380,7 @@ void run_node_job(const LaunchConfig& cfg, boost::asio::io_context& io,
   Rendezvous rdzv = host_or_reach(cfg, io, server_options(cfg, observers));
 
   opts.run_id = cfg.standalone ? random_uuid() : cfg.rdzv_id;
-  opts.host = cfg.local_addr.empty() ? rendezvous::fully_qualified_hostname() : cfg.local_addr;
+  opts.host = cfg.local_addr.empty() ? fqdn.get() : cfg.local_addr;
   opts.node_id = absl::StrCat(opts.host, ":", ::getpid());
   const LogFolder folder = make_log_folder(cfg, opts.run_id, env);
   opts.error_dir = folder.path;
@@ -381,11 +395,21 @@ void run_node_job(const LaunchConfig& cfg, boost::asio::io_context& io,
   // A kill -9 leaves no temporary folder either: the supervisor removes it.
   if (!folder.keep && supervisor) supervisor->track_folder(folder.path);
   bool keep_failed = false;  // a failed job keeps the error files its summary names
+  // Once the workers are done, the private folder is removed beside the rendezvous' close
+  // (a directory's removal costs a fraction of a millisecond each on ext4).
+  std::thread remover;
+  const auto remove_folder = [&folder] {
+    std::error_code ec;
+    std::filesystem::remove_all(folder.path, ec);
+  };
   const std::function<void()> cleanup = [&] {
     // The supervisor is not told to forget the folder: a kill -9 while it is being removed
     // would leave the rest. Removing what is already gone costs it nothing.
-    std::error_code ec;
-    if (!folder.keep && !keep_failed) std::filesystem::remove_all(folder.path, ec);
+    if (remover.joinable()) {
+      remover.join();
+    } else if (!folder.keep && !keep_failed) {
+      remove_folder();
+    }
     // The supervisor kills what is left (nothing, normally) and removes the job cgroup.
     if (supervisor) supervisor->finish(std::chrono::seconds(2));
   };
@@ -403,6 +427,7 @@ void run_node_job(const LaunchConfig& cfg, boost::asio::io_context& io,
     if (supervisor) supervisor->forget_folder();
     spdlog::warn("the failed job's error files are kept in {} (remove it when done)", folder.path);
   }
+  if (!folder.keep && !keep_failed) remover = std::thread(remove_folder);
   if (rdzv.server) {
     // The agent stays alive (finished, ignoring signals) so that nothing of it is left
     // pending on the loop.

@@ -184,6 +184,79 @@ TEST_CASE("launch: SIGTERM is forwarded to every worker, launch exits 143", "[la
   }
 }
 
+namespace {
+
+// The names of a process's threads (/proc/PID/task/*/comm).
+std::vector<std::string> thread_names(pid_t pid) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator(
+           "/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::string name = read_file((t.path() / "comm").string());
+    if (!name.empty() && name.back() == '\n') name.pop_back();
+    names.push_back(name);
+  }
+  return names;
+}
+
+// The local addresses (hex, as /proc/net/tcp{,6} write them) of the listening TCP sockets
+// `pid` holds.
+std::vector<std::string> listening_addresses(pid_t pid) {
+  std::set<std::string> inodes;
+  std::error_code ec;
+  const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+  for (const auto& fd : std::filesystem::directory_iterator(fd_dir, ec)) {
+    const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::istringstream lines(read_file(table));
+    std::string line;
+    std::getline(lines, line);  // the header
+    while (std::getline(lines, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
+      f >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (state == "0A" && inodes.count(inode) != 0) out.push_back(local);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("launch: a standalone job starts no gRPC for its own rendezvous and listens on loopback "
+          "only, and a worker's store call starts it",
+          "[launch]") {
+  Proc p(launch_args({"--standalone", "--nproc_per_node=1"}, {"wait"}));
+  REQUIRE(p.wait_output(has_ready(1), 30s));
+  // gRPC's own threads (its timers, executors, event engine) are not there: the agent reached
+  // the embedded server in-process, and no worker has called the store.
+  for (const std::string& name : thread_names(p.pid())) {
+    INFO(name);
+    CHECK(name.find("grpc") == std::string::npos);
+    CHECK(name.find("executo") == std::string::npos);
+    CHECK(name.find("event_engine") == std::string::npos);
+    CHECK(name.find("timer_manager") == std::string::npos);
+  }
+  const std::vector<std::string> listening = listening_addresses(p.pid());
+  CHECK_FALSE(listening.empty());  // the store ports (gRPC on demand, and the TCPStore one)
+  for (const std::string& a : listening) {
+    INFO(a);
+    const bool loopback = a.rfind("0100007F:", 0) == 0 ||  // 127.0.0.1
+                          a.rfind("00000000000000000000000001000000:", 0) == 0;  // ::1
+    CHECK(loopback);
+  }
+  ::kill(p.pid(), SIGTERM);
+  CHECK(p.wait() == 143);
+
+  // Workers that call the store (the C++ runtime's gRPC store) are served: gRPC starts then.
+  Proc q({kLaunch, "--standalone", "--nproc_per_node=2", COLLECTIVE_WORKER_BIN, "sum"});
+  CHECK(q.wait() == 0);
+  CHECK_THAT(q.out(), Catch::Contains("rank 1: sum correct"));
+}
+
 TEST_CASE("launch: workers that ignore SIGTERM are killed after the grace", "[launch]") {
   TempDir dir;
   Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--shutdown_timeout=1"},

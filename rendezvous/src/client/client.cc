@@ -35,6 +35,7 @@ class SessionClient::Impl : public std::enable_shared_from_this<Impl> {
   grpc::ClientContext ctx;
   std::thread reader;
   std::atomic<bool> closed{false};
+  std::unique_ptr<LocalStream> local;  // OpenOptions::local: the session, without a stream
 
   // Until the reader thread has the stream, messages wait here, in order.
   std::mutex mu;
@@ -116,6 +117,21 @@ SessionClient::SessionClient(boost::asio::io_context& io, OnMessage on_message, 
 SessionClient::~SessionClient() { close(); }
 
 void SessionClient::open(OpenOptions o) {
+  if (o.local) {
+    impl_->target = o.name.empty() ? o.target : o.name;
+    std::weak_ptr<Impl> weak = impl_;
+    impl_->local = o.local->open(
+        {[weak](const v1::ServerMsg& m) {
+           if (auto self = weak.lock(); self && !self->closed) self->on_message(m);
+         },
+         [weak](const absl::Status& s) {
+           if (auto self = weak.lock(); self && !self->closed) self->on_closed(s);
+         }});
+    boost::asio::post(impl_->io, [weak, on_ready = std::move(o.on_ready)] {
+      if (auto self = weak.lock(); self && !self->closed && on_ready) on_ready();
+    });
+    return;
+  }
   grpc::ChannelArguments args;
   // No transport keep-alive (gRPC's default on clients): the agent's keep-alives and the
   // server's answers decide, with the run's window; a second, fixed rule here would end the
@@ -157,6 +173,7 @@ void SessionClient::open(OpenOptions o) {
 
 bool SessionClient::send(const v1::AgentMsg& msg) {
   if (impl_->closed) return false;
+  if (impl_->local) return impl_->local->send(msg);
   Impl::Stream* stream = nullptr;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
@@ -178,6 +195,10 @@ bool SessionClient::send(const v1::AgentMsg& msg) {
 
 void SessionClient::close() {
   if (impl_->closed.exchange(true)) return;
+  if (impl_->local) {
+    impl_->local->close();
+    return;
+  }
   // Cancelling first: it ends a wait for the server, a blocked write and the read at once
   // (a call not yet started is cancelled as it starts).
   impl_->ctx.TryCancel();

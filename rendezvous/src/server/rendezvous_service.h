@@ -12,7 +12,7 @@ class Service final : public v1::Rendezvous::CallbackService {
   explicit Service(std::shared_ptr<Core> core) : core_(std::move(core)) {}
   grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMsg>* Session(
       grpc::CallbackServerContext*) override {
-    return new SessionReactor(core_, next_id_.fetch_add(1));
+    return new SessionReactor(core_, core_->new_session_id());
   }
 
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
@@ -62,7 +62,6 @@ class Service final : public v1::Rendezvous::CallbackService {
 
  private:
   std::shared_ptr<Core> core_;
-  std::atomic<SessionId> next_id_{1};
 };
 
 }  // namespace muster::rendezvous::server_internal

@@ -190,7 +190,7 @@ void Core::send_to(SessionId id, v1::ServerMsg msg) {
   auto it = links_.find(id);
   if (it == links_.end()) return;
   absl::MutexLock lock(&it->second->mu);
-  if (it->second->reactor != nullptr) it->second->reactor->enqueue(std::move(msg));
+  if (it->second->sink != nullptr) it->second->sink->enqueue(std::move(msg));
 }
 
 void Core::end_held(SessionId id, grpc::Status status) {
@@ -198,7 +198,7 @@ void Core::end_held(SessionId id, grpc::Status status) {
   auto it = links_.find(id);
   if (it == links_.end()) return;
   absl::MutexLock lock(&it->second->mu);
-  if (it->second->reactor != nullptr) it->second->reactor->finish(std::move(status));
+  if (it->second->sink != nullptr) it->second->sink->finish(std::move(status));
 }
 
 void Core::hold(SessionId id, const v1::AgentMsg& msg) {
@@ -312,7 +312,7 @@ void Core::deliver(Decision decision) {
     auto it = links_.find(o.session);
     if (it == links_.end()) continue;
     absl::MutexLock lock(&it->second->mu);
-    SessionReactor* r = it->second->reactor;
+    SessionSink* r = it->second->sink;
     if (r == nullptr) continue;
     if (o.msg && o.msg->has_assignment() && !local_store_target_.empty()) {
       o.msg->mutable_assignment()->set_store_local_target(local_store_target_);

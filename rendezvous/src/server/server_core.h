@@ -40,12 +40,22 @@ namespace muster::rendezvous::server_internal {
 // workers move there; docs/rendezvous.md, "Replicated mode").
 grpc::Status standby_refusal(const std::string& leader, const char* when = "");
 
-class SessionReactor;
+// A session's server end, as the core sees it: a gRPC stream's reactor
+// (session_reactor.h) or an agent in this process (local_session.h). Called on the io
+// thread, under the session's SessionLink::mu; neither call may call back into the core.
+class SessionSink {
+ public:
+  virtual void enqueue(v1::ServerMsg msg) = 0;
+  virtual void finish(grpc::Status status) = 0;
 
-// What the io thread holds for a session: a handle that outlives the reactor.
+ protected:
+  ~SessionSink() = default;
+};
+
+// What the io thread holds for a session: a handle that outlives the sink.
 struct SessionLink {
   absl::Mutex mu;
-  SessionReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;  // null once the reactor is done
+  SessionSink* sink ABSL_GUARDED_BY(mu) = nullptr;  // null once the session is done
 };
 
 // A GetStatus call waiting for the io thread. Finished exactly once: by the io thread with
@@ -68,6 +78,8 @@ class Core : public std::enable_shared_from_this<Core> {
   boost::asio::io_context& io() { return io_; }
   // Any thread.
   const Credentials& credentials() const { return *credentials_; }
+  // Any thread: the id of a new session (gRPC streams and local ones share the count).
+  SessionId new_session_id() { return next_session_id_.fetch_add(1); }
 
   // io thread only.
   void on_open(SessionId id, std::shared_ptr<SessionLink> link) { links_[id] = std::move(link); }
@@ -147,6 +159,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void send_to(SessionId id, v1::ServerMsg msg);
 
   boost::asio::io_context& io_;
+  std::atomic<SessionId> next_session_id_{1};
   ServerOptions opts_;
   const std::shared_ptr<Credentials> credentials_;
   StateMachine machine_;

@@ -8,13 +8,14 @@ namespace muster::rendezvous::server_internal {
 
 // One agent's stream. Reactions run on gRPC threads; no lock is held across a Start* call
 // because a reaction may run on another thread before the call returns.
-class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMsg> {
+class SessionReactor final : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMsg>,
+                             public SessionSink {
  public:
   SessionReactor(std::shared_ptr<Core> core, SessionId id)
       : core_(std::move(core)), id_(id), link_(std::make_shared<SessionLink>()) {
     {
       absl::MutexLock lock(&link_->mu);
-      link_->reactor = this;
+      link_->sink = this;
     }
     boost::asio::post(core_->io(),
                       [core = core_, id = id_, link = link_] { core->on_open(id, link); });
@@ -22,7 +23,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMs
   }
 
   // Called from the io thread through the link, under link->mu.
-  void enqueue(v1::ServerMsg msg) {
+  void enqueue(v1::ServerMsg msg) override {
     v1::ServerMsg* start = nullptr;
     {
       absl::MutexLock lock(&mu_);
@@ -36,7 +37,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMs
     if (start != nullptr) StartWrite(start);
   }
 
-  void finish(grpc::Status status) {
+  void finish(grpc::Status status) override {
     bool now = false;
     {
       absl::MutexLock lock(&mu_);
@@ -110,7 +111,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMsg, v1::ServerMs
     post_closed();
     {
       absl::MutexLock lock(&link_->mu);
-      link_->reactor = nullptr;
+      link_->sink = nullptr;
     }
     delete this;
   }

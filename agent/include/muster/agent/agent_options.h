@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "muster/rendezvous/limits.h"
+#include "muster/rendezvous/local_session.h"
 #include "muster/agent/agent_events.h"
 #include "muster/agent/endpoints.h"
 #include "muster/agent/numa.h"
@@ -23,6 +25,9 @@ struct AgentOptions {
   // Rendezvous
   std::string rdzv_target;  // the rendezvous server's gRPC target (an address: ipv4:A:P, ...)
   std::string rdzv_name;    // the server as messages name it (the endpoint as given)
+  // The server is in this process (launch's embedded one): sessions to rdzv_target go to it
+  // without a socket (muster/rendezvous/local_session.h). Null: over gRPC.
+  std::shared_ptr<rendezvous::LocalServer> local_rdzv;
   // More endpoints after that one (--rdzv_endpoint=a,b,c): a connection attempt that fails
   // moves on to the next, round the list (endpoints.h).
   std::vector<RdzvEndpoint> rdzv_more;

@@ -40,15 +40,16 @@ struct ChildProcess {
   int in_fd = -1;   // write end of the child's stdin (SpawnRequest::Stdin::kPipe only)
 };
 
-// Forks and execs the worker: in its own process group (pgid == pid), in the job cgroup when
+// Starts the worker with clone(CLONE_VM | CLONE_VFORK) and exec, as posix_spawn does (no
+// copy of the agent's address space): in its own process group (pgid == pid), in the job cgroup when
 // one is given, with
 // PR_SET_PDEATHSIG(SIGKILL) set in the child and the parent re-checked afterwards, bound to
 // its CPUs and memory node when asked, stdout
 // and stderr on pipes, SIGPIPE reset to default. Only async-signal-safe calls run between
-// fork and exec; everything is prepared before the fork.
+// clone and exec; everything is prepared before the clone.
 //
 // REQUIRES: called from the thread that lives as long as the process (the main thread):
-// PR_SET_PDEATHSIG fires when the forking *thread* ends.
+// PR_SET_PDEATHSIG fires when the spawning *thread* ends.
 absl::StatusOr<ChildProcess> spawn_worker(const SpawnRequest& request);
 
 }  // namespace muster::agent

@@ -4,6 +4,8 @@
 // stream and posts each message, and finally the stream's status, onto the owner's
 // io_context. open(), send() and close() are called from that io_context's thread and never
 // wait for the server: the owner's loop keeps running (signals, timers) while it is away.
+// To a server in this process (OpenOptions::local) there is no stream and no thread: the
+// session is a LocalStream.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -13,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "muster/rendezvous/local_session.h"
 #include "muster/rendezvous/tls.h"
 #include "muster/v1/rendezvous.pb.h"
 
@@ -49,6 +52,9 @@ class SessionClient {
     std::chrono::milliseconds liveness_window{std::chrono::seconds(2)};
     // Called once, on the io_context, when the stream is up (the server was reached).
     std::function<void()> on_ready;
+    // The server is in this process (launch's embedded one): the session goes to it without
+    // a socket (local_session.h), and target, waits and TLS do not apply.
+    std::shared_ptr<LocalServer> local;
     // TLS to the server (not enabled: plaintext). A server that the client cannot verify,
     // or that refuses the client's certificate, is unreachable to it: with wait_for_ready
     // the connect timeout then ends the wait.

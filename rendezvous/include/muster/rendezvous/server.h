@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "muster/rendezvous/local_session.h"
 #include "muster/rendezvous/credentials.h"
 #include "muster/rendezvous/events.h"
 #include "muster/rendezvous/limits.h"
@@ -30,6 +31,11 @@ namespace muster::rendezvous {
 struct ServerOptions {
   // host:port; port 0 picks a free port (see RendezvousServer::port()).
   std::string listen_address = "127.0.0.1:0";
+  // gRPC starts with the first connection, not before (launch's embedded server: a job
+  // whose workers never call the store, and whose agent is in-process (local()), starts none
+  // of it). The server binds its listeners itself and hands each accepted connection to
+  // gRPC. An IPv4 listen_address only, and not with TLS (then it starts at once).
+  bool start_grpc_on_demand = false;
   // When non-empty, a Join must carry this token or its stream ends with PERMISSION_DENIED.
   std::string token;
   // Per-run tokens (rdzvd --token_file), when given: credentials.h says who may do what.
@@ -112,6 +118,9 @@ class RendezvousServer {
   // The store's gRPC target on an abstract Unix-domain socket ("unix-abstract:NAME"), for
   // clients with this process's ops::host_identity(); empty when there is none.
   const std::string& local_store_target() const;
+  // Sessions of an agent in this process, without a socket (local_session.h; launch's
+  // embedded server). The agent's io_context must be the server's.
+  std::shared_ptr<LocalServer> local() const;
 
   // Any thread: what GetStatus would answer for `run_id` (every run when empty), taken on the
   // io thread, where `done` is then called with it (it must be quick). `done` is never
