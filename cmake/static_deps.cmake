@@ -2,7 +2,7 @@
 # MUSTER_STATIC_DEPS (on by default) every library of ours that has a static archive
 # (gRPC, protobuf, abseil, OpenSSL, c-ares, re2, zlib) is linked from it, and spdlog and
 # fmt, which Debian ships shared only, are compiled in from their headers. `launch` and
-# `rdzvd` also take libstdc++ and libgcc in and are linked as fixed-address executables
+# `rdzvd` also take libstdc++ in and are linked as fixed-address executables
 # (muster_self_contained below): what is left for the dynamic loader is glibc's, and the
 # start pays no relocation of the program's own tables (issue 43: start-up at the floor).
 #
@@ -67,9 +67,12 @@ if(MUSTER_STATIC_DEPS)
   endif()
 endif()
 
-# launch and rdzvd: libstdc++ and libgcc linked in, a fixed-address (non-PIE) executable.
+# launch and rdzvd: libstdc++ linked in, a fixed-address (non-PIE) executable. libgcc_s stays
+# shared (every system has it, and the static unwinder of GCC 12 needs glibc 2.35's
+# _dl_find_object); glibc_compat.cc keeps libstdc++'s one newer glibc call out.
 function(muster_self_contained target)
   if(MUSTER_STATIC_DEPS)
-    target_link_options(${target} PRIVATE -static-libstdc++ -static-libgcc -no-pie)
+    target_sources(${target} PRIVATE ${PROJECT_SOURCE_DIR}/cmake/glibc_compat.cc)
+    target_link_options(${target} PRIVATE -static-libstdc++ -no-pie)
   endif()
 endfunction()

@@ -69,6 +69,13 @@ launch="$root/usr/bin/launch" rdzvd="$root/usr/bin/rdzvd"
 "$launch" --version | grep -qE "^launch $version \(commit [0-9a-f]{7,}(-dirty)?\)$" ||
   fail "launch --version: $("$launch" --version 2>&1)"
 "$rdzvd" --version | grep -qE "^rdzvd $version \(commit " || fail "rdzvd --version"
+# The branded names beside them, and the torchrun stand-in (docs/operations.md, "Installing").
+for tool in launch rdzvd; do
+  [ "$(readlink "$root/usr/bin/muster-$tool")" = "$tool" ] || fail "muster-$tool is not a link to $tool"
+done
+"$root/usr/bin/muster-launch" --version | grep -qE "^launch $version " || fail "muster-launch --version"
+[ -x "$root/usr/bin/muster-torchrun-standin" ] || fail "no muster-torchrun-standin"
+[ ! -e "$root/usr/bin/torchrun" ] || fail "the package installs a torchrun"
 out="$("$launch" --standalone --nproc_per_node=2 /bin/sh -c 'echo "rank $RANK of $WORLD_SIZE"')" ||
   fail "a standalone job under the installed launch"
 [ "$(grep -c 'rank [01] of 2' <<<"$out")" = 2 ] || fail "standalone job output: $out"
