@@ -90,7 +90,39 @@ wait "$rdzvd_pid" || fail "muster-rdzvd did not exit 0 on SIGTERM"
 rdzvd_pid=""
 exec {fd}<&-
 
-# 5. The torchrun stand-in: in a chosen folder; never over a torchrun it did not write.
+# 5. PyTorch in place under the wheel's launcher: a venv that sees the host's torch, a worker
+# killed (SIGKILL, by its pid) mid-run; the survivor re-forms in place and both ranks finish.
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  /usr/bin/python3 -m venv --system-site-packages "$work/tv"
+  "$work/tv/bin/pip" install -q --no-index "$wheel" >"$work/pip2.log" 2>&1 || { cat "$work/pip2.log" >&2; fail "pip install (torch venv)"; }
+  mkfifo "$work/ddp.fifo"
+  PYTHON_EXEC="$work/tv/bin/python" PYTHONPATH="" "$work/tv/bin/muster-launch" --standalone \
+    --nproc_per_node=2 --in_place --max_restarts=1 "$src/examples/python/ddp_in_place.py" \
+    --steps 200 --log-every 50 --step-sleep-ms 20 >"$work/ddp.fifo" 2>&1 &
+  job=$!
+  exec {dfd}<"$work/ddp.fifo"
+  while IFS= read -r -t 60 line <&"$dfd"; do  # until rank 0 logs step 50
+    echo "$line" >>"$work/ddp.out"
+    [[ "$line" == "[default0]:step 50:"* ]] && break
+  done
+  cat <&"$dfd" >>"$work/ddp.out" &
+  drain=$!
+  victim=""
+  for child in $(cat /proc/"$job"/task/*/children 2>/dev/null); do
+    if tr '\0' '\n' <"/proc/$child/environ" 2>/dev/null | grep -qx "RANK=1"; then victim=$child; fi
+  done
+  [ -n "$victim" ] || { kill -TERM "$job" 2>/dev/null; wait "$job" || true; wait "$drain"; fail "no rank 1 worker to kill: $(cat "$work/ddp.out")"; }
+  kill -KILL "$victim"
+  rc=0
+  wait "$job" || rc=$?
+  wait "$drain"
+  exec {dfd}<&-
+  [ "$rc" = 0 ] || fail "the in-place job exited $rc: $(cat "$work/ddp.out")"
+  grep -q "re-formed in place as rank 0 of 2" "$work/ddp.out" || fail "no in-place re-form: $(cat "$work/ddp.out")"
+  [ "$(grep -c "final loss .* steps 200" "$work/ddp.out")" = 2 ] || fail "not both ranks finished: $(cat "$work/ddp.out")"
+fi
+
+# 6. The torchrun stand-in: in a chosen folder; never over a torchrun it did not write.
 mkdir "$work/bin" "$work/torchbin"
 "$v/muster-torchrun-standin" install "$work/bin" >/dev/null || fail "stand-in install"
 out="$("$work/bin/torchrun" --standalone --nproc_per_node=2 /bin/sh -c 'echo "rank $RANK"')" ||
