@@ -418,10 +418,7 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
   return c;
 }
 
-bool is_local_host(const std::string& host, const std::vector<std::string>& addresses) {
-  if (host == "localhost") return true;
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) == 0 && host == name) return true;
+bool is_local_host(const std::vector<std::string>& addresses) {
   return muster::rendezvous::is_local_address(addresses);
 }
 

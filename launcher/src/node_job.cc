@@ -130,22 +130,47 @@ rendezvous::ServerOptions server_options(const LaunchConfig& cfg, Observers& o) 
   return opts;
 }
 
-// One name looked up (once, through the system resolver, bounded): gRPC is given the address
-// (docs/launch.md, "Names").
-std::vector<std::string> resolve_endpoint(const std::string& host) {
-  auto addresses = rendezvous::resolve_host(host);
-  if (!addresses.ok()) {
-    leave_with({ops::kExitRuntime,
-                absl::Status(addresses.status().code(),
-                             absl::StrCat("--rdzv_endpoint: ", addresses.status().message()))});
+// One name looked up through the system resolver (each lookup bounded): gRPC is given the
+// address (docs/launch.md, "Names"). A name that does not exist yet (a pod's, published late)
+// is looked up again every limits::kNameRetryInterval for up to read_timeout, signals served
+// meanwhile (one ends launch at once, 128+N).
+std::vector<std::string> resolve_endpoint(const std::string& host, const LaunchConfig& cfg,
+                                          boost::asio::io_context& io,
+                                          std::function<void(int)>& on_signal) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto wait = cfg.rdzv_conf.read_timeout;
+  bool waiting = false;
+  for (;;) {
+    auto addresses = rendezvous::resolve_host(host);
+    const auto waited = std::chrono::steady_clock::now() - start;
+    const double waited_s = std::chrono::duration<double>(waited).count();
+    if (addresses.ok()) {
+      if (waiting) spdlog::warn("'{}' resolves now, after {:.1f} s", host, waited_s);
+      return std::move(*addresses);
+    }
+    if (addresses.status().code() != absl::StatusCode::kNotFound || waited >= wait) {
+      leave_with({ops::kExitRuntime,
+                  absl::Status(addresses.status().code(),
+                               absl::StrCat("--rdzv_endpoint: ", addresses.status().message(),
+                                            waiting ? absl::StrFormat(" (looked up for %.0f s)", waited_s)
+                                                    : std::string()))});
+    }
+    if (!waiting) {
+      spdlog::warn("{}; looking it up again every {} ms for up to {} s (read_timeout)",
+                   std::string(addresses.status().message()), rendezvous::limits::kNameRetryInterval.count(),
+                   std::chrono::duration_cast<std::chrono::seconds>(wait).count());
+      waiting = true;
+      on_signal = [](int sig) { leave(128 + sig); };
+    }
+    io.restart();
+    io.run_for(rendezvous::limits::kNameRetryInterval);
   }
-  return std::move(*addresses);
 }
 
 // torchrun's is_host rule: static node 0, or the agent on the endpoint's host that binds its
 // port first. The others connect.
 Rendezvous host_or_reach(const LaunchConfig& cfg, boost::asio::io_context& io,
-                         rendezvous::ServerOptions opts) {
+                         std::function<void(int)>& on_signal, rendezvous::ServerOptions opts) {
   Rendezvous r;
   if (cfg.mode == RdzvMode::kEmbedded) {
     opts.listen_address = "127.0.0.1:0";
@@ -158,17 +183,18 @@ Rendezvous host_or_reach(const LaunchConfig& cfg, boost::asio::io_context& io,
     r.name = r.target = absl::StrCat("127.0.0.1:", r.server->port());
     return r;
   }
-  const std::vector<std::string> addresses = resolve_endpoint(cfg.endpoint.host);
+  const std::vector<std::string> addresses = resolve_endpoint(cfg.endpoint.host, cfg, io, on_signal);
   const bool try_host = cfg.rdzv_conf.is_host.value_or(
       cfg.mode == RdzvMode::kStatic ? cfg.node_rank == 0
-                                    : is_local_host(cfg.endpoint.host, addresses));
+                                    : is_local_host(addresses));
   r.name = cfg.endpoint.to_string();
   r.target = rendezvous::grpc_address_target(addresses.front(), cfg.endpoint.port);
   // The others of a list are looked up now too: an agent that loses its server moves on to
   // them without a lookup.
   for (const auto& e : cfg.more_endpoints) {
     r.more.push_back(
-        {rendezvous::grpc_address_target(resolve_endpoint(e.host).front(), e.port), e.to_string()});
+        {rendezvous::grpc_address_target(resolve_endpoint(e.host, cfg, io, on_signal).front(), e.port),
+         e.to_string()});
   }
   if (!try_host) return r;
   opts.listen_address = rendezvous::is_ip_literal(cfg.endpoint.host)
@@ -377,7 +403,7 @@ void run_node_job(const LaunchConfig& cfg, boost::asio::io_context& io,
   }
   Observers observers;
   open_observers(cfg, observers);
-  Rendezvous rdzv = host_or_reach(cfg, io, server_options(cfg, observers));
+  Rendezvous rdzv = host_or_reach(cfg, io, on_signal, server_options(cfg, observers));
 
   opts.run_id = cfg.standalone ? random_uuid() : cfg.rdzv_id;
   opts.host = cfg.local_addr.empty() ? fqdn.get() : cfg.local_addr;

@@ -227,9 +227,10 @@ absl::StatusOr<std::string> find_executable(const std::string& name, const std::
 // A regular file this process may execute.
 bool is_executable_file(const std::string& path);
 
-// Whether `host` names this machine: localhost, its hostname, or one of `addresses` (what
-// `host` resolved to, looked up once by the caller) is an address of one of its interfaces.
-bool is_local_host(const std::string& host, const std::vector<std::string>& addresses);
+// Whether a host is this machine: one of `addresses` (what its name resolved to, looked up
+// by the caller) is an address of one of this machine's interfaces. Never by comparing names
+// (a pod's hostname and its service name differ; a name may be shared).
+bool is_local_host(const std::vector<std::string>& addresses);
 
 // launch's own log level, as an spdlog level name: $MUSTER_LOG_LEVEL when set (spdlog's
 // names), else $LOGLEVEL as torchrun reads it (Python's names, any case: DEBUG, INFO,

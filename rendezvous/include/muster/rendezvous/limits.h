@@ -91,6 +91,10 @@ inline constexpr std::size_t kMaxRdzvEndpoints = 16;
 // through the system resolver (getaddrinfo: /etc/hosts and nsswitch), once, and gives up
 // after this: a resolver that does not answer costs at most this, with one clear error.
 inline constexpr milliseconds kResolveTimeout = std::chrono::seconds(10);
+// A rendezvous name that does not exist *yet* (NXDOMAIN, no address: a Kubernetes headless
+// service publishes a pod's name once the pod is ready) is looked up again this often, for up
+// to the run's read_timeout (60 s by default), with one log line; then it is the error above.
+inline constexpr milliseconds kNameRetryInterval = std::chrono::milliseconds(500);
 // Bytes of a worker's error file (TORCHELASTIC_ERROR_FILE) the agent reads: room for a
 // capped message and traceback even when JSON escaping sixfolds them. The rest of a larger
 // file is not read; what it held is reported as cut.
