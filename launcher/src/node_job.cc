@@ -1,5 +1,4 @@
 #include "node_job.h"
-#include <grpc/grpc.h>
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -394,7 +393,6 @@ void run_node_job(const LaunchConfig& cfg, boost::asio::io_context& io,
     env.erase(w);  // not the workers'
   }
   auto entry = resolve_entrypoint(cfg, env);
-
   if (!entry.ok()) leave_with({ops::kExitUsage, entry.status()});
   agent::AgentOptions opts;
   opts.numa_of = numa_plan(cfg);
