@@ -257,6 +257,45 @@ TEST_CASE("launch: a standalone job starts no gRPC for its own rendezvous and li
   CHECK_THAT(q.out(), Catch::Contains("rank 1: sum correct"));
 }
 
+// launch in a mount namespace of its own whose resolver knows only `hosts` (files only: a
+// name not there is "not known" at once, as a name a headless service has not published yet).
+std::vector<std::string> with_hosts_file(const TempDir& dir, const std::string& hosts,
+                                         std::vector<std::string> argv) {
+  std::ofstream(dir.file("hosts")) << hosts;
+  std::ofstream(dir.file("nsswitch.conf")) << "hosts: files\n";
+  std::vector<std::string> v{"/usr/bin/unshare", "-m", "/bin/sh", "-c",
+                             "mount --bind \"$1\" /etc/hosts && mount --bind \"$2\" "
+                             "/etc/nsswitch.conf && shift 2 && exec \"$@\"",
+                             "sh", dir.file("hosts"), dir.file("nsswitch.conf")};
+  v.insert(v.end(), argv.begin(), argv.end());
+  return v;
+}
+
+TEST_CASE("launch: a rendezvous name not known yet is looked up again until read_timeout, then "
+          "one line, and a signal ends the wait",
+          "[launch]") {
+  if (::geteuid() != 0) MUSTER_SKIP("needs root (a mount namespace with its own /etc/hosts)");
+  TempDir dir;
+  const std::vector<std::string> job{kLaunch, "--nnodes=2", "--nproc_per_node=1",
+                                     "--rdzv_backend=c10d", "--rdzv_endpoint=not-yet:29400"};
+  std::vector<std::string> bounded = job;
+  bounded.insert(bounded.end(), {"--rdzv_conf=read_timeout=1", "/bin/true"});
+  Proc p(with_hosts_file(dir, "127.0.0.1 localhost\n", bounded));
+  CHECK(p.wait() == 1);
+  CHECK_THAT(p.err(), Catch::Contains("cannot resolve 'not-yet'") &&
+                          Catch::Contains("looking it up again every 500 ms for up to 1 s"));
+  CHECK_THAT(p.err(), Catch::EndsWith("(looked up for 1 s)\n"));
+
+  std::vector<std::string> waiting = job;
+  waiting.push_back("/bin/true");
+  Proc q(with_hosts_file(dir, "127.0.0.1 localhost\n", waiting));
+  REQUIRE(q.wait_output([](const std::string&, const std::string& err) {
+    return err.find("looking it up again") != std::string::npos;
+  }, 30s));
+  ::kill(q.pid(), SIGTERM);
+  CHECK(q.wait(10s) == 143);
+}
+
 TEST_CASE("launch: workers that ignore SIGTERM are killed after the grace", "[launch]") {
   TempDir dir;
   Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--shutdown_timeout=1"},
