@@ -3,7 +3,9 @@
 // (ServerOptions::start_grpc_on_demand, server/on_demand.h).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,6 +13,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "muster/rendezvous/client.h"
@@ -257,3 +260,57 @@ TEST_CASE("on demand: the listener builds nothing until a connection comes, then
 
   CHECK_FALSE(OnDemandListener::open("localhost:0", "", build).ok());  // IPv4 literals only
 }
+
+TEST_CASE("on demand: out of descriptors, the listener waits instead of spinning, then serves",
+          "[local_session]") {
+  using muster::rendezvous::server_internal::OnDemandListener;
+  v1::Rendezvous::CallbackService unimplemented;
+  auto l = OnDemandListener::open("127.0.0.1:0", "", [&unimplemented] {
+    grpc::ServerBuilder b;
+    b.RegisterService(&unimplemented);
+    return b.BuildAndStart();
+  });
+  REQUIRE(l.ok());
+  // This process may open no descriptor more; then a client (its socket made before)
+  // connects, which the kernel completes from the backlog: the listener's accept fails with
+  // EMFILE.
+  const int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>((*l)->port()));
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  rlimit saved{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  int open_fds = 0;
+  for (int fd = 0; fd < 65536; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1) open_fds = fd + 1;
+  }
+  rlimit low = saved;
+  low.rlim_cur = static_cast<rlim_t>(open_fds);
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  std::vector<int> fillers;  // the free descriptors below the limit, taken
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) fillers.push_back(fd);
+  REQUIRE(errno == EMFILE);
+  REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  auto cpu = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
+  };
+  // What is measured is time passing with the connection pending: a spinning accept loop
+  // burns the whole of it, the backoff a few accept calls.
+  const double before = cpu();
+  std::this_thread::sleep_for(500ms);
+  const double spent = cpu() - before;
+  for (int fd : fillers) ::close(fd);
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  CHECK(spent < 100);
+  // With descriptors again, the connection is taken and served.
+  auto st = rdzv::get_status("127.0.0.1:" + std::to_string((*l)->port()), "", "", 10s);
+  CHECK(st.status().code() == absl::StatusCode::kUnimplemented);
+  ::close(client);
+  (*l)->stop();
+  if ((*l)->server() != nullptr) (*l)->server()->Shutdown();
+  l->reset();
+}
+

@@ -27,6 +27,8 @@ absl::Status errno_status(const std::string& what) {
 
 // The backlog gRPC's own listeners use (SOMAXCONN is the kernel's cap anyway).
 constexpr int kBacklog = 4096;
+// How long the listener waits before accepting again when it is out of descriptors.
+constexpr int kAcceptBackoffMs = 100;
 
 }  // namespace
 
@@ -111,18 +113,34 @@ void OnDemandListener::stop() {
 void OnDemandListener::run() {
   pollfd fds[3] = {{wake_fd_, POLLIN, 0}, {tcp_fd_, POLLIN, 0}, {unix_fd_, POLLIN, 0}};
   const nfds_t n = unix_fd_ >= 0 ? 3 : 2;
+  // Out of descriptors (or memory), a pending connection stays readable but cannot be taken:
+  // accept is tried again after kAcceptBackoffMs, not at once, so the thread does not spin.
+  int wait_ms = -1;
+  bool said = false;
   for (;;) {
-    if (::poll(fds, n, -1) < 0) {
+    // Backing off: only the wake fd is watched, for wait_ms; else every listener, no timeout.
+    if (::poll(fds, wait_ms < 0 ? n : 1, wait_ms) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("rendezvous: poll on the listeners failed: {}", std::strerror(errno));
       return;
     }
     if (fds[0].revents != 0) return;
+    wait_ms = -1;
     for (nfds_t i = 1; i < n; ++i) {
-      if (fds[i].revents == 0) continue;
       for (;;) {
         const int fd = ::accept4(fds[i].fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) break;  // EAGAIN: all taken; anything else: the client is gone
+        if (fd < 0) {
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            if (!said) {
+              spdlog::warn("rendezvous: cannot accept a connection: {}; trying again every {} ms",
+                           std::strerror(errno), kAcceptBackoffMs);
+              said = true;
+            }
+            wait_ms = kAcceptBackoffMs;
+          }
+          break;  // EAGAIN: all taken; a client gone before it was taken: the next one
+        }
+        said = false;
         if (i == 1) {
           const int one = 1;
           ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
