@@ -84,25 +84,33 @@ bool refused(int port) {
   return r;
 }
 
+// A server as launch --standalone runs it (gRPC on demand), with `token` when given.
+std::unique_ptr<rdzv::RendezvousServer> embedded(boost::asio::io_context& io,
+                                                 const std::string& token = "") {
+  rdzv::ServerOptions opts;
+  opts.start_grpc_on_demand = true;
+  opts.token = token;
+  auto server = rdzv::RendezvousServer::start(io, opts);
+  REQUIRE(server.ok());
+  return std::move(*server);
+}
+
 }  // namespace
 
 TEST_CASE(
     "local session: an in-process agent joins and is assigned, and its close is a node leaving",
     "[local_session]") {
   boost::asio::io_context io;
-  rdzv::ServerOptions opts;
-  opts.start_grpc_on_demand = true;
-  auto server = rdzv::RendezvousServer::start(io, opts);
-  REQUIRE(server.ok());
+  auto server = embedded(io);
   Seen seen;
-  auto stream = (*server)->local()->open(seen.handlers());
+  auto stream = server->local()->open(seen.handlers());
   REQUIRE(stream->send(join("a")));
   REQUIRE(run_until(io, [&] { return seen.assigned(); }));
   const v1::Assignment& a = seen.msgs.back().assignment();
   CHECK(a.group_rank() == 0);
   CHECK(a.world_size() == 2);
   CHECK_FALSE(a.store_local_target().empty());  // the workers' store, on demand
-  auto running = status_of(io, **server);
+  auto running = status_of(io, *server);
   REQUIRE(running);
   CHECK(running->phase() == "running");
   CHECK(running->members_size() == 1);
@@ -111,31 +119,27 @@ TEST_CASE(
   stream->close();
   CHECK_FALSE(stream->send(join("a")));
   REQUIRE(run_until(io, [&] {
-    auto st = status_of(io, **server);
+    auto st = status_of(io, *server);
     return !st || st->members_size() == 0;
   }));
   CHECK_FALSE(seen.closed.has_value());
-  (*server)->shutdown();
+  server->shutdown();
 }
 
 TEST_CASE("local session: the same edge as a stream: a wrong token and an oversized message end it",
           "[local_session]") {
   boost::asio::io_context io;
-  rdzv::ServerOptions opts;
-  opts.start_grpc_on_demand = true;
-  opts.token = "secret";
-  auto server = rdzv::RendezvousServer::start(io, opts);
-  REQUIRE(server.ok());
+  auto server = embedded(io, "secret");
 
   Seen wrong;
-  auto s1 = (*server)->local()->open(wrong.handlers());
+  auto s1 = server->local()->open(wrong.handlers());
   CHECK_FALSE(s1->send(join("a", "guess")));
   REQUIRE(run_until(io, [&] { return wrong.closed.has_value(); }));
   CHECK(wrong.closed->code() == absl::StatusCode::kPermissionDenied);
   CHECK(wrong.msgs.empty());
 
   Seen big;
-  auto s2 = (*server)->local()->open(big.handlers());
+  auto s2 = server->local()->open(big.handlers());
   v1::AgentMsg huge = join("b", "secret");
   huge.mutable_join()->set_host(std::string(rdzv::limits::kMaxAgentMessageBytes, 'x'));
   CHECK_FALSE(s2->send(huge));
@@ -143,16 +147,16 @@ TEST_CASE("local session: the same edge as a stream: a wrong token and an oversi
   CHECK(big.closed->code() == absl::StatusCode::kResourceExhausted);
 
   Seen right;
-  auto s3 = (*server)->local()->open(right.handlers());
+  auto s3 = server->local()->open(right.handlers());
   REQUIRE(s3->send(join("c", "secret")));
   REQUIRE(run_until(io, [&] { return right.assigned(); }));
 
   // A shutdown ends the open session (UNAVAILABLE) and refuses a new one.
-  (*server)->shutdown();
+  server->shutdown();
   REQUIRE(run_until(io, [&] { return right.closed.has_value(); }));
   CHECK(right.closed->code() == absl::StatusCode::kUnavailable);
   Seen late;
-  auto s4 = (*server)->local()->open(late.handlers());
+  auto s4 = server->local()->open(late.handlers());
   REQUIRE(run_until(io, [&] { return late.closed.has_value(); }));
   CHECK(late.closed->code() == absl::StatusCode::kUnavailable);
 }
@@ -160,23 +164,20 @@ TEST_CASE("local session: the same edge as a stream: a wrong token and an oversi
 TEST_CASE("local session: a SessionClient given the local server needs no socket",
           "[local_session]") {
   boost::asio::io_context io;
-  rdzv::ServerOptions opts;
-  opts.start_grpc_on_demand = true;
-  auto server = rdzv::RendezvousServer::start(io, opts);
-  REQUIRE(server.ok());
+  auto server = embedded(io);
   std::vector<v1::ServerMsg> got;
   bool ready = false;
   rdzv::SessionClient client(
       io, [&](const v1::ServerMsg& m) { got.push_back(m); }, [](const absl::Status&) {});
   rdzv::SessionClient::OpenOptions o;
   o.target = "ipv4:192.0.2.1:9";  // unroutable: never dialled
-  o.local = (*server)->local();
+  o.local = server->local();
   o.on_ready = [&] { ready = true; };
   client.open(o);
   REQUIRE(client.send(join("a")));
   REQUIRE(run_until(io, [&] { return ready && !got.empty() && got.back().has_assignment(); }));
   client.close();
-  (*server)->shutdown();
+  server->shutdown();
 }
 
 TEST_CASE(
@@ -184,15 +185,12 @@ TEST_CASE(
     "and the port refuses after the shutdown",
     "[local_session]") {
   boost::asio::io_context io;
-  rdzv::ServerOptions opts;
-  opts.start_grpc_on_demand = true;
-  auto server = rdzv::RendezvousServer::start(io, opts);
-  REQUIRE(server.ok());
-  const int port = (*server)->port();
+  auto server = embedded(io);
+  const int port = server->port();
   REQUIRE(port > 0);
   // The run's tables open with its first Assignment.
   Seen seen;
-  auto stream = (*server)->local()->open(seen.handlers());
+  auto stream = server->local()->open(seen.handlers());
   REQUIRE(stream->send(join("a")));
   REQUIRE(run_until(io, [&] { return seen.assigned(); }));
 
@@ -208,7 +206,7 @@ TEST_CASE(
   auto st = rdzv::get_status("127.0.0.1:" + std::to_string(port), "run", "", 10s);
   CHECK(st.ok());
   for (const std::string& target :
-       {"127.0.0.1:" + std::to_string(port), (*server)->local_store_target()}) {
+       {"127.0.0.1:" + std::to_string(port), server->local_store_target()}) {
     INFO(target);
     rdzv::GrpcStoreOptions so;
     so.target = target;
@@ -221,7 +219,7 @@ TEST_CASE(
   }
   done = true;
   loop.join();
-  (*server)->shutdown();
+  server->shutdown();
   CHECK(refused(port));
 }
 

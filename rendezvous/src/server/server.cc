@@ -56,6 +56,36 @@ class RendezvousServer::Impl {
   int metrics_collector = 0;  // the registry's id of our collector; 0: none
 };
 
+namespace {
+
+// The services and channel arguments of the server's gRPC side; the listeners are the caller's.
+void configure(grpc::ServerBuilder& builder, grpc::Service* service, StoreServer* store,
+               int max_bytes) {
+  builder.RegisterService(service);
+  store->register_with(builder);
+  builder.SetMaxReceiveMessageSize(max_bytes);
+  builder.SetMaxSendMessageSize(max_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             limits::kMaxConcurrentStreamsPerConnection);
+  // Exactly one server per port: a second agent on this host must fail to bind and connect.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_OPTIMIZATION_TARGET, std::string("latency"));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // Silent nodes are the state machine's to drop, by their run's liveness window. The
+  // transport keep-alive only reclaims connections silent for longer than any window may be
+  // (limits.h), so it never decides first.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(limits::kMaxLivenessWindow.count()));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             static_cast<int>(limits::kTransportKeepAliveTimeout.count()));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Clients that do ping (the workers' store channels) are never refused for it.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
     boost::asio::io_context& io, ServerOptions options) {
   auto impl = std::make_unique<Impl>();
@@ -94,35 +124,13 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
     impl->core->set_local_store(impl->local_target, host);
   }
   const bool standby = impl->core->standby();
-  // The services and channel arguments; the listeners are added by the caller.
-  auto configure = [service = impl->service.get(), store = impl->store.get(),
-                    max_bytes](grpc::ServerBuilder& builder) {
-    builder.RegisterService(service);
-    store->register_with(builder);
-    builder.SetMaxReceiveMessageSize(max_bytes);
-    builder.SetMaxSendMessageSize(max_bytes);
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                               limits::kMaxConcurrentStreamsPerConnection);
-    // Exactly one server per port: a second agent on this host must fail to bind and connect.
-    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-    builder.AddChannelArgument(GRPC_ARG_OPTIMIZATION_TARGET, std::string("latency"));
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    // Silent nodes are the state machine's to drop, by their run's liveness window. The
-    // transport keep-alive only reclaims connections silent for longer than any window may
-    // be (limits.h), so it never decides first.
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
-                               static_cast<int>(limits::kMaxLivenessWindow.count()));
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                               static_cast<int>(limits::kTransportKeepAliveTimeout.count()));
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    // Clients that do ping (the workers' store channels) are never refused for it.
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  };
+  grpc::Service* service = impl->service.get();
+  StoreServer* store = impl->store.get();
   if (options_on_demand && !tls) {
-    auto listener = OnDemandListener::open(address, abstract_name, [configure, standby] {
+    auto listener = OnDemandListener::open(address, abstract_name, [service, store, max_bytes,
+                                                                      standby] {
       grpc::ServerBuilder builder;
-      configure(builder);
+      configure(builder, service, store, max_bytes);
       std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
       if (server) {
         set_serving(*server, true);
@@ -139,7 +147,7 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
     if (!abstract_name.empty()) {
       builder.AddListeningPort(impl->local_target, grpc::InsecureServerCredentials());
     }
-    configure(builder);
+    configure(builder, service, store, max_bytes);
     impl->server = builder.BuildAndStart();
     if (!impl->server || impl->port == 0) {
       return absl::UnavailableError(absl::StrCat("rendezvous server cannot listen on ", address));
