@@ -4,7 +4,7 @@
 # python3-venv only (kept under /var/cache/muster for the next run); in it, a venv, pip install
 # of the wheel with no index, a 2-worker standalone job, and a 2-agent c10d job against the
 # wheel's muster-rdzvd. Skipped, saying why, without root, debootstrap or the Debian archive.
-#     wheel_scratch_test.sh BUILD_DIR SOURCE_DIR
+#     wheel_scratch_test.sh BUILD_DIR SOURCE_DIR [VERSION]
 set -euo pipefail
 build="$1" src="$2"
 skip() {
