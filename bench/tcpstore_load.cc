@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "../rendezvous/src/store/tcpstore/protocol.h"
+#include "../rendezvous/src/common/tcpstore_protocol.h"
 
 namespace wire = muster::rendezvous::tcpstore;
 

@@ -21,6 +21,7 @@
 #include "muster/rendezvous/client.h"
 #include "muster/ops/host_id.h"
 #include "muster/rendezvous/resolve.h"
+#include "muster/rendezvous/store_relay.h"
 
 namespace muster::agent {
 namespace {
@@ -291,6 +292,7 @@ class Agent::Impl {
       write_signal_exception(opts_.own_error_file, x.signal);
     }
     group_.end();
+    relay_.reset();  // before a server this process hosts closes
     for (auto& t : timers_) t.cancel();
     io_.stop();
   }
@@ -308,10 +310,12 @@ class Agent::Impl {
     spec.role = opts_.role;
     spec.master_addr = opts_.master_addr.empty() ? a.master_addr() : opts_.master_addr;
     spec.master_port = opts_.master_addr.empty() ? a.master_port() : opts_.master_port;
-    if (opts_.master_addr.empty() && opts_.use_agent_store && a.agent_store_port() > 0) {
-      spec.master_addr = rendezvous::host_of(endpoints.current().name);
-      spec.master_port = a.agent_store_port();
-      spec.use_agent_store = true;
+    if (opts_.master_addr.empty() && opts_.use_agent_store && a.store_relay()) {
+      if (int port = relay_port(a); port > 0) {
+        spec.master_addr = "127.0.0.1";
+        spec.master_port = port;
+        spec.use_agent_store = true;
+      }
     }
     spec.restart_count = a.restart_count();
     spec.max_restarts = opts_.max_restarts;
@@ -338,6 +342,35 @@ class Agent::Impl {
     return spec;
   }
 
+  // The loopback port of the round's TCPStore-protocol listener (store_relay.h), the relay
+  // started with the first round that has one; 0: none (the workers host their own store).
+  int relay_port(const v1::Assignment& a) const {
+    if (!relay_) {
+      rendezvous::StoreRelayOptions o;
+      const Endpoints& endpoints = machine_.endpoints();
+      // The server's own Unix-domain socket when it runs here (as the workers' gRPC store).
+      if (!a.store_local_target().empty() && a.server_host_identity() == host_identity_) {
+        o.targets.push_back(a.store_local_target());
+      }
+      for (std::size_t k = 0; k < endpoints.size(); ++k) o.targets.push_back(endpoints.after(k).target);
+      o.run_id = opts_.run_id;
+      o.token = opts_.token;
+      o.tls = opts_.tls;
+      auto relay = rendezvous::StoreRelay::start(std::move(o));
+      if (!relay.ok()) {
+        spdlog::error("{}", std::string(relay.status().message()));
+        return 0;
+      }
+      relay_ = std::move(*relay);
+    }
+    absl::StatusOr<int> port = relay_->world(a.round());
+    if (!port.ok()) {
+      spdlog::error("{}; the workers host their own store", std::string(port.status().message()));
+      return 0;
+    }
+    return *port;
+  }
+
   asio::io_context& io_;
   const AgentOptions opts_;
   session::SessionMachine machine_;
@@ -350,6 +383,7 @@ class Agent::Impl {
   std::shared_ptr<bool> probe_role_;
   std::unique_ptr<FileTimerServer> file_timers_;
   const std::string host_identity_ = ops::host_identity();
+  mutable std::unique_ptr<rendezvous::StoreRelay> relay_;  // the workers' TCPStore, relayed
 };
 
 Agent::Agent(asio::io_context& io, AgentOptions options)

@@ -1,4 +1,4 @@
-// libFuzzer target: the TCPStore frame parser (rendezvous/src/store/tcpstore/protocol.h). The input
+// libFuzzer target: the TCPStore frame parser (rendezvous/src/common/tcpstore_protocol.h). The input
 // is a limit setting, a starting dialect and a byte stream parsed frame by frame as the server
 // does. Checked, with abort():
 // - a frame is never read past the bytes given (ASan), and consumes 1..size bytes;
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../../rendezvous/src/store/tcpstore/protocol.h"
+#include "../../rendezvous/src/common/tcpstore_protocol.h"
 
 namespace wire = muster::rendezvous::tcpstore;
 

@@ -232,8 +232,9 @@ TEST_CASE("security: a hosting launch serves TLS to its own agent, another agent
   CHECK(env["MUSTER_TLS_KEY"] == c->client_key);
   CHECK(env["MUSTER_TLS_SERVER_NAME"] == "127.0.0.1");
   CHECK(env["MUSTER_STORE_ADDR"].rfind("unix-abstract:", 0) == std::string::npos);
-  // No plaintext TCPStore-protocol listener beside the TLS port: torch's store is rank 0's.
-  CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");
+  // torch's store is the agent's, on loopback, relayed over the agent's TLS stream.
+  CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "True");
+  CHECK(env["MASTER_ADDR"] == "127.0.0.1");
 }
 
 TEST_CASE("security: --standalone with TLS: the embedded server and its workers", "[security][tls]") {

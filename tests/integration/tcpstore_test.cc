@@ -13,15 +13,11 @@
 #include <thread>
 #include <vector>
 
-#include "held_run.h"
 #include "helpers.h"
 #include "muster/rendezvous/tcpstore_server.h"
-#include "rdzvd_proc.h"
-#include "store/tcpstore/agent_stores.h"
 #include "tcpstore_client.h"
 
 using namespace muster::testing;
-using muster::rendezvous::AgentStores;
 using muster::rendezvous::StoreLimits;
 using muster::rendezvous::TcpStoreOptions;
 using muster::rendezvous::TcpStoreServer;
@@ -35,14 +31,6 @@ std::unique_ptr<TcpStoreServer> serve(TcpStoreOptions o = {}) {
   auto s = TcpStoreServer::start(o);
   REQUIRE(s.ok());
   return std::move(*s);
-}
-
-int threads_of(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
-  }
-  return -1;
 }
 
 const std::string kScript = std::string(INTEROP_SCRIPTS_DIR) + "/tcpstore_conformance.py";
@@ -333,83 +321,4 @@ TEST_CASE("tcpstore: two runs' servers are separate tables", "[tcpstore]") {
   CHECK(bad.closed_by_server());
   CHECK(cb.add("n", 1) == 1);
   CHECK(b->stats().closed_for_errors == 0);
-}
-
-TEST_CASE("tcpstore: rdzvd gives each run a listener of its own, on one shared thread, closed "
-          "with the run",
-          "[tcpstore]") {
-  RdzvdProc server;
-  std::vector<std::unique_ptr<HeldRun>> runs;
-  runs.push_back(std::make_unique<HeldRun>(server.endpoint, "run-0"));
-  const int threads_one = threads_of(server.proc->pid());
-  for (int i = 1; i < 40; ++i) {
-    runs.push_back(std::make_unique<HeldRun>(server.endpoint, "run-" + std::to_string(i)));
-  }
-  std::set<int> ports;
-  for (const auto& r : runs) {
-    const int port = r->assignment().agent_store_port();
-    REQUIRE(port > 0);
-    ports.insert(port);
-    TcpStoreClient c(port, Dialect::kTorch2);
-    REQUIRE(c.ok());
-    REQUIRE(c.set("k", "run's own"));
-    CHECK(c.get("k") == "run's own");
-  }
-  CHECK(ports.size() == runs.size());
-  // 40 runs' listeners on the one thread the first one started: far fewer new threads than
-  // runs (gRPC may add some of its own for 40 more connections; a thread per run would be 39).
-  CHECK(threads_of(server.proc->pid()) < threads_one + 20);
-  // A run that goes takes its listener: its port refuses connections.
-  const int gone = runs.back()->assignment().agent_store_port();
-  runs.pop_back();
-  const auto end = std::chrono::steady_clock::now() + 10s;
-  bool refused = false;
-  while (!refused && std::chrono::steady_clock::now() < end) {
-    TcpStoreClient probe(gone, Dialect::kTorch2);
-    refused = !probe.ok();
-    if (!refused) std::this_thread::sleep_for(10ms);  // the server sees the stream end first
-  }
-  CHECK(refused);
-}
-
-// Issue 38: a world formed after a node left or joined has the restart count of the one
-// before, so torch's own keys (/worker/attempt_<N>/...) have the same names: each round's
-// world gets a store of its own.
-TEST_CASE("tcpstore: each round of a run has a store of its own, the two newest are kept",
-          "[tcpstore]") {
-  AgentStores stores("127.0.0.1", StoreLimits{});
-  CHECK(stores.port("unheld", 1) == 0);  // only runs from their first Join
-  stores.open("job");
-  const int p1 = stores.port("job", 1);
-  REQUIRE(p1 > 0);
-  CHECK(stores.port("job", 1) == p1);  // every node of the round gets the same store
-  TcpStoreClient old_world(p1, Dialect::kTorch1);
-  REQUIRE(old_world.set("/worker/attempt_0/rank_1", "the old world's address"));
-  REQUIRE(old_world.get("/worker/attempt_0/rank_1") == "the old world's address");
-
-  const int p2 = stores.port("job", 2);
-  REQUIRE(p2 > 0);
-  CHECK(p2 != p1);
-  TcpStoreClient new_world(p2, Dialect::kTorch2);
-  CHECK(new_world.check({"/worker/attempt_0/rank_1"}) == false);  // not the old world's keys
-  REQUIRE(new_world.set("/worker/attempt_0/rank_1", "the new world's"));
-  // The world before stays as it was while its workers may still be stopping.
-  CHECK(old_world.get("/worker/attempt_0/rank_1") == "the old world's address");
-  CHECK(stores.worlds("job") == 2);
-  CHECK(stores.port("job", 1) == p1);
-
-  // A third round closes the first: its connections end, its port refuses, its round is 0.
-  const int p3 = stores.port("job", 3);
-  REQUIRE(p3 > 0);
-  CHECK(stores.worlds("job") == 2);
-  CHECK(old_world.closed_by_server());
-  CHECK_FALSE(TcpStoreClient(p1, Dialect::kTorch2).ok());
-  CHECK(stores.port("job", 1) == 0);
-  CHECK(new_world.get("/worker/attempt_0/rank_1") == "the new world's");
-
-  stores.drop("job");
-  CHECK(stores.worlds("job") == 0);
-  CHECK(new_world.closed_by_server());
-  CHECK_FALSE(TcpStoreClient(p2, Dialect::kTorch2).ok());
-  CHECK_FALSE(TcpStoreClient(p3, Dialect::kTorch2).ok());
 }

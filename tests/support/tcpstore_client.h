@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "../../rendezvous/src/store/tcpstore/protocol.h"
+#include "../../rendezvous/src/common/tcpstore_protocol.h"
 
 namespace muster::testing {
 

@@ -26,6 +26,7 @@
 #include "server/server_metrics.h"
 #include "client/status_convert.h"
 #include "store/tcpstore/agent_stores.h"
+#include "store/tcpstore/relay_service.h"
 #include "store/store_server.h"
 #include "muster/ops/text.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
@@ -45,6 +46,7 @@ class RendezvousServer::Impl {
   std::unique_ptr<Service> service;
   std::shared_ptr<LocalSessions> local;
   std::unique_ptr<StoreServer> store;
+  std::unique_ptr<RelayService> relay;  // null: ServerOptions::agent_store off
   std::unique_ptr<grpc::Server> server;  // null with on_demand
   std::unique_ptr<OnDemandListener> on_demand;  // ServerOptions::start_grpc_on_demand
   std::shared_ptr<Credentials> credentials;
@@ -60,9 +62,10 @@ namespace {
 
 // The services and channel arguments of the server's gRPC side; the listeners are the caller's.
 void configure(grpc::ServerBuilder& builder, grpc::Service* service, StoreServer* store,
-               int max_bytes) {
+               RelayService* relay, int max_bytes) {
   builder.RegisterService(service);
   store->register_with(builder);
+  if (relay != nullptr) relay->register_with(builder);
   builder.SetMaxReceiveMessageSize(max_bytes);
   builder.SetMaxSendMessageSize(max_bytes);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
@@ -106,6 +109,9 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   impl->service = std::make_unique<Service>(impl->core);
   impl->local = std::make_shared<LocalSessions>(impl->core);
   impl->core->set_store(impl->store.get());
+  if (impl->core->agent_stores()) {
+    impl->relay = std::make_unique<RelayService>(impl->core->agent_stores(), impl->credentials);
+  }
   enable_health_service();
   if (!impl->core->standby()) {  // a standby restores when it comes to lead
     absl::StatusOr<RestoreSummary> restored = impl->core->restore();
@@ -126,11 +132,12 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
   const bool standby = impl->core->standby();
   grpc::Service* service = impl->service.get();
   StoreServer* store = impl->store.get();
+  RelayService* relay = impl->relay.get();
   if (options_on_demand && !tls) {
-    auto listener = OnDemandListener::open(address, abstract_name, [service, store, max_bytes,
-                                                                      standby] {
+    auto listener = OnDemandListener::open(address, abstract_name, [service, store, relay,
+                                                                      max_bytes, standby] {
       grpc::ServerBuilder builder;
-      configure(builder, service, store, max_bytes);
+      configure(builder, service, store, relay, max_bytes);
       std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
       if (server) {
         set_serving(*server, true);
@@ -147,7 +154,7 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::start(
     if (!abstract_name.empty()) {
       builder.AddListeningPort(impl->local_target, grpc::InsecureServerCredentials());
     }
-    configure(builder, service, store, max_bytes);
+    configure(builder, service, store, relay, max_bytes);
     impl->server = builder.BuildAndStart();
     if (!impl->server || impl->port == 0) {
       return absl::UnavailableError(absl::StrCat("rendezvous server cannot listen on ", address));
@@ -236,6 +243,7 @@ void RendezvousServer::shutdown(std::chrono::milliseconds grace) {
   impl_->core->stop_pending();
   impl_->local->shutdown();
   impl_->store->shutdown();
+  if (impl_->relay) impl_->relay->shutdown();
   if (server == nullptr) return;  // gRPC never started
   server->Shutdown(std::chrono::system_clock::now() + grace);
   server->Wait();

@@ -27,10 +27,7 @@ Core::Core(boost::asio::io_context& io, ServerOptions opts,
       standby_(opts_.standby),
       hold_timer_(io) {
   if (opts_.run_store) machine_.enable_records();
-  if (opts_.agent_store && !opts_.tls.enabled() && !opts_.standby) {
-    agent_stores_ = std::make_unique<AgentStores>(listen_host(opts_.listen_address),
-                                                  opts_.store_limits);
-  }
+  if (opts_.agent_store) agent_stores_ = std::make_shared<AgentStores>(opts_.store_limits);
 }
 
 void Core::open_tables(const std::string& run) {
@@ -319,10 +316,12 @@ void Core::deliver(Decision decision) {
       o.msg->mutable_assignment()->set_server_host_identity(host_identity_);
     }
     if (o.msg && o.msg->has_assignment() && agent_stores_) {
+      // The round's world opens now (closing those before the newest kept), so that workers
+      // of a world two rounds old find no table even before anyone names the new one.
       if (const std::string* run = machine_.run_id_of(o.session)) {
-        v1::Assignment* a = o.msg->mutable_assignment();
-        a->set_agent_store_port(agent_stores_->port(*run, a->round()));
+        agent_stores_->world(*run, o.msg->assignment().round());
       }
+      o.msg->mutable_assignment()->set_store_relay(true);
     }
     if (o.msg) r->enqueue(std::move(*o.msg));
     if (o.close) r->finish(to_grpc(o.status));

@@ -112,6 +112,9 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   void set_store(StoreServer* store) { store_ = store; }
+  // The worlds' TCPStore-protocol tables the agents relay to (null: ServerOptions::agent_store
+  // off). Any thread.
+  const std::shared_ptr<AgentStores>& agent_stores() const { return agent_stores_; }
   // io thread: what the metrics sample (server_metrics.h).
   ServerSample sample() const;
   // Before serving (no io thread runs the core yet): loads the run store into the machine.
@@ -178,7 +181,7 @@ class Core : public std::enable_shared_from_this<Core> {
   bool stopping_ ABSL_GUARDED_BY(pending_mu_) = false;
 
   StoreServer* store_ = nullptr;  // outlives the core's use of it (shut down after the server)
-  std::unique_ptr<AgentStores> agent_stores_;  // ServerOptions::agent_store; null when off
+  std::shared_ptr<AgentStores> agent_stores_;  // ServerOptions::agent_store; null when off
   std::string local_store_target_, host_identity_;
   std::set<std::string> seen_runs_;  // runs that have had a Join, for dropping their tables
   std::set<std::string> not_durable_;  // runs whose last write failed (said once each)

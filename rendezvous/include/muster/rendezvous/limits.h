@@ -158,9 +158,26 @@ inline constexpr milliseconds kTcpStorePartialFrameTimeout = std::chrono::second
 // still be stopping) stay open, an older one is closed with its connections and keys.
 inline constexpr std::size_t kTcpStoreWorldsKept = 2;
 
+// --- The agent's relay of that store (store_relay.h, relay_service.h) --------------------
+// Each agent serves the protocol on loopback for its node's workers and carries their queries
+// to the server on one stream. On the server, one world's relayed connections and parked WAITs,
+// from every node together (100,000 ranks of one world fit):
+inline constexpr std::size_t kMaxRelayedConnectionsPerWorld = 250000;
+inline constexpr std::size_t kMaxRelayedWaitsPerWorld = 250000;
+// A relay message's frames are gathered up to this many bytes (one larger frame goes alone).
+inline constexpr std::size_t kRelayBatchBytes = 256 << 10;
+// One relay message on the wire, either way: a whole frame, or a connection's unsent replies,
+// with the message's own fields.
+inline constexpr std::size_t kMaxRelayMessageBytes = kMaxTcpStoreUnsentBytes + (64 << 10);
+// Replies the server has for one agent's stream that the agent has not read yet; beyond it
+// the stream is ended (RESOURCE_EXHAUSTED) and the agent reconnects.
+inline constexpr std::size_t kMaxRelayUnsentBytes = 64 << 20;
+// How long an agent waits before it opens its stream again after losing it.
+inline constexpr milliseconds kRelayReconnectInterval = std::chrono::milliseconds(100);
+
 // The gRPC receive cap of the server (rendezvous and store share the port): the larger of
 // the two services' messages. The Session reactor applies the tighter agent bound itself.
-inline constexpr std::size_t kMaxServerReceiveBytes = kMaxStoreMessageBytes;
+inline constexpr std::size_t kMaxServerReceiveBytes = kMaxRelayMessageBytes;
 
 // launch --hosts (docs/cluster.md): ssh's connect timeout and its keep-alive (a host whose ssh
 // session is silent for interval x count is taken as lost, as is the session); after a stop,

@@ -50,10 +50,11 @@ struct ServerOptions {
   // have the tighter limits::kMaxAgentMessageBytes, checked by the Session reactor.
   std::size_t max_message_bytes = limits::kMaxServerReceiveBytes;
   StoreLimits store_limits;
-  // Each run also gets a store in c10d's TCPStore protocol (tcpstore_server.h) on this
-  // listener's host, its port in Assignment.agent_store_port, so that torch's own store client
-  // uses the run's store (TORCHELASTIC_USE_AGENT_STORE). Never with TLS (torch's client speaks
-  // none) nor in replicated mode (a standby; a failover would lose and move it).
+  // Each world of a run also gets a table in c10d's TCPStore protocol (tcpstore_server.h),
+  // which the run's agents serve to their own workers on loopback and relay here over their
+  // StoreRelay streams (store_relay.h; Assignment.store_relay), so that torch's own store
+  // client uses the run's store (TORCHELASTIC_USE_AGENT_STORE) in every mode: TLS and tokens
+  // guard it as they guard the rendezvous, and no listener of its own is opened.
   bool agent_store = true;
   // Called on the io thread with every event of every run (events.h), in order, after the
   // state machine decided it and before its messages are sent: metrics, the event log, the

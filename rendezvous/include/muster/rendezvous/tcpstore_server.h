@@ -1,7 +1,7 @@
 // A store that speaks c10d's TCPStore wire protocol, so that torch's own TCPStore client (and
 // so torch.distributed's env:// and the agent-store path of torchrun 2.x) can use it: torch
 // 1.13's queries and torch 2.x's (the VALIDATE handshake, PING, APPEND, MULTI_GET, MULTI_SET,
-// CANCEL_WAIT, the queue ops). The framing is in src/tcpstore/protocol.h.
+// CANCEL_WAIT, the queue ops). The framing is in src/common/tcpstore_protocol.h.
 //
 // One server is one table (one run): keys, values and its byte total are bounded as the gRPC
 // store's (StoreLimits, defaults in limits.h), and so are connections, parked WAITs, frame

@@ -1,55 +1,88 @@
 #include "store/tcpstore/agent_stores.h"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
+#include <vector>
 
-#include "muster/rendezvous/resolve.h"
+#include "muster/rendezvous/tcpstore_server.h"
 
 namespace muster::rendezvous {
 
-AgentStores::AgentStores(std::string host, StoreLimits limits, std::size_t worlds_kept)
-    : host_(std::move(host)),
-      limits_(limits),
+AgentStores::AgentStores(StoreLimits limits, std::size_t worlds_kept, std::size_t max_waits)
+    : limits_(limits),
       worlds_kept_(std::max<std::size_t>(worlds_kept, 1)),
+      max_waits_(max_waits),
       loop_(make_tcpstore_loop()) {}
 
-void AgentStores::open(const std::string& run) { runs_.try_emplace(run); }
-
-void AgentStores::drop(const std::string& run) { runs_.erase(run); }
-
-int AgentStores::port(const std::string& run, int round) {
-  auto it = runs_.find(run);
-  if (it == runs_.end()) return 0;
-  auto& worlds = it->second;
-  auto found = worlds.find(round);
-  if (found == worlds.end()) {
-    if (!worlds.empty() && round < worlds.rbegin()->first) return 0;  // a world already closed
-    TcpStoreOptions o;
-    o.host = host_;
-    o.limits = limits_;
-    auto server = TcpStoreServer::start(o, loop_);
-    if (!server.ok()) {
-      spdlog::error("rendezvous: run '{}' round {} has no TCPStore-protocol store: {}", run, round,
-                    std::string(server.status().message()));
+AgentStores::~AgentStores() {
+  std::vector<std::shared_ptr<TcpStoreWorld>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [run, worlds] : runs_) {
+      for (auto& [round, w] : worlds) all.push_back(std::move(w));
     }
-    found = worlds.emplace(round, server.ok() ? std::move(*server) : nullptr).first;
-    while (worlds.size() > worlds_kept_) worlds.erase(worlds.begin());
+    runs_.clear();
   }
-  return found->second == nullptr ? 0 : found->second->port();
+  for (auto& w : all) close(std::move(w));
+}
+
+void AgentStores::open(const std::string& run) {
+  absl::MutexLock lock(&mu_);
+  runs_.try_emplace(run);
+}
+
+void AgentStores::drop(const std::string& run) {
+  std::map<int, std::shared_ptr<TcpStoreWorld>> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = runs_.find(run);
+    if (it == runs_.end()) return;
+    gone = std::move(it->second);
+    runs_.erase(it);
+  }
+  for (auto& [round, w] : gone) close(std::move(w));
+}
+
+bool AgentStores::holds(const std::string& run) const {
+  absl::MutexLock lock(&mu_);
+  return runs_.count(run) != 0;
+}
+
+std::shared_ptr<TcpStoreWorld> AgentStores::world(const std::string& run, int round) {
+  std::vector<std::shared_ptr<TcpStoreWorld>> closed;
+  std::shared_ptr<TcpStoreWorld> out;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = runs_.find(run);
+    if (it == runs_.end()) return nullptr;
+    auto& worlds = it->second;
+    auto found = worlds.find(round);
+    if (found != worlds.end()) return found->second;
+    if (!worlds.empty() && round < worlds.rbegin()->first) return nullptr;  // closed already
+    out = std::make_shared<TcpStoreWorld>(run, round, limits_, max_waits_);
+    worlds.emplace(round, out);
+    while (worlds.size() > worlds_kept_) {
+      closed.push_back(std::move(worlds.begin()->second));
+      worlds.erase(worlds.begin());
+    }
+  }
+  for (auto& w : closed) close(std::move(w));
+  return out;
 }
 
 std::size_t AgentStores::worlds(const std::string& run) const {
+  absl::MutexLock lock(&mu_);
   auto it = runs_.find(run);
-  if (it == runs_.end()) return 0;
-  return static_cast<std::size_t>(std::count_if(it->second.begin(), it->second.end(),
-                                                [](const auto& w) { return w.second != nullptr; }));
+  return it == runs_.end() ? 0 : it->second.size();
 }
 
-std::string listen_host(const std::string& listen_address) {
-  const std::string host = host_of(listen_address);
-  if (host.empty() || host == "localhost") return "127.0.0.1";
-  return is_ip_literal(host) ? host : "0.0.0.0";  // a name gRPC resolves: every address
+void AgentStores::close(std::shared_ptr<TcpStoreWorld> w) {
+  boost::asio::post(loop_->io(), [w = std::move(w)] {
+    w->closed = true;
+    for (const auto& c : std::vector<tcpstore::ConnPtr>(w->conns.begin(), w->conns.end())) {
+      c->fail("its world (round " + std::to_string(w->round) + ") was closed");
+    }
+    w->conns.clear();
+  });
 }
 
 }  // namespace muster::rendezvous

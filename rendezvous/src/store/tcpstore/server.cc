@@ -12,8 +12,9 @@
 #include <boost/asio.hpp>
 #include <spdlog/spdlog.h>
 
-#include "muster/rendezvous/kv_table.h"
-#include "store/tcpstore/protocol.h"
+#include "common/tcpstore_protocol.h"
+#include "store/tcpstore/loop.h"
+#include "store/tcpstore/table.h"
 
 namespace muster::rendezvous {
 
@@ -30,42 +31,7 @@ namespace {
 // what is left of a half-received frame is kept per connection).
 constexpr std::size_t kReadChunk = 64 << 10;
 
-struct Conn {
-  explicit Conn(tcp::socket s, asio::io_context& io) : sock(std::move(s)), partial(io) {}
-  tcp::socket sock;
-  asio::steady_timer partial;  // a half-sent frame's deadline
-  std::string peer;
-  Dialect dialect = Dialect::kUnknown;
-  std::string in;         // the unparsed rest of what was read
-  std::string out;        // replies not yet handed to the socket
-  std::string sending;    // replies the socket is writing now
-  bool writing = false;
-  bool reading = false;
-  bool closed = false;
-  bool partial_armed = false;  // `partial` runs for the frame `in` holds the start of
-  // A parked WAIT: the keys still missing (a key named twice counts once per name).
-  std::size_t awaited = 0;
-  std::vector<std::string> wait_keys;
-};
-using ConnPtr = std::shared_ptr<Conn>;
-
 }  // namespace
-
-class TcpStoreLoop {
- public:
-  TcpStoreLoop() : work_(asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {}
-  // Lets the thread finish what is queued (the handlers of closed servers), then joins it.
-  ~TcpStoreLoop() {
-    work_.reset();
-    thread_.join();
-  }
-  asio::io_context& io() { return io_; }
-
- private:
-  asio::io_context io_{1};
-  asio::executor_work_guard<asio::io_context::executor_type> work_;
-  std::thread thread_;
-};
 
 std::shared_ptr<TcpStoreLoop> make_tcpstore_loop() { return std::make_shared<TcpStoreLoop>(); }
 
@@ -73,9 +39,29 @@ std::shared_ptr<TcpStoreLoop> make_tcpstore_loop() { return std::make_shared<Tcp
 // handlers are still queued is freed by the last of them, on the loop's thread.
 class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer::Impl> {
  public:
+  // A client's socket. The table calls flush and fail; the Impl carries them out.
+  struct Sock final : tcpstore::Conn {
+    Sock(tcp::socket s, asio::io_context& io, Impl* owner)
+        : sock(std::move(s)), partial(io), owner(owner) {}
+    void flush() override { owner->flush(self()); }
+    void fail(const std::string& why) override { owner->fail(self(), why); }
+    std::shared_ptr<Sock> self() { return std::static_pointer_cast<Sock>(shared_from_this()); }
+
+    tcp::socket sock;
+    asio::steady_timer partial;  // a half-sent frame's deadline
+    Impl* const owner;
+    std::string peer;
+    std::string in;       // the unparsed rest of what was read
+    std::string sending;  // replies the socket is writing now
+    bool writing = false;
+    bool reading = false;
+    bool partial_armed = false;  // `partial` runs for the frame `in` holds the start of
+  };
+  using ConnPtr = std::shared_ptr<Sock>;
+
   Impl(TcpStoreOptions o, asio::io_context& io)
       : opts_(std::move(o)),
-        table_(opts_.limits),
+        table_(opts_.limits, opts_.max_waits),
         io_(io),
         acceptor_(io_),
         frame_{opts_.limits.max_key_bytes, opts_.limits.max_value_bytes,
@@ -156,7 +142,7 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
     }
     s.set_option(tcp::no_delay(true), ec);
     s.non_blocking(true, ec);
-    auto c = std::make_shared<Conn>(std::move(s), io_);
+    auto c = std::make_shared<Sock>(std::move(s), io_, this);
     c->peer = peer;
     conns_.insert(c);
     n_conns_ = conns_.size();
@@ -189,8 +175,10 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
       if (r.what == Parsed::kNeedMore) break;
       if (r.what == Parsed::kError) return fail(c, r.error);
       pos += r.consumed;
-      serve(c, req);
+      table_.serve(c, req);
     }
+    n_keys_ = table_.keys();
+    n_waits_ = table_.parked_waits();
     if (c->closed) return;
     c->in.erase(0, pos);
     if (c->in.empty() && c->in.capacity() > 4096) std::string().swap(c->in);
@@ -215,231 +203,6 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
       fail(c, "a frame left half-sent for " +
                   std::to_string(opts_.partial_frame_timeout.count()) + " ms");
     });
-  }
-
-  // One query, answered into c->out (the protocol's replies; nothing for SET-like queries).
-  void serve(const ConnPtr& c, Request& r) {
-    std::string& o = c->out;
-    switch (r.op) {
-      case Op::kValidate:
-        return;
-      case Op::kPing:
-        return tcpstore::put_u32(o, r.number);
-      case Op::kSet:
-        return set(c, r.keys[0], std::move(r.values[0]), tcpstore::kWatchUpdated);
-      case Op::kAppend: {
-        const std::string* v = table_.find(r.keys[0]);
-        std::string joined = v != nullptr ? *v + r.values[0] : std::move(r.values[0]);
-        return set(c, r.keys[0], std::move(joined), tcpstore::kWatchAppended);
-      }
-      case Op::kCompareSet:
-        return compare_set(c, r);
-      case Op::kGet:
-      case Op::kMultiGet:
-        for (const auto& k : r.keys) {
-          const std::string* v = table_.find(k);
-          tcpstore::put_bytes(o, v != nullptr ? *v : std::string());
-        }
-        return;
-      case Op::kAdd:
-        return add(c, r);
-      case Op::kCheck:
-        return tcpstore::put_u8(o, present(r.keys) ? tcpstore::kCheckReady
-                                                   : tcpstore::kCheckNotReady);
-      case Op::kWait:
-        return wait(c, r.keys);
-      case Op::kNumKeys:
-        return tcpstore::put_i64(o, static_cast<std::int64_t>(table_.size()));
-      case Op::kDelete:
-        return erase(c, r.keys[0]);
-      case Op::kWatchKey:
-        watchers_[r.keys[0]].push_back(c);
-        return tcpstore::put_u8(o, tcpstore::kWatchRegistered);
-      case Op::kMultiSet:
-        if (absl::Status s = table_.multi_set(r.keys, r.values); !s.ok()) {
-          return fail(c, "MULTI_SET: " + std::string(s.message()));
-        }
-        n_keys_ = table_.size();
-        for (const auto& k : r.keys) wake(k, false);
-        return;
-      case Op::kCancelWait:
-        unpark(c);
-        return tcpstore::put_u8(o, tcpstore::kWaitCanceled);
-      case Op::kQueuePush:
-      case Op::kQueuePop:
-      case Op::kQueueLen:
-        return queue(c, r);
-    }
-  }
-
-  // The value `key` had, for a watcher's update; only copied when someone watches it.
-  std::string old_value(const std::string& key, const std::string* before) const {
-    return before != nullptr && watchers_.count(key) != 0 ? *before : std::string();
-  }
-
-  void compare_set(const ConnPtr& c, const Request& r) {
-    const std::string& key = r.keys[0];
-    const std::string &expected = r.values[0], &desired = r.values[1];
-    const std::string* before = table_.find(key);
-    const bool existed = before != nullptr;
-    // c10d's rule (KvTable::compare_set): a missing key is set only when `expected` is empty.
-    const bool changes = existed ? *before == expected && desired != expected : expected.empty();
-    const std::string old = old_value(key, before);
-    auto got = table_.compare_set(key, expected, desired);
-    if (!got.ok()) return fail(c, "COMPARE_SET: " + std::string(got.status().message()));
-    n_keys_ = table_.size();
-    tcpstore::put_bytes(c->out, *got);
-    if (changes) {
-      changed(key, existed ? tcpstore::kWatchUpdated : tcpstore::kWatchCreated, old, desired);
-      wake(key, false);
-    }
-  }
-
-  void add(const ConnPtr& c, const Request& r) {
-    const std::string& key = r.keys[0];
-    const std::string* before = table_.find(key);
-    const bool existed = before != nullptr;
-    const std::string old = old_value(key, before);
-    auto sum = table_.add(key, r.delta);
-    if (!sum.ok()) return fail(c, "ADD: " + std::string(sum.status().message()));
-    n_keys_ = table_.size();
-    tcpstore::put_i64(c->out, *sum);
-    wake(key, false);
-    changed(key, existed ? tcpstore::kWatchUpdated : tcpstore::kWatchCreated, old,
-            *table_.find(key));
-  }
-
-  void erase(const ConnPtr& c, const std::string& key) {
-    const std::string old = old_value(key, table_.find(key));
-    const bool erased = table_.erase(key);
-    n_keys_ = table_.size();
-    tcpstore::put_i64(c->out, erased ? 1 : 0);
-    if (erased) changed(key, tcpstore::kWatchDeleted, old, "");
-  }
-
-  // QUEUE_PUSH (no reply; wakes one waiter), QUEUE_POP (the length, then the value when there
-  // is one; never waits), QUEUE_LEN.
-  void queue(const ConnPtr& c, Request& r) {
-    const std::string& key = r.keys[0];
-    auto it = queues_.find(key);
-    const std::size_t n = it == queues_.end() ? 0 : it->second.size();
-    if (r.op == Op::kQueueLen) return tcpstore::put_i64(c->out, static_cast<std::int64_t>(n));
-    if (r.op == Op::kQueuePop) {
-      tcpstore::put_i64(c->out, static_cast<std::int64_t>(n));
-      if (n == 0) return;
-      tcpstore::put_bytes(c->out, it->second.front());
-      queue_bytes_ -= key.size() + it->second.front().size();
-      it->second.pop_front();
-      if (it->second.empty()) queues_.erase(it);
-      return;
-    }
-    const std::size_t bytes = key.size() + r.values[0].size();
-    if (table_.bytes() + queue_bytes_ + bytes > opts_.limits.max_bytes) {
-      return fail(c, "QUEUE_PUSH: the run's store is full");
-    }
-    queue_bytes_ += bytes;
-    queues_[key].push_back(std::move(r.values[0]));
-    wake(key, true);
-  }
-
-  void set(const ConnPtr& c, const std::string& key, std::string value, std::uint8_t kind) {
-    const std::string* before = table_.find(key);
-    const bool existed = before != nullptr;
-    const std::string old = old_value(key, before);
-    if (absl::Status s = table_.set(key, value); !s.ok()) {
-      return fail(c, std::string(s.message()));
-    }
-    n_keys_ = table_.size();
-    changed(key, existed ? kind : tcpstore::kWatchCreated, old, value);
-    wake(key, false);
-  }
-
-  bool present(const std::vector<std::string>& keys) const {
-    for (const auto& k : keys) {
-      if (table_.find(k) != nullptr) continue;
-      auto q = queues_.find(k);
-      if (q == queues_.end() || q->second.empty()) return false;
-    }
-    return true;
-  }
-
-  void wait(const ConnPtr& c, const std::vector<std::string>& keys) {
-    if (present(keys)) {
-      tcpstore::put_u8(c->out, tcpstore::kStopWaiting);
-      return;
-    }
-    if (c->awaited > 0) return fail(c, "WAIT while its previous WAIT is still parked");
-    if (n_waits_ >= opts_.max_waits) {
-      return fail(c, "WAIT: " + std::to_string(opts_.max_waits) + " waits are parked already");
-    }
-    for (const auto& k : keys) {
-      if (table_.find(k) != nullptr) continue;
-      auto q = queues_.find(k);
-      if (q != queues_.end() && !q->second.empty()) continue;
-      waiters_[k].push_back(c);
-      c->wait_keys.push_back(k);
-      ++c->awaited;
-    }
-    ++n_waits_;
-  }
-
-  // `key` was written: its waiters are one key nearer (one of them only, for a queue push).
-  void wake(const std::string& key, bool one) {
-    auto it = waiters_.find(key);
-    if (it == waiters_.end()) return;
-    auto& list = it->second;
-    while (!list.empty()) {
-      ConnPtr w = list.front().lock();
-      list.pop_front();
-      if (!w || w->closed || w->awaited == 0) continue;
-      if (--w->awaited == 0) {
-        w->wait_keys.clear();
-        --n_waits_;
-        tcpstore::put_u8(w->out, tcpstore::kStopWaiting);
-        flush(w);
-        if (one) break;
-      }
-    }
-    if (list.empty()) waiters_.erase(it);
-  }
-
-  // Takes c's parked WAIT out (CANCEL_WAIT, or the connection went).
-  void unpark(const ConnPtr& c) {
-    if (c->awaited == 0) return;
-    for (const auto& k : c->wait_keys) {
-      auto it = waiters_.find(k);
-      if (it == waiters_.end()) continue;
-      auto& list = it->second;
-      for (auto w = list.begin(); w != list.end();) {
-        auto p = w->lock();
-        w = (!p || p == c) ? list.erase(w) : std::next(w);
-      }
-      if (list.empty()) waiters_.erase(it);
-    }
-    c->wait_keys.clear();
-    c->awaited = 0;
-    --n_waits_;
-  }
-
-  // WATCH_KEY (torch 1.13's callback connection): the change, to every watcher of `key`.
-  void changed(const std::string& key, std::uint8_t kind, const std::string& old,
-               const std::string& now) {
-    auto it = watchers_.find(key);
-    if (it == watchers_.end()) return;
-    for (auto w = it->second.begin(); w != it->second.end();) {
-      ConnPtr p = w->lock();
-      if (!p || p->closed) {
-        w = it->second.erase(w);
-        continue;
-      }
-      tcpstore::put_u8(p->out, kind);
-      tcpstore::put_bytes(p->out, key);
-      tcpstore::put_bytes(p->out, kind == tcpstore::kWatchCreated ? std::string() : old);
-      tcpstore::put_bytes(p->out, now);
-      flush(p);
-      ++w;
-    }
-    if (it->second.empty()) watchers_.erase(it);
   }
 
   void flush(const ConnPtr& c) {
@@ -484,7 +247,8 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
 
   void drop(const ConnPtr& c) {
     if (c->closed) return;
-    unpark(c);
+    table_.unpark(*c);
+    n_waits_ = table_.parked_waits();
     c->closed = true;
     boost::system::error_code ec;
     c->partial.cancel();
@@ -494,16 +258,12 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
   }
 
   TcpStoreOptions opts_;
-  KvTable table_;
+  tcpstore::Table table_;
   asio::io_context& io_;
   tcp::acceptor acceptor_;
   tcpstore::FrameLimits frame_;
   std::vector<char> buf_;
   std::unordered_set<ConnPtr> conns_;
-  std::unordered_map<std::string, std::deque<std::weak_ptr<Conn>>> waiters_;
-  std::unordered_map<std::string, std::vector<std::weak_ptr<Conn>>> watchers_;
-  std::unordered_map<std::string, std::deque<std::string>> queues_;
-  std::size_t queue_bytes_ = 0;
   int port_ = 0;
   std::atomic<std::size_t> n_conns_{0}, n_keys_{0}, n_waits_{0};
   std::atomic<std::uint64_t> n_closed_{0}, n_refused_{0};

@@ -1,4 +1,4 @@
-#include "store/tcpstore/protocol.h"
+#include "common/tcpstore_protocol.h"
 
 #include <cstring>
 
@@ -223,6 +223,19 @@ void put_bytes(std::string& out, const std::string& v) {
   const std::uint64_t len = v.size();
   out.append(reinterpret_cast<const char*>(&len), sizeof len);
   out.append(v);
+}
+
+bool answers(Op op) {
+  switch (op) {
+    case Op::kValidate:
+    case Op::kSet:
+    case Op::kAppend:
+    case Op::kMultiSet:
+    case Op::kQueuePush:
+      return false;
+    default:
+      return true;
+  }
 }
 
 std::string encode(Dialect dialect, const Request& req) {

@@ -59,6 +59,10 @@ const char* op_name(Op op);
 // such query (WATCH_KEY in 2.x; VALIDATE, PING and the queue ops in 1.13).
 int wire_byte(Dialect d, Op op);
 
+// Whether the server answers `op` (WAIT: once its keys are there); SET, APPEND, MULTI_SET,
+// QUEUE_PUSH and VALIDATE have no reply.
+bool answers(Op op);
+
 // Reply bytes the protocol defines.
 inline constexpr std::uint8_t kCheckReady = 0, kCheckNotReady = 1;
 inline constexpr std::uint8_t kStopWaiting = 0, kWaitCanceled = 1;

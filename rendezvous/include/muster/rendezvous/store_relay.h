@@ -1,0 +1,96 @@
+// The agent's end of the run's TCPStore-protocol store: torch's own TCPStore client (env://,
+// TORCHELASTIC_USE_AGENT_STORE=True) connects to its agent, on loopback, and the agent carries
+// every connection of its node to the server over one StoreRelay stream (proto), with the
+// agent's TLS and token. The server keeps each world's table (agent_stores.h, server side).
+//
+// - Each world (round) has a listener of its own on 127.0.0.1, opened by world(): a worker of a
+//   new world never reaches an earlier world's table, even with the same restart count. The
+//   newest limits::kTcpStoreWorldsKept stay open; an older one is closed with its connections.
+// - Nobody else gets in: a connection whose socket belongs to another user than the agent's
+//   (the kernel says, sock_diag) is closed at once, with one log line.
+// - Bounds as the server's own listener has them (limits.h, "TCPStore-protocol store"): frame
+//   sizes (checked as the lengths arrive), connections per world, unread replies per
+//   connection, half-sent frames. The relay reads from a worker's socket only while its
+//   stream can take more (TCP's own flow control holds the rest), so nothing queues unbounded.
+// - torch's get() is a WAIT and then a GET of the same key: the relay asks the server to send
+//   the value with the WAIT's answer and answers that GET itself (one round trip, not two).
+// - Lost stream (a server gone, a failover): the connections stay open; the relay opens the
+//   stream again (the next target, round the list) every limits::kRelayReconnectInterval and
+//   carries them over: a connection idle or parked in a WAIT goes on (the WAIT asked again),
+//   one with another query in flight is closed (it cannot know whether the query was served),
+//   and what this node's workers wrote is written again first (docs/rendezvous.md, "The run's
+//   TCPStore-protocol store").
+//
+// Thread safety: start, world, stats and the destructor may be called from any thread but the
+// loop's.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "muster/rendezvous/limits.h"
+#include "muster/rendezvous/store.h"
+#include "muster/rendezvous/tls.h"
+
+namespace muster::rendezvous {
+
+struct StoreRelayOptions {
+  // The server's gRPC targets, tried in this order (replicas: the next one when a stream is
+  // lost).
+  std::vector<std::string> targets;
+  std::string run_id;
+  std::string token;
+  ClientTls tls{};
+  StoreLimits limits;  // key, value and keys-per-query bounds of a frame
+  std::size_t max_frame_bytes = limits::kMaxTcpStoreFrameBytes;
+  std::size_t max_connections = limits::kMaxTcpStoreConnections;  // per world
+  std::size_t max_unsent_bytes = limits::kMaxTcpStoreUnsentBytes;
+  std::chrono::milliseconds partial_frame_timeout = limits::kTcpStorePartialFrameTimeout;
+  std::size_t worlds_kept = limits::kTcpStoreWorldsKept;
+  // Refuse connections from sockets of other users (false: tests of the check itself).
+  bool same_user_only = true;
+};
+
+// A thread serving any number of relays (a benchmark's simulated agents share one; an agent
+// has its own).
+class StoreRelayLoop;
+std::shared_ptr<StoreRelayLoop> make_store_relay_loop();
+
+class StoreRelay {
+ public:
+  static absl::StatusOr<std::unique_ptr<StoreRelay>> start(
+      StoreRelayOptions options, std::shared_ptr<StoreRelayLoop> loop = nullptr);
+  // Closes every listener and connection and the stream, and waits for the loop to have done so.
+  ~StoreRelay();
+  StoreRelay(const StoreRelay&) = delete;
+  StoreRelay& operator=(const StoreRelay&) = delete;
+
+  // The loopback port of world `round`'s listener, opened on the first call for a round newer
+  // than every one before (which closes the worlds beyond the newest worlds_kept). An error: a
+  // round older than the worlds kept, or no port to listen on.
+  absl::StatusOr<int> world(int round);
+
+  struct Stats {
+    std::size_t connections = 0;
+    std::uint64_t refused_other_user = 0;
+    std::uint64_t refused_connections = 0;  // over max_connections
+    std::uint64_t closed_for_errors = 0;    // by the relay or the server
+    std::uint64_t streams = 0;              // streams opened
+    std::uint64_t gets_answered_here = 0;   // torch's GET after a WAIT, from the prefetch
+    std::uint64_t replayed_writes = 0;      // written again on a new stream
+  };
+  Stats stats() const;
+
+  class Impl;
+
+ private:
+  StoreRelay(std::shared_ptr<StoreRelayLoop> loop, std::shared_ptr<Impl> impl);
+  std::shared_ptr<StoreRelayLoop> loop_;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace muster::rendezvous

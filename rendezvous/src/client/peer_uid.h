@@ -1,0 +1,28 @@
+// Who owns the other end of a loopback TCP connection: the kernel's socket table, asked for
+// that one socket (NETLINK_SOCK_DIAG, inet_diag's exact lookup), answers with its owner's uid.
+// The agent's TCPStore listener (store_relay.h) lets in only its own user's workers.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/types.h>
+
+#include "absl/status/statusor.h"
+
+namespace muster::rendezvous {
+
+class PeerUid {
+ public:
+  PeerUid() = default;
+  ~PeerUid();
+  PeerUid(const PeerUid&) = delete;
+  PeerUid& operator=(const PeerUid&) = delete;
+
+  // The uid owning the IPv4 TCP socket whose local address is `peer` and whose remote address
+  // is `local` (the accepted connection's two ends, seen from the accepting side).
+  absl::StatusOr<uid_t> owner(const sockaddr_in& peer, const sockaddr_in& local);
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace muster::rendezvous

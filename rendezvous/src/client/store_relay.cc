@@ -1,0 +1,765 @@
+#include "muster/rendezvous/store_relay.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <deque>
+#include <future>
+#include <map>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <boost/asio.hpp>
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "client/peer_uid.h"
+#include "client/replay_log.h"
+#include "common/tcpstore_protocol.h"
+#include "muster/v1/rendezvous.grpc.pb.h"
+
+namespace muster::rendezvous {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using tcpstore::Dialect;
+using tcpstore::Op;
+using tcpstore::Parsed;
+using tcpstore::Request;
+
+class StoreRelayLoop {
+ public:
+  StoreRelayLoop() : work_(asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {}
+  ~StoreRelayLoop() {
+    work_.reset();
+    thread_.join();
+  }
+  asio::io_context& io() { return io_; }
+
+ private:
+  asio::io_context io_{1};
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::thread thread_;
+};
+
+std::shared_ptr<StoreRelayLoop> make_store_relay_loop() {
+  return std::make_shared<StoreRelayLoop>();
+}
+
+namespace {
+
+// Bytes one readable event takes from a worker's socket at most.
+constexpr std::size_t kReadChunk = 64 << 10;
+
+struct World;
+
+// One worker's connection (the loop's).
+struct Local : std::enable_shared_from_this<Local> {
+  Local(tcp::socket s, asio::io_context& io, std::uint64_t id, World* w)
+      : sock(std::move(s)), partial(io), id(id), world(w) {}
+  tcp::socket sock;
+  asio::steady_timer partial;
+  const std::uint64_t id;
+  World* const world;
+  std::string peer;
+  Dialect dialect = Dialect::kUnknown;
+  std::string in, out, sending;
+  bool reading = false, writing = false, closed = false, partial_armed = false;
+  bool opened = false;     // the current stream has had its first frame (its round)
+  bool watching = false;   // WATCH_KEY (torch 1.13): not carried over to a new stream
+  // Its queries the server has not answered yet, in order (their frames: a new stream asks
+  // again those that only read).
+  std::deque<std::pair<Op, std::string>> inflight;
+  std::size_t inflight_bytes = 0;
+  std::optional<std::string> wait_key;  // its WAIT's key, when the value comes with the answer
+  std::optional<std::pair<std::string, std::string>> stash;  // key, value: for the next GET
+};
+using LocalPtr = std::shared_ptr<Local>;
+
+struct World {
+  World(int round, asio::io_context& io, std::size_t log_bytes)
+      : round(round), acceptor(io), log(log_bytes) {}
+  const int round;
+  tcp::acceptor acceptor;
+  int port = 0;
+  std::unordered_set<LocalPtr> conns;
+  tcpstore::ReplayLog log;
+  bool log_warned = false;
+};
+
+}  // namespace
+
+class StoreRelay::Impl;
+
+// The stream to the server. Its reactions run on gRPC's threads and hand over to the loop; a
+// hold keeps it until the loop gives it up (abandon).
+class RelayUpstream final : public grpc::ClientBidiReactor<v1::RelayUp, v1::RelayDown> {
+ public:
+  RelayUpstream(std::shared_ptr<StoreRelay::Impl> impl, asio::io_context& io)
+      : impl_(std::move(impl)), io_(io) {}
+
+  void begin(v1::StoreRelay::Stub* stub);
+  // Frames up (the loop's thread). The first message carries the run and the token.
+  void send(v1::RelayFrame frame) {
+    bool start = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (abandoned_) return;
+      pending_bytes_ += frame.ByteSizeLong();
+      pending_.push_back(std::move(frame));
+      if (!writing_ && started_) {
+        writing_ = true;
+        take_batch();
+        start = true;
+      }
+    }
+    if (start) StartWrite(&sending_);
+  }
+  std::size_t pending_bytes() {
+    absl::MutexLock lock(&mu_);
+    return pending_bytes_;
+  }
+  // The loop is done with it: the call is cancelled and the object goes with OnDone.
+  void abandon() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (abandoned_) return;
+      abandoned_ = true;
+    }
+    ctx_.TryCancel();
+    RemoveHold();
+  }
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnDone(const grpc::Status& s) override;
+
+  grpc::ClientContext ctx_;
+  v1::RelayUp first_;
+  v1::RelayDown down_;
+
+ private:
+  void take_batch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    sending_.Clear();
+    std::size_t bytes = 0;
+    if (!first_sent_) {
+      sending_.Swap(&first_);
+      first_sent_ = true;
+      bytes = sending_.ByteSizeLong();
+    }
+    while (!pending_.empty() && (bytes == 0 || bytes + pending_.front().ByteSizeLong() <=
+                                                   limits::kRelayBatchBytes)) {
+      const std::size_t n = pending_.front().ByteSizeLong();
+      bytes += n;
+      pending_bytes_ -= std::min(pending_bytes_, n);
+      *sending_.add_frames() = std::move(pending_.front());
+      pending_.pop_front();
+    }
+  }
+
+  friend class StoreRelay::Impl;
+  std::shared_ptr<StoreRelay::Impl> impl_;
+  asio::io_context& io_;
+  absl::Mutex mu_;
+  std::deque<v1::RelayFrame> pending_ ABSL_GUARDED_BY(mu_);
+  std::size_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::RelayUp sending_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool first_sent_ ABSL_GUARDED_BY(mu_) = false;
+  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
+ public:
+  Impl(StoreRelayOptions o, asio::io_context& io)
+      : opts_(std::move(o)),
+        io_(io),
+        frame_{opts_.limits.max_key_bytes, opts_.limits.max_value_bytes,
+               opts_.limits.max_keys_per_request, opts_.max_frame_bytes},
+        reconnect_(io),
+        buf_(kReadChunk) {}
+
+  // --- any thread ---------------------------------------------------------------------------
+
+  absl::StatusOr<int> world(int round) {
+    std::promise<absl::StatusOr<int>> got;
+    asio::post(io_, [&] { got.set_value(open_world(round)); });
+    return got.get_future().get();
+  }
+
+  void shutdown() {
+    std::promise<void> done;
+    asio::post(io_, [&] {
+      stopping_ = true;
+      reconnect_.cancel();
+      while (!worlds_.empty()) close_world(worlds_.begin());
+      if (up_ != nullptr) std::exchange(up_, nullptr)->abandon();
+      done.set_value();
+    });
+    done.get_future().wait();
+    absl::MutexLock lock(&live_mu_);
+    live_mu_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &live_upstreams_));
+  }
+
+  Stats stats() const {
+    Stats s;
+    s.connections = n_conns_.load();
+    s.refused_other_user = n_other_user_.load();
+    s.refused_connections = n_refused_.load();
+    s.closed_for_errors = n_closed_.load();
+    s.streams = n_streams_.load();
+    s.gets_answered_here = n_gets_here_.load();
+    s.replayed_writes = n_replayed_.load();
+    return s;
+  }
+
+  // --- the upstream's, handed over to the loop -----------------------------------------------
+
+  void on_down(RelayUpstream* up, v1::RelayDown& msg) {
+    if (up != up_) return;
+    for (v1::RelayFrame& f : *msg.mutable_frames()) {
+      if (f.conn() == 0) {
+        on_ready();
+        continue;
+      }
+      auto it = by_id_.find(f.conn());
+      if (it == by_id_.end()) continue;  // the relay's own (a replay), or one closed since
+      LocalPtr c = it->second;
+      if (f.closed()) {
+        ++n_closed_;
+        spdlog::warn("store relay: the server closed the connection from {}: {}", c->peer,
+                     f.error());
+        drop(c, false);
+        continue;
+      }
+      for (std::uint32_t k = 0; k < f.replies() && !c->inflight.empty(); ++k) {
+        c->inflight_bytes -= c->inflight.front().second.size();
+        c->inflight.pop_front();
+      }
+      c->out += f.data();
+      if (f.has_prefetched() && c->wait_key) {
+        c->stash.emplace(std::move(*c->wait_key), std::move(*f.mutable_prefetched()));
+      }
+      c->wait_key.reset();
+      flush(c);
+    }
+  }
+
+  // The stream failed (its read ended): the connections wait for the next one.
+  void on_lost(RelayUpstream* up) {
+    if (up != up_ || stopping_) return;
+    up_ = nullptr;
+    up->abandon();
+    if (!std::exchange(ready_, false)) target_ = (target_ + 1) % opts_.targets.size();
+    reconnect_.expires_after(limits::kRelayReconnectInterval);
+    reconnect_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec && !self->stopping_ && !self->by_id_.empty()) self->ensure_stream();
+    });
+  }
+
+  // Why a stream ended, in the log (once while the same reason repeats). A refusal that
+  // another try cannot change (a token that does not open the run) ends the connections.
+  void ended(const grpc::Status& s) {
+    if (stopping_ || s.error_code() == grpc::StatusCode::CANCELLED) return;
+    std::string why = s.error_message().empty() ? "no reason given" : s.error_message();
+    if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
+        s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+        s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      spdlog::error("store relay: the server refused the stream: {}", why);
+      n_closed_ += by_id_.size();
+      for (auto& [id, c] : std::unordered_map<std::uint64_t, LocalPtr>(by_id_)) drop(c, false);
+      last_end_ = std::move(why);
+      return;
+    }
+    if (why == last_end_) return;
+    spdlog::warn("store relay: the stream to the server ended ({}); the connections of this "
+                 "node's workers are carried to a new one",
+                 why);
+    last_end_ = std::move(why);
+  }
+
+  void upstream_done() {
+    absl::MutexLock lock(&live_mu_);
+    --live_upstreams_;
+  }
+
+ private:
+  absl::StatusOr<int> open_world(int round) {
+    auto found = worlds_.find(round);
+    if (found != worlds_.end()) return found->second->port;
+    if (!worlds_.empty() && round < worlds_.rbegin()->first) {
+      return absl::FailedPreconditionError("store relay: round " + std::to_string(round) +
+                                           " is older than the worlds kept");
+    }
+    auto w = std::make_unique<World>(round, io_, opts_.limits.max_bytes);
+    boost::system::error_code ec;
+    const tcp::endpoint ep(asio::ip::address_v4::loopback(), 0);
+    w->acceptor.open(ep.protocol(), ec);
+    if (!ec) w->acceptor.bind(ep, ec);
+    if (!ec) w->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return absl::UnavailableError("store relay: cannot listen on loopback: " + ec.message());
+    w->port = w->acceptor.local_endpoint().port();
+    World* raw = w.get();
+    worlds_.emplace(round, std::move(w));
+    accept(raw);
+    while (worlds_.size() > std::max<std::size_t>(opts_.worlds_kept, 1)) {
+      close_world(worlds_.begin());
+    }
+    return raw->port;
+  }
+
+  void close_world(std::map<int, std::unique_ptr<World>>::iterator it) {
+    World& w = *it->second;
+    boost::system::error_code ec;
+    w.acceptor.close(ec);
+    for (const LocalPtr& c : std::vector<LocalPtr>(w.conns.begin(), w.conns.end())) drop(c, true);
+    worlds_.erase(it);
+  }
+
+  void accept(World* w) {
+    w->acceptor.async_accept([this, self = shared_from_this(), w](
+                                 const boost::system::error_code& ec, tcp::socket s) {
+      if (ec == asio::error::operation_aborted || stopping_) return;
+      if (!ec) on_accept(w, std::move(s));
+      accept(w);
+    });
+  }
+
+  void on_accept(World* w, tcp::socket s) {
+    boost::system::error_code ec;
+    const tcp::endpoint remote = s.remote_endpoint(ec);
+    const std::string peer = ec ? "?" : remote.address().to_string() + ":" +
+                                            std::to_string(remote.port());
+    if (opts_.same_user_only && !same_user(s)) {
+      if (++n_other_user_ % 1000 == 1) {
+        spdlog::warn("store relay: refused a connection from {}: its socket belongs to another "
+                     "user ({} refused so far)",
+                     peer, n_other_user_.load());
+      }
+      return;
+    }
+    if (w->conns.size() >= opts_.max_connections) {
+      if (++n_refused_ % 1000 == 1) {
+        spdlog::warn("store relay: refused a connection from {}: at the limit of {} "
+                     "connections ({} refused so far)",
+                     peer, opts_.max_connections, n_refused_.load());
+      }
+      return;
+    }
+    s.set_option(tcp::no_delay(true), ec);
+    s.non_blocking(true, ec);
+    auto c = std::make_shared<Local>(std::move(s), io_, next_id_++, w);
+    c->peer = peer;
+    w->conns.insert(c);
+    by_id_.emplace(c->id, c);
+    ++n_conns_;
+    ensure_stream();
+    read(c);
+  }
+
+  bool same_user(tcp::socket& s) {
+    sockaddr_in peer{}, local{};
+    socklen_t n = sizeof peer;
+    if (::getpeername(s.native_handle(), reinterpret_cast<sockaddr*>(&peer), &n) != 0) return false;
+    n = sizeof local;
+    if (::getsockname(s.native_handle(), reinterpret_cast<sockaddr*>(&local), &n) != 0) return false;
+    absl::StatusOr<uid_t> uid = peer_uid_.owner(peer, local);
+    if (!uid.ok()) {
+      spdlog::warn("store relay: cannot tell who owns a connection ({}): refused",
+                   std::string(uid.status().message()));
+      return false;
+    }
+    return *uid == ::geteuid();
+  }
+
+  // The stream, opened when there is none: the run and the token, then what this node's
+  // workers wrote in each world, then the connections carried over from a stream lost.
+  void ensure_stream() {
+    if (up_ != nullptr || stopping_ || opts_.targets.empty()) return;
+    if (stubs_.empty()) make_stubs();
+    auto* up = new RelayUpstream(shared_from_this(), io_);
+    {
+      absl::MutexLock lock(&live_mu_);
+      ++live_upstreams_;
+    }
+    up_ = up;
+    ++n_streams_;
+    replaying_ = 0;
+    up->first_.set_run_id(opts_.run_id);
+    up->first_.set_token(opts_.token);
+    for (auto& [round, w] : worlds_) replay(*w);
+    for (auto& [id, c] : std::map<std::uint64_t, LocalPtr>(by_id_.begin(), by_id_.end())) {
+      carry_over(c);
+    }
+    up->begin(stubs_[target_].get());
+  }
+
+  void make_stubs() {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(static_cast<int>(limits::kMaxRelayMessageBytes));
+    args.SetMaxSendMessageSize(static_cast<int>(limits::kMaxRelayMessageBytes));
+    args.SetString(GRPC_ARG_OPTIMIZATION_TARGET, "latency");
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    add_tls_channel_args(opts_.tls, args);
+    for (const std::string& t : opts_.targets) {
+      stubs_.push_back(v1::StoreRelay::NewStub(
+          grpc::CreateCustomChannel(t, channel_credentials(opts_.tls), args)));
+    }
+  }
+
+  void replay(World& w) {
+    if (w.log.empty()) return;
+    const std::uint64_t id = next_id_++;
+    bool first = true;
+    v1::RelayFrame f;
+    auto emit = [&] {
+      f.set_conn(id);
+      if (first) f.set_round(w.round);
+      first = false;
+      up_->send(std::move(f));
+      f = v1::RelayFrame();
+    };
+    const std::vector<std::string> frames = w.log.frames();
+    for (const std::string& one : frames) {
+      if (!f.data().empty() && f.data().size() + one.size() > limits::kRelayBatchBytes) emit();
+      f.mutable_data()->append(one);
+    }
+    emit();
+    f.set_closed(true);
+    emit();
+    replaying_ += frames.size() - 1;
+  }
+
+  // A connection of the stream before goes on if what the server owes it only reads (a GET,
+  // a WAIT...): those are asked again. One with a write in flight (ADD, COMPARE_SET, DELETE, a
+  // queue's pop) or a WATCH_KEY is closed: nobody can say whether the write was served.
+  void carry_over(const LocalPtr& c) {
+    if (!c->opened) return;  // the stream lost never had it: nothing to carry
+    c->opened = false;
+    auto writes = [](Op op) {
+      return op == Op::kAdd || op == Op::kCompareSet || op == Op::kDelete ||
+             op == Op::kQueuePop || op == Op::kWatchKey;
+    };
+    for (const auto& [op, frame] : c->inflight) {
+      if (!c->watching && !writes(op)) continue;
+      ++n_closed_;
+      spdlog::warn("store relay: closed the connection from {}: a write of it was in flight "
+                   "when the stream to the server was lost",
+                   c->peer);
+      drop(c, false);
+      return;
+    }
+    if (c->dialect == Dialect::kTorch2) {
+      Request v;
+      v.op = Op::kValidate;
+      v.number = tcpstore::kValidationMagic;
+      up_frame(c, tcpstore::encode(Dialect::kTorch2, v), nullptr);
+    }
+    for (std::size_t i = 0; i < c->inflight.size(); ++i) {
+      const bool prefetch = i + 1 == c->inflight.size() && c->wait_key &&
+                            c->inflight[i].first == Op::kWait;
+      up_frame(c, c->inflight[i].second, prefetch ? &*c->wait_key : nullptr);
+    }
+  }
+
+  void on_ready() {
+    ready_ = true;
+    n_replayed_ += std::exchange(replaying_, 0);
+    last_end_.clear();
+    for (const LocalPtr& c : std::exchange(paused_, {})) read(c);
+  }
+
+  // --- a worker's socket ---------------------------------------------------------------------
+
+  void read(const LocalPtr& c) {
+    if (c->closed || c->reading) return;
+    if (!ready_ || (up_ != nullptr && up_->pending_bytes() > limits::kMaxRelayUnsentBytes)) {
+      paused_.push_back(c);  // read on when the stream is there and takes more
+      return;
+    }
+    c->reading = true;
+    c->sock.async_wait(tcp::socket::wait_read, [this, self = shared_from_this(),
+                                                c](const boost::system::error_code& ec) {
+      c->reading = false;
+      if (c->closed) return;
+      if (ec) return drop(c, true);
+      on_readable(c);
+    });
+  }
+
+  void on_readable(const LocalPtr& c) {
+    if (!ready_ || up_ == nullptr) return read(c);  // the stream went meanwhile: wait for it
+    boost::system::error_code ec;
+    const std::size_t n = c->sock.read_some(asio::buffer(buf_), ec);
+    if (ec == asio::error::would_block) return read(c);
+    if (ec || n == 0) return drop(c, true);
+    c->in.append(buf_.data(), n);
+    std::size_t pos = 0, sent = 0;  // [sent, pos): frames parsed, not yet handed up
+    Request req;
+    while (!c->closed && pos < c->in.size()) {
+      const auto r = tcpstore::parse(c->dialect, c->in.data() + pos, c->in.size() - pos, frame_,
+                                     req);
+      if (r.what == Parsed::kNeedMore) break;
+      if (r.what == Parsed::kError) return fail(c, r.error);
+      const std::size_t start = pos;
+      pos += r.consumed;
+      if (c->stash && req.op == Op::kGet && req.keys.size() == 1 &&
+          req.keys[0] == c->stash->first) {
+        // torch's get(): the WAIT brought the value.
+        up_frame(c, c->in.substr(sent, start - sent), nullptr);
+        tcpstore::put_bytes(c->out, c->stash->second);
+        c->stash.reset();
+        ++n_gets_here_;
+        sent = pos;
+        continue;
+      }
+      c->stash.reset();
+      if (!note(*c, req, c->in.data() + start, r.consumed)) {
+        return fail(c, "over " + std::to_string(opts_.max_unsent_bytes) +
+                           " bytes of queries unanswered");
+      }
+      if (req.op == Op::kWait && req.keys.size() == 1) {
+        up_frame(c, c->in.substr(sent, start - sent), nullptr);
+        c->wait_key = req.keys[0];
+        up_frame(c, c->in.substr(start, r.consumed), &req.keys[0]);
+        sent = pos;
+      }
+    }
+    if (c->closed) return;
+    up_frame(c, c->in.substr(sent, pos - sent), nullptr);
+    c->in.erase(0, pos);
+    if (c->in.empty() && c->in.capacity() > 4096) std::string().swap(c->in);
+    arm_partial(c, pos > 0);
+    flush(c);
+    read(c);
+  }
+
+  // What a query means for the relay: the log of writes, the answers owed. False: c was
+  // closed (too much in flight).
+  bool note(Local& c, const Request& req, const char* frame, std::size_t size) {
+    World& w = *c.world;
+    w.log.note(req);
+    if (!w.log.complete() && !w.log_warned) {
+      w.log_warned = true;
+      spdlog::warn("store relay: round {}'s writes from this node passed {} bytes; they are no "
+                   "longer kept to be written again after a failover",
+                   w.round, opts_.limits.max_bytes);
+    }
+    if (req.op == Op::kWatchKey) c.watching = true;
+    if (req.op == Op::kCancelWait) {  // the WAIT is answered no more (the CANCEL_WAIT is)
+      for (auto it = c.inflight.rbegin(); it != c.inflight.rend(); ++it) {
+        if (it->first != Op::kWait) continue;
+        c.inflight_bytes -= it->second.size();
+        c.inflight.erase(std::next(it).base());
+        break;
+      }
+      c.wait_key.reset();
+    }
+    if (!tcpstore::answers(req.op)) return true;
+    c.inflight.emplace_back(req.op, std::string(frame, size));
+    c.inflight_bytes += size;
+    return c.inflight_bytes <= opts_.max_unsent_bytes;
+  }
+
+  // Hands `data` (whole frames of c) to the stream; a WAIT's frame is kept to be asked again.
+  void up_frame(const LocalPtr& c, std::string data, const std::string* prefetch) {
+    if (data.empty()) return;
+    v1::RelayFrame f;
+    f.set_conn(c->id);
+    if (!c->opened) {
+      f.set_round(c->world->round);
+      c->opened = true;
+    }
+    if (prefetch != nullptr) {
+      f.set_prefetch(*prefetch);
+      f.set_has_prefetch(true);
+    }
+    f.set_data(std::move(data));
+    up_->send(std::move(f));
+  }
+
+  void arm_partial(const LocalPtr& c, bool progressed) {
+    if (c->in.empty()) {
+      if (c->partial_armed) c->partial.cancel();
+      c->partial_armed = false;
+      return;
+    }
+    if (c->partial_armed && !progressed) return;
+    c->partial_armed = true;
+    c->partial.expires_after(opts_.partial_frame_timeout);
+    c->partial.async_wait([this, self = shared_from_this(), c](const boost::system::error_code& ec) {
+      if (ec || c->closed || c->in.empty()) return;
+      fail(c, "a frame left half-sent for " +
+                  std::to_string(opts_.partial_frame_timeout.count()) + " ms");
+    });
+  }
+
+  void flush(const LocalPtr& c) {
+    if (c->closed || c->out.empty()) return;
+    if (c->out.size() + c->sending.size() > opts_.max_unsent_bytes) {
+      return fail(c, "it does not read its replies (" +
+                         std::to_string(c->out.size() + c->sending.size()) + " bytes unsent)");
+    }
+    if (c->writing) return;
+    boost::system::error_code ec;
+    const std::size_t n = c->sock.write_some(asio::buffer(c->out), ec);
+    if (ec && ec != asio::error::would_block) return drop(c, true);
+    if (!ec && n == c->out.size()) {
+      c->out.clear();
+      if (c->out.capacity() > (64 << 10)) std::string().swap(c->out);
+      return;
+    }
+    c->out.erase(0, ec ? 0 : n);
+    c->sending.swap(c->out);
+    c->out.clear();
+    c->writing = true;
+    asio::async_write(c->sock, asio::buffer(c->sending),
+                      [this, self = shared_from_this(), c](const boost::system::error_code& ec,
+                                                           std::size_t) {
+                        c->writing = false;
+                        if (c->closed) return;
+                        if (ec) return drop(c, true);
+                        c->sending.clear();
+                        flush(c);
+                      });
+  }
+
+  void fail(const LocalPtr& c, const std::string& why) {
+    if (c->closed) return;
+    ++n_closed_;
+    spdlog::warn("store relay: closed the connection from {}: {}", c->peer, why);
+    drop(c, true);
+  }
+
+  // Closes c; `tell`: the server is told (its end of the connection goes too).
+  void drop(const LocalPtr& c, bool tell) {
+    if (c->closed) return;
+    c->closed = true;
+    if (tell && c->opened && up_ != nullptr) {
+      v1::RelayFrame f;
+      f.set_conn(c->id);
+      f.set_closed(true);
+      up_->send(std::move(f));
+    }
+    boost::system::error_code ec;
+    c->partial.cancel();
+    c->sock.close(ec);
+    c->world->conns.erase(c);
+    by_id_.erase(c->id);
+    --n_conns_;
+  }
+
+  StoreRelayOptions opts_;
+  asio::io_context& io_;
+  tcpstore::FrameLimits frame_;
+  asio::steady_timer reconnect_;
+  std::vector<char> buf_;
+  PeerUid peer_uid_;
+  std::vector<std::unique_ptr<v1::StoreRelay::Stub>> stubs_;
+  std::size_t target_ = 0;
+  RelayUpstream* up_ = nullptr;  // the stream now (the loop's)
+  bool ready_ = false;           // the server said it serves the stream
+  std::string last_end_;  // the reason last logged for a stream's end
+  bool stopping_ = false;
+  std::map<int, std::unique_ptr<World>> worlds_;
+  std::unordered_map<std::uint64_t, LocalPtr> by_id_;
+  std::vector<LocalPtr> paused_;
+  std::uint64_t next_id_ = 1;  // 0 is the server's "ready"
+  std::uint64_t replaying_ = 0;  // writes the stream now opening carries again
+  absl::Mutex live_mu_;
+  int live_upstreams_ ABSL_GUARDED_BY(live_mu_) = 0;
+  std::atomic<std::size_t> n_conns_{0};
+  std::atomic<std::uint64_t> n_other_user_{0}, n_refused_{0}, n_closed_{0}, n_streams_{0},
+      n_gets_here_{0}, n_replayed_{0};
+};
+
+void RelayUpstream::begin(v1::StoreRelay::Stub* stub) {
+  stub->async()->Relay(&ctx_, this);
+  AddHold();
+  StartRead(&down_);
+  bool start = false;
+  {
+    absl::MutexLock lock(&mu_);
+    started_ = true;
+    if (!writing_) {
+      writing_ = true;
+      take_batch();
+      start = true;
+    }
+  }
+  if (start) StartWrite(&sending_);
+  StartCall();
+}
+
+void RelayUpstream::OnReadDone(bool ok) {
+  if (!ok) {  // the loop gives the stream up; OnDone follows
+    asio::post(io_, [this] { impl_->on_lost(this); });
+    return;
+  }
+  auto msg = std::make_shared<v1::RelayDown>();
+  msg->Swap(&down_);
+  asio::post(io_, [this, msg] {
+    impl_->on_down(this, *msg);
+    bool more = false;
+    {
+      absl::MutexLock lock(&mu_);
+      more = !abandoned_;
+    }
+    if (more) StartRead(&down_);
+  });
+}
+
+void RelayUpstream::OnWriteDone(bool ok) {
+  bool start = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (ok && !abandoned_ && !pending_.empty()) {
+      take_batch();
+      start = true;
+    } else {
+      writing_ = false;
+    }
+  }
+  if (start) StartWrite(&sending_);
+}
+
+void RelayUpstream::OnDone(const grpc::Status& s) {
+  asio::post(io_, [this, s] {
+    impl_->ended(s);
+    impl_->upstream_done();
+    delete this;
+  });
+}
+
+StoreRelay::StoreRelay(std::shared_ptr<StoreRelayLoop> loop, std::shared_ptr<Impl> impl)
+    : loop_(std::move(loop)), impl_(std::move(impl)) {}
+
+StoreRelay::~StoreRelay() {
+  impl_->shutdown();
+  impl_.reset();
+  loop_.reset();
+}
+
+absl::StatusOr<std::unique_ptr<StoreRelay>> StoreRelay::start(StoreRelayOptions options,
+                                                             std::shared_ptr<StoreRelayLoop> loop) {
+  if (options.targets.empty()) return absl::InvalidArgumentError("store relay: no server target");
+  if (options.max_frame_bytes < 16) return absl::InvalidArgumentError("store relay: max_frame_bytes");
+  if (!loop) loop = make_store_relay_loop();
+  auto impl = std::make_shared<Impl>(std::move(options), loop->io());
+  return std::unique_ptr<StoreRelay>(new StoreRelay(std::move(loop), std::move(impl)));
+}
+
+absl::StatusOr<int> StoreRelay::world(int round) { return impl_->world(round); }
+
+StoreRelay::Stats StoreRelay::stats() const { return impl_->stats(); }
+
+}  // namespace muster::rendezvous

@@ -1,0 +1,256 @@
+// The run's TCPStore-protocol store as agents serve it (store_relay.h): each agent's loopback
+// listener per world, the queries carried to the server's world tables (relay_service.h), over
+// real rdzvd processes and real sockets. What torch's own client does through it is in the
+// interop tests; what a whole job does is in launch_test, security_test and hosts_test.
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "held_run.h"
+#include "helpers.h"
+#include "muster/rendezvous/store_relay.h"
+#include "rdzvd_proc.h"
+#include "skip.h"
+#include "tcpstore_client.h"
+
+using namespace muster::testing;
+using muster::rendezvous::StoreRelay;
+using muster::rendezvous::StoreRelayOptions;
+using Dialect = muster::rendezvous::tcpstore::Dialect;
+using Op = muster::rendezvous::tcpstore::Op;
+
+namespace {
+
+std::unique_ptr<StoreRelay> relay(std::vector<std::string> targets, const std::string& run,
+                                  const std::string& token = "",
+                                  StoreRelayOptions o = StoreRelayOptions()) {
+  o.targets = std::move(targets);
+  o.run_id = run;
+  o.token = token;
+  auto r = StoreRelay::start(o);
+  REQUIRE(r.ok());
+  return std::move(*r);
+}
+
+int world(StoreRelay& r, int round) {
+  auto p = r.world(round);
+  REQUIRE(p.ok());
+  return *p;
+}
+
+// Until `pred(stats)` holds (the relay's counters move on its own thread).
+template <class P>
+bool eventually(const StoreRelay& r, P pred) {
+  const auto end = std::chrono::steady_clock::now() + 10s;
+  while (!pred(r.stats())) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+bool wait_for(TcpStoreClient& c, const std::string& key) {
+  if (!c.send(TcpStoreClient::req(Op::kWait, {key}))) return false;
+  return c.read_u8(10s) == muster::rendezvous::tcpstore::kStopWaiting;
+}
+
+// An rdzvd this test kills -9 (RdzvdProc expects a clean end).
+struct KilledRdzvd {
+  std::unique_ptr<Proc> proc;
+  std::string endpoint;
+  KilledRdzvd() {
+    proc = std::make_unique<Proc>(std::vector<std::string>{kRdzvd, "--listen", "127.0.0.1:0"});
+    REQUIRE(proc->wait_output(
+        [](const std::string& out, const std::string&) {
+          const auto at = out.find("listening on port");
+          return at != std::string::npos && out.find('\n', at) != std::string::npos;
+        },
+        30s));
+    std::smatch m;
+    const std::string out = proc->out();
+    REQUIRE(std::regex_search(out, m, std::regex(R"(listening on port (\d+))")));
+    endpoint = "127.0.0.1:" + m[1].str();
+  }
+  void kill9() {
+    ::kill(proc->pid(), SIGKILL);
+    proc->wait(30s);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("store relay: two nodes' agents share a world's table, and torch's get is answered from "
+          "the WAIT",
+          "[store_relay]") {
+  RdzvdProc server;
+  HeldRun run(server.endpoint, "job");
+  auto a = relay({server.endpoint}, "job");
+  auto b = relay({server.endpoint}, "job");
+  TcpStoreClient on_a(world(*a, 1), Dialect::kTorch2);
+  TcpStoreClient on_b(world(*b, 1), Dialect::kTorch1);
+  REQUIRE(on_a.ok());
+  REQUIRE(on_b.ok());
+  REQUIRE(on_a.set("/worker/0", "addr-of-0"));
+  // torch's get(): WAIT, then GET of the key; the value came with the WAIT's answer.
+  REQUIRE(wait_for(on_b, "/worker/0"));
+  CHECK(on_b.get("/worker/0") == "addr-of-0");
+  CHECK(b->stats().gets_answered_here == 1);
+  // A GET that does not follow its WAIT goes to the server (a later write is seen).
+  REQUIRE(on_a.set("/worker/0", "moved"));
+  REQUIRE(wait_for(on_b, "/worker/0"));
+  CHECK(on_b.add("n", 1) == 1);  // a query between: the value held is dropped
+  CHECK(on_b.get("/worker/0") == "moved");
+  CHECK(on_a.add("n", 2) == 3);
+  // A WAIT parked through one agent is answered by a write through the other.
+  REQUIRE(on_b.send(TcpStoreClient::req(Op::kWait, {"late"})));
+  REQUIRE(on_a.set("late", "here"));
+  CHECK(on_b.read_u8(10s) == muster::rendezvous::tcpstore::kStopWaiting);
+  CHECK(a->stats().streams == 1);
+  CHECK(a->stats().closed_for_errors == 0);
+}
+
+// Issue 38: a world formed after a node left or joined has the restart count of the one
+// before, so torch's own keys (/worker/attempt_<N>/...) have the same names: each round's
+// world gets a table (and, on each agent, a listener) of its own.
+TEST_CASE("store relay: each round of a run has a store of its own, the two newest are kept",
+          "[store_relay]") {
+  RdzvdProc server;
+  HeldRun run(server.endpoint, "job");
+  auto a = relay({server.endpoint}, "job");
+  const int p1 = world(*a, 1);
+  CHECK(world(*a, 1) == p1);
+  TcpStoreClient old_world(p1, Dialect::kTorch1);
+  REQUIRE(old_world.set("/worker/attempt_0/rank_1", "the old world's address"));
+  REQUIRE(old_world.get("/worker/attempt_0/rank_1") == "the old world's address");
+
+  const int p2 = world(*a, 2);
+  CHECK(p2 != p1);
+  TcpStoreClient new_world(p2, Dialect::kTorch2);
+  CHECK(new_world.check({"/worker/attempt_0/rank_1"}) == false);  // not the old world's keys
+  REQUIRE(new_world.set("/worker/attempt_0/rank_1", "the new world's"));
+  CHECK(old_world.get("/worker/attempt_0/rank_1") == "the old world's address");
+
+  // A third round closes the first: its connections end, its port refuses, its round is gone,
+  // on the agent and (once the third world is named to it) on the server.
+  TcpStoreClient third(world(*a, 3), Dialect::kTorch2);
+  REQUIRE(third.set("k", "3"));
+  REQUIRE(third.get("k") == "3");
+  CHECK(old_world.closed_by_server());
+  CHECK_FALSE(TcpStoreClient(p1, Dialect::kTorch2).ok());
+  CHECK_FALSE(a->world(1).ok());
+  CHECK(new_world.get("/worker/attempt_0/rank_1") == "the new world's");
+  // Another node that still names round 1 (a straggler of the old world) gets no table.
+  auto late = relay({server.endpoint}, "job");
+  TcpStoreClient stale(world(*late, 1), Dialect::kTorch2);
+  REQUIRE(stale.ok());
+  stale.set("k", "v");
+  CHECK(stale.closed_by_server());
+}
+
+TEST_CASE("store relay: a token that does not open the run ends the workers' connections, "
+          "with one line",
+          "[store_relay]") {
+  TempDir dir;
+  const std::string tokens = dir.file("tokens");
+  std::ofstream(tokens) << "job right-token\n";
+  RdzvdProc server({"--token_file", tokens});
+  HeldRun run(server.endpoint, "job", 1, 1, "right-token");
+  auto wrong = relay({server.endpoint}, "job", "wrong-token");
+  TcpStoreClient c(world(*wrong, 1), Dialect::kTorch2);
+  REQUIRE(c.ok());
+  c.set("k", "v");
+  CHECK(c.closed_by_server());
+  auto right = relay({server.endpoint}, "job", "right-token");
+  TcpStoreClient ok(world(*right, 1), Dialect::kTorch2);
+  REQUIRE(ok.set("k", "v"));
+  CHECK(ok.get("k") == "v");
+}
+
+TEST_CASE("store relay: a connection from another user's process is refused", "[store_relay]") {
+  if (::geteuid() != 0) MUSTER_SKIP("needs root, to run a client as nobody");
+  if (::access("/usr/sbin/runuser", X_OK) != 0) MUSTER_SKIP("needs runuser");
+  RdzvdProc server;
+  HeldRun run(server.endpoint, "job");
+  auto a = relay({server.endpoint}, "job");
+  const int port = world(*a, 1);
+  // torch 1.13's GET of "k" after a SET: a client that got in would read "v" back.
+  const std::string script =
+      "import socket, struct, sys\n"
+      "s = socket.create_connection(('127.0.0.1', " + std::to_string(port) + "))\n"
+      "def b(x): return struct.pack('=Q', len(x)) + x\n"
+      "s.sendall(bytes([0]) + b(b'k') + b(b'v') + bytes([2]) + b(b'k'))\n"
+      "s.settimeout(10)\n"
+      "try:\n  got = s.recv(64)\nexcept OSError:\n  got = b''\n"
+      "print('read', len(got))\n";
+  Proc nobody({"/usr/sbin/runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", script});
+  REQUIRE(nobody.wait(30s) == 0);
+  CHECK(nobody.out().find("read 0") != std::string::npos);
+  CHECK(a->stats().refused_other_user == 1);
+  // The agent's own user gets in, and the other one's SET never reached the table.
+  TcpStoreClient mine(port, Dialect::kTorch1);
+  CHECK(mine.check({"k"}) == false);
+}
+
+TEST_CASE("store relay: a lost server: keys written again to the next one, a parked WAIT "
+          "answered there",
+          "[store_relay]") {
+  KilledRdzvd first;
+  RdzvdProc second;
+  HeldRun on_first(first.endpoint, "job");
+  HeldRun on_second(second.endpoint, "job");
+  auto a = relay({first.endpoint, second.endpoint}, "job");
+  const int port = world(*a, 1);
+  TcpStoreClient writer(port, Dialect::kTorch2), waiter(port, Dialect::kTorch1);
+  REQUIRE(writer.set("addr/0", "10.0.0.1"));
+  REQUIRE(writer.add("count", 2) == 2);
+  REQUIRE(writer.add("count", 3) == 5);
+  REQUIRE(waiter.send(TcpStoreClient::req(Op::kWait, {"go"})));
+  REQUIRE(writer.get("addr/0") == "10.0.0.1");  // everything before has been served
+  first.kill9();
+  // On the second server: what this node wrote, and the WAIT still parked.
+  CHECK(writer.get("addr/0") == "10.0.0.1");
+  CHECK(writer.add("count", 0) == 5);
+  CHECK(eventually(*a, [](const StoreRelay::Stats& s) { return s.replayed_writes == 2; }));
+  REQUIRE(writer.set("go", "1"));
+  CHECK(waiter.read_u8(10s) == muster::rendezvous::tcpstore::kStopWaiting);
+  CHECK(a->stats().streams >= 2);
+  CHECK(a->stats().closed_for_errors == 0);
+}
+
+TEST_CASE("store relay: rdzvd serves many runs' tables on one shared thread, closed with the run",
+          "[store_relay]") {
+  RdzvdProc server;
+  auto threads_of = [](pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+    }
+    return -1;
+  };
+  std::vector<std::unique_ptr<HeldRun>> runs;
+  std::vector<std::unique_ptr<StoreRelay>> relays;
+  std::vector<std::unique_ptr<TcpStoreClient>> clients;
+  for (int i = 0; i < 40; ++i) {
+    const std::string id = "run-" + std::to_string(i);
+    runs.push_back(std::make_unique<HeldRun>(server.endpoint, id));
+    relays.push_back(relay({server.endpoint}, id));
+    clients.push_back(std::make_unique<TcpStoreClient>(world(*relays.back(), 1), Dialect::kTorch2));
+    REQUIRE(clients.back()->set("k", id));
+    if (i == 0) REQUIRE(clients[0]->get("k") == "run-0");
+  }
+  const int threads_one = threads_of(server.proc->pid());
+  for (int i = 0; i < 40; ++i) CHECK(clients[i]->get("k") == "run-" + std::to_string(i));
+  CHECK(threads_of(server.proc->pid()) <= threads_one + 4);
+  // A run that goes takes its tables: its workers' connections are closed.
+  runs.pop_back();
+  CHECK(clients.back()->closed_by_server());
+  CHECK(clients.front()->get("k") == "run-0");
+}
