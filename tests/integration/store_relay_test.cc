@@ -254,3 +254,39 @@ TEST_CASE("store relay: rdzvd serves many runs' tables on one shared thread, clo
   CHECK(clients.back()->closed_by_server());
   CHECK(clients.front()->get("k") == "run-0");
 }
+
+TEST_CASE("store relay: a server gone silent (no FIN, no RST) is left within seconds, the "
+          "parked WAIT answered by the next one",
+          "[store_relay]") {
+  RdzvdProc first, second;
+  HeldRun on_first(first.endpoint, "job");
+  HeldRun on_second(second.endpoint, "job");
+  Proc proxy({FAULT_PROXY_BIN, "--listen", "127.0.0.1:0", "--target", first.endpoint});
+  REQUIRE(proxy.wait_output(
+      [](const std::string& o, const std::string&) {
+        return o.find("listening on ") != std::string::npos && o.back() == '\n';
+      },
+      10s));
+  std::smatch m;
+  const std::string said = proxy.out();
+  REQUIRE(std::regex_search(said, m, std::regex("listening on (\\d+)")));
+  auto a = relay({"127.0.0.1:" + m[1].str(), second.endpoint}, "job");
+  const int port = world(*a, 1);
+  TcpStoreClient writer(port, Dialect::kTorch2), waiter(port, Dialect::kTorch2);
+  REQUIRE(writer.set("addr/0", "10.0.0.1"));
+  REQUIRE(waiter.send(TcpStoreClient::req(Op::kWait, {"go"})));
+  REQUIRE(writer.get("addr/0") == "10.0.0.1");
+  const auto cut = std::chrono::steady_clock::now();
+  ::kill(proxy.pid(), SIGUSR1);
+  REQUIRE(proxy.wait_output(out_has("blackhole on"), 10s));
+  REQUIRE(eventually(*a, [](const StoreRelay::Stats& s) { return s.replayed_writes == 1; }));
+  const auto moved = std::chrono::steady_clock::now() - cut;
+  INFO("moved after " << std::chrono::duration_cast<std::chrono::milliseconds>(moved).count()
+                      << " ms");
+  CHECK(moved < 4s);  // keep-alive: a ping every 1 s, 1 s to answer (limits.h)
+  CHECK(writer.get("addr/0") == "10.0.0.1");
+  REQUIRE(writer.set("go", "1"));
+  CHECK(waiter.read_u8(10s) == muster::rendezvous::tcpstore::kStopWaiting);
+  ::kill(proxy.pid(), SIGTERM);
+  CHECK(proxy.wait(10s) == 0);
+}

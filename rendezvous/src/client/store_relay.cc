@@ -182,6 +182,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
         frame_{opts_.limits.max_key_bytes, opts_.limits.max_value_bytes,
                opts_.limits.max_keys_per_request, opts_.max_frame_bytes},
         reconnect_(io),
+        ready_timer_(io),
         buf_(kReadChunk) {}
 
   // --- any thread ---------------------------------------------------------------------------
@@ -197,6 +198,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     asio::post(io_, [&] {
       stopping_ = true;
       reconnect_.cancel();
+      ready_timer_.cancel();
       while (!worlds_.empty()) close_world(worlds_.begin());
       if (up_ != nullptr) std::exchange(up_, nullptr)->abandon();
       done.set_value();
@@ -256,7 +258,9 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     if (up != up_ || stopping_) return;
     up_ = nullptr;
     up->abandon();
-    if (!std::exchange(ready_, false)) target_ = (target_ + 1) % opts_.targets.size();
+    // The next target: a lost leader's standby leads next (one target: the same, restarted).
+    ready_ = false;
+    target_ = (target_ + 1) % opts_.targets.size();
     reconnect_.expires_after(limits::kRelayReconnectInterval);
     reconnect_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
       if (!ec && !self->stopping_ && !self->by_id_.empty()) self->ensure_stream();
@@ -398,6 +402,15 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       carry_over(c);
     }
     up->begin(stubs_[target_].get());
+    ready_timer_.expires_after(limits::kRelayReadyTimeout);
+    ready_timer_.async_wait([self = shared_from_this(), up](const boost::system::error_code& ec) {
+      if (ec || self->up_ != up || self->ready_) return;
+      self->last_end_ = "no answer within " +
+                        std::to_string(limits::kRelayReadyTimeout.count()) + " ms";
+      spdlog::warn("store relay: {} gave no answer within {} ms; trying the next server",
+                   self->opts_.targets[self->target_], limits::kRelayReadyTimeout.count());
+      self->on_lost(up);
+    });
   }
 
   void make_stubs() {
@@ -409,6 +422,13 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
+                static_cast<int>(limits::kRelayKeepAliveInterval.count()));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                static_cast<int>(limits::kRelayKeepAliveTimeout.count()));
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    args.SetInt(GRPC_ARG_HTTP2_MIN_SENT_PING_INTERVAL_WITHOUT_DATA_MS,
+                static_cast<int>(limits::kRelayKeepAliveInterval.count()));
     add_tls_channel_args(opts_.tls, args);
     for (const std::string& t : opts_.targets) {
       stubs_.push_back(v1::StoreRelay::NewStub(
@@ -473,6 +493,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
 
   void on_ready() {
     ready_ = true;
+    ready_timer_.cancel();
     n_replayed_ += std::exchange(replaying_, 0);
     last_end_.clear();
     for (const LocalPtr& c : std::exchange(paused_, {})) read(c);
@@ -662,6 +683,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   asio::io_context& io_;
   tcpstore::FrameLimits frame_;
   asio::steady_timer reconnect_;
+  asio::steady_timer ready_timer_;
   std::vector<char> buf_;
   PeerUid peer_uid_;
   std::vector<std::unique_ptr<v1::StoreRelay::Stub>> stubs_;

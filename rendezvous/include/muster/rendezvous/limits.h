@@ -174,6 +174,14 @@ inline constexpr std::size_t kMaxRelayMessageBytes = kMaxTcpStoreUnsentBytes + (
 inline constexpr std::size_t kMaxRelayUnsentBytes = 64 << 20;
 // How long an agent waits before it opens its stream again after losing it.
 inline constexpr milliseconds kRelayReconnectInterval = std::chrono::milliseconds(100);
+// The agent pings its stream's connection this often while nothing comes back, and takes it
+// for lost when a ping is not answered within the timeout: a server gone silent (no FIN, no
+// RST) is left within about 2 s, and the workers' connections move to the next one.
+inline constexpr milliseconds kRelayKeepAliveInterval = std::chrono::seconds(1);
+inline constexpr milliseconds kRelayKeepAliveTimeout = std::chrono::seconds(1);
+// A new stream the server has not said it serves within this is given up for the next target
+// (a server that accepts connections but answers nothing).
+inline constexpr milliseconds kRelayReadyTimeout = std::chrono::seconds(2);
 
 // The gRPC receive cap of the server (rendezvous and store share the port): the larger of
 // the two services' messages. The Session reactor applies the tighter agent bound itself.
