@@ -7,7 +7,10 @@
 
 #include <catch2/catch.hpp>
 #include <memory>
+#include <fstream>
+#include <map>
 #include <regex>
+#include <thread>
 
 #include "etcd_cluster.h"
 #include "health_check.h"
@@ -15,6 +18,9 @@
 #include "rdzvd_proc.h"
 #include "muster/rendezvous/client.h"
 #include "muster/rendezvous/grpc_store.h"
+#include "certs.h"
+#include "skip.h"
+#include "tcpstore_client.h"
 
 using namespace muster::testing;
 
@@ -297,5 +303,119 @@ TEST_CASE("failover: rdzvd --etcd refuses --state_dir, and an etcd it cannot rea
     CHECK(p.wait(30s) == 1);
     CHECK_THAT(p.err(), Catch::StartsWith("rdzvd: error: etcd at 127.0.0.1:"));
     CHECK(std::count(p.err().begin(), p.err().end(), '\n') == 1);
+  }
+}
+
+namespace {
+
+// VAR of process `pid`'s environment ("" when it has none).
+std::string env_of(pid_t pid, const std::string& var) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::size_t at = 0;
+  while (at < all.size()) {
+    const std::size_t end = all.find('\0', at);
+    const std::string kv = all.substr(at, end - at);
+    if (kv.rfind(var + "=", 0) == 0) return kv.substr(var.size() + 1);
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return "";
+}
+
+// "rank R: pid P in place, round N": the pid of (round, rank).
+std::map<std::pair<int, int>, pid_t> in_place_pids(const std::string& out) {
+  std::map<std::pair<int, int>, pid_t> pids;
+  static const std::regex re(R"(rank (\d+): pid (\d+) in place, round (\d+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it) {
+    pids[{std::stoi((*it)[3]), std::stoi((*it)[1])}] = std::stoi((*it)[2]);
+  }
+  return pids;
+}
+
+}  // namespace
+
+// Issue 40: torch's store is the agents' in every mode, so in-place recovery works with
+// replicated rdzvd, with TLS and with mutual TLS, during and right after a failover.
+TEST_CASE("failover: PyTorch in place through the agents' stores: kill -9 of the leading rdzvd, "
+          "then of a worker, the survivor keeps its process, a key set before is read after "
+          "(plaintext, TLS, mutual TLS)",
+          "[etcd][failover][torch]") {
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  auto etcd = etcd_or_skip();
+  if (!etcd) return;
+  auto certs = test_certs_or_skip();
+  if (!certs) return;
+  for (const std::string mode : {"plaintext", "tls", "mtls"}) {
+    INFO("mode " << mode);
+    std::vector<std::string> server_flags;
+    std::string conf = "--rdzv_conf=reattach_timeout=20";
+    if (mode != "plaintext") {
+      server_flags = {"--tls_cert=" + certs->server_cert, "--tls_key=" + certs->server_key};
+      conf += ",tls_ca=" + certs->ca;
+    }
+    if (mode == "mtls") {
+      server_flags.push_back("--tls_ca=" + certs->ca);
+      conf += ",tls_cert=" + certs->client_cert + ",tls_key=" + certs->client_key;
+    }
+    const std::string prefix = group_prefix(("torch-" + mode).c_str());
+    auto leader = std::make_unique<Replica>(*etcd, prefix, server_flags);
+    REQUIRE(leader->leads(30s));
+    Replica standby(*etcd, prefix, server_flags);
+    const std::string list = leader->endpoint + "," + standby.endpoint;
+    auto agent = [&] {
+      std::vector<std::string> argv{kLaunch};
+      for (const std::string& f : c10d(list, "2", 1, "torch-" + mode,
+                                       {"--in_place", "--max_restarts=2", conf})) {
+        argv.push_back(f);
+      }
+      for (const char* a : {"/usr/bin/python3", DDP_IN_PLACE_PY, "--steps", "400",
+                            "--step-sleep-ms", "25", "--log-every", "100"}) {
+        argv.push_back(a);
+      }
+      return argv;
+    };
+    const std::map<std::string, std::optional<std::string>> env{{"PYTHONPATH", std::nullopt}};
+    Proc a(agent(), env), b(agent(), env);
+    auto both_started = [&](int round) {
+      const std::string line = "in place, round " + std::to_string(round);
+      for (Proc* p : {&a, &b}) {
+        if (!p->wait_output(out_has(line), 120s)) {
+          FAIL("round " << round << " did not start both ranks:\n"
+                        << a.out() << a.err() << b.out() << b.err());
+        }
+      }
+      return in_place_pids(a.out() + b.out());
+    };
+    auto pids = both_started(1);
+    const pid_t rank0 = pids.at({1, 0}), rank1 = pids.at({1, 1});
+    for (pid_t p : {rank0, rank1}) {
+      CHECK(env_of(p, "TORCHELASTIC_USE_AGENT_STORE") == "True");
+      CHECK(env_of(p, "MASTER_ADDR") == "127.0.0.1");
+    }
+    const int port = std::stoi(env_of(rank0, "MASTER_PORT"));
+    {
+      TcpStoreClient before(port, muster::rendezvous::tcpstore::Dialect::kTorch1);
+      REQUIRE(before.set("set-before-the-failover", mode));
+      REQUIRE(before.get("set-before-the-failover") == mode);
+    }
+    leader->kill9();
+    REQUIRE(standby.leads(30s));
+    for (Proc* p : {&a, &b}) REQUIRE(p->wait_output(says("re-attached to run torch-" + mode), 30s));
+    {
+      TcpStoreClient after(port, muster::rendezvous::tcpstore::Dialect::kTorch2);
+      CHECK(after.get("set-before-the-failover") == mode);
+    }
+    REQUIRE(::kill(rank1, SIGKILL) == 0);
+    REQUIRE(a.wait(180s) == 0);
+    REQUIRE(b.wait(180s) == 0);
+    const std::string out = a.out() + b.out();
+    // The survivor re-formed in its own process; rank 1 came back in a new one.
+    CHECK(out.find("rank 0: pid " + std::to_string(rank0) + " re-formed in place as rank 0 of 2") !=
+          std::string::npos);
+    const auto later = in_place_pids(out);
+    CHECK(later.size() == 3);
+    CHECK(count_lines_with(out, "final loss") == 2);
   }
 }
