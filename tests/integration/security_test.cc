@@ -3,11 +3,17 @@
 // tokens (a token file, reloaded on SIGHUP). Certificates are made by tests/support/certs.h
 // with the openssl command; without one these tests report SKIPPED.
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
 #include <memory>
 #include <regex>
 
@@ -15,6 +21,8 @@
 #include "held_run.h"
 #include "helpers.h"
 #include "rdzvd_proc.h"
+#include "skip.h"
+#include "tcpstore_client.h"
 #include "muster/rendezvous/client.h"
 #include "muster/rendezvous/grpc_store.h"
 #include "muster/rendezvous/server.h"
@@ -349,4 +357,140 @@ TEST_CASE("security: a bad token file at start: exit 2, one line naming the file
   CHECK(missing.wait() == 2);
   CHECK(missing.err() == "rdzvd: error: " + dir.file("none") +
                              ": cannot read it (No such file or directory)\n");
+}
+
+namespace {
+
+// The processes under `roots` (themselves included) whose program is launch or rdzvd: what
+// muster runs for a job, not the workers.
+std::vector<pid_t> muster_processes(const std::vector<pid_t>& roots) {
+  std::multimap<pid_t, pid_t> children;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    children.emplace(ppid, std::stoi(name));
+  }
+  std::vector<pid_t> out, todo(roots);
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    std::error_code ec;
+    const auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(p) + "/exe", ec);
+    if (!ec && (exe == kLaunch || exe == kRdzvd)) out.push_back(p);
+    auto [lo, hi] = children.equal_range(p);
+    for (auto it = lo; it != hi; ++it) todo.push_back(it->second);
+  }
+  return out;
+}
+
+struct Listener {
+  bool loopback = false;
+  int port = 0;
+};
+
+// The listening TCP sockets of `pid` (its descriptors' inodes in /proc/net/tcp and tcp6).
+std::vector<Listener> listeners_of(pid_t pid) {
+  std::set<std::string> inodes;
+  std::error_code ec;
+  for (const auto& e :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    const auto target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::vector<Listener> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, st, queues, timer, retr, uid, timeout, inode;
+      f >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (st != "0A" || inodes.count(inode) == 0) continue;
+      const auto colon = local.find(':');
+      const std::string addr = local.substr(0, colon);
+      Listener l;
+      l.port = std::stoi(local.substr(colon + 1), nullptr, 16);
+      // IPv4: 127.x.x.x (the first byte is the last hex pair); IPv6: ::1.
+      l.loopback = addr.size() == 8 ? addr.substr(6) == "7F"
+                                    : addr == "00000000000000000000000001000000";
+      out.push_back(l);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// Issue 40: the store's port was a side door past the tokens (open on the rendezvous
+// listener's address, no token asked). Now each agent serves it on loopback, to its own user.
+TEST_CASE("security: a token-protected job: launch and rdzvd listen off loopback only on the "
+          "rendezvous port, another user's torch client gets no key in or out, the workers do",
+          "[security][tokens][torch]") {
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (::geteuid() != 0) MUSTER_SKIP("needs root, to run a client as nobody");
+  if (::access("/usr/sbin/runuser", X_OK) != 0) MUSTER_SKIP("needs runuser");
+  TempDir dir;
+  std::ofstream(dir.file("tokens")) << "job s3cret\n";
+  Proc server({kRdzvd, "--listen", "0.0.0.0:0", "--token_file", dir.file("tokens")});
+  REQUIRE(server.wait_output(out_has("listening on port"), 30s));
+  std::smatch m;
+  const std::string said = server.out();
+  REQUIRE(std::regex_search(said, m, std::regex(R"(listening on port (\d+))")));
+  const int rdzv_port = std::stoi(m[1].str());
+  const std::string ep = "127.0.0.1:" + m[1].str();
+  const std::string fifo = dir.file("release");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::string script = std::string(INTEROP_SCRIPTS_DIR) + "/store_guarded.py";
+  const std::map<std::string, std::optional<std::string>> env{{"PYTHONPATH", std::nullopt}};
+  Proc a(agent(ep, "2", 1, "job", "token=s3cret", {"/usr/bin/python3", script, fifo}), env);
+  Proc b(agent(ep, "2", 1, "job", "token=s3cret", {"/usr/bin/python3", script, fifo}), env);
+  for (Proc* p : {&a, &b}) {
+    INFO(p->out() << p->err());
+    REQUIRE(p->wait_output(out_has("store ok"), 120s));
+  }
+  std::set<int> loopback_ports;
+  for (pid_t p : muster_processes({server.pid(), a.pid(), b.pid()})) {
+    for (const Listener& l : listeners_of(p)) {
+      INFO("pid " << p << " listens on port " << l.port);
+      CHECK((l.loopback || l.port == rdzv_port));
+      if (l.loopback) loopback_ports.insert(l.port);
+    }
+  }
+  // The workers' MASTER_PORT is one of the agents' loopback listeners.
+  const std::string a_out = a.out();
+  REQUIRE(std::regex_search(a_out, m, std::regex(R"(store ok port (\d+))")));
+  const int master_port = std::stoi(m[1].str());
+  CHECK(loopback_ports.count(master_port) == 1);
+  std::vector<std::string> intruder{"/usr/sbin/runuser", "-u", "nobody", "--", "/usr/bin/python3",
+                                    std::string(INTEROP_SCRIPTS_DIR) + "/store_intruder.py",
+                                    std::to_string(rdzv_port)};
+  for (int port : loopback_ports) intruder.push_back(std::to_string(port));
+  Proc nobody(intruder);
+  REQUIRE(nobody.wait(120s) == 0);
+  INFO(nobody.out() << nobody.err());
+  CHECK(nobody.out().find("got in") == std::string::npos);
+  CHECK(count_lines_with(nobody.out(), "refused") == static_cast<int>(loopback_ports.size()) + 1);
+  // Nor did its SET reach the run's table (the agent's own user looks; torch's client puts
+  // "/" before every key).
+  TcpStoreClient look(master_port, muster::rendezvous::tcpstore::Dialect::kTorch1);
+  CHECK(look.check({"/intruder"}) == false);
+  CHECK(look.check({"/mine/0"}) == true);
+  {
+    std::ofstream release(fifo);
+    release << "go\n";
+  }
+  CHECK(a.wait(60s) == 0);
+  CHECK(b.wait(60s) == 0);
+  ::kill(server.pid(), SIGTERM);
+  CHECK(server.wait(30s) == 0);
 }
