@@ -3,8 +3,9 @@
 // VALIDATE (--dialect 2, torch 2.x) and then, pipelined, ADD("count", 1) and WAIT(["go"]); the
 // connection whose ADD answers N sets "go". Prints "bootstrap N SECONDS" (first connect to the
 // last WAIT answered), then waits for a line on stdin before closing (so that the caller can
-// read the server's RSS with every connection open).
-//   tcpstore_load PORT N [--dialect 1|2] [--inflight K]
+// read the server's RSS with every connection open). PORTS: one port, or several separated by
+// commas (the agents of a job: connection i goes to port i mod their number).
+//   tcpstore_load PORTS N [--dialect 1|2] [--inflight K]
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -45,8 +46,14 @@ struct C {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) die("usage: tcpstore_load PORT N [--dialect 1|2] [--inflight K]");
-  const int port = std::atoi(argv[1]);
+  if (argc < 3) die("usage: tcpstore_load PORTS N [--dialect 1|2] [--inflight K]");
+  std::vector<int> ports;
+  for (const char* p = argv[1]; *p != '\0';) {
+    ports.push_back(std::atoi(p));
+    p = std::strchr(p, ',');
+    if (p == nullptr) break;
+    ++p;
+  }
   const int n = std::atoi(argv[2]);
   wire::Dialect dialect = wire::Dialect::kTorch2;
   int inflight = 256;
@@ -61,6 +68,11 @@ int main(int argc, char** argv) {
   }
   rlimit nofile{};
   ::getrlimit(RLIMIT_NOFILE, &nofile);
+  // Root may raise the hard limit too (100,000 ranks' worth).
+  if (nofile.rlim_max < static_cast<rlim_t>(n) + 1024) {
+    rlimit more{static_cast<rlim_t>(n) + 1024, static_cast<rlim_t>(n) + 1024};
+    if (::setrlimit(RLIMIT_NOFILE, &more) == 0) nofile = more;
+  }
   nofile.rlim_cur = nofile.rlim_max;
   ::setrlimit(RLIMIT_NOFILE, &nofile);
   if (nofile.rlim_cur < static_cast<rlim_t>(n) + 64) die("RLIMIT_NOFILE is too low for N");
@@ -85,7 +97,6 @@ int main(int argc, char** argv) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
   int next = 0, connecting = 0, finished = 0;
   auto start_one = [&] {
     C& c = cs[static_cast<std::size_t>(next)];
@@ -93,6 +104,7 @@ int main(int argc, char** argv) {
     if (c.fd < 0) die(std::string("socket: ") + std::strerror(errno));
     int one = 1;
     ::setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    a.sin_port = htons(static_cast<std::uint16_t>(ports[static_cast<std::size_t>(next) % ports.size()]));
     if (::connect(c.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno != EINPROGRESS)
       die(std::string("connect: ") + std::strerror(errno));
     c.out = hello;

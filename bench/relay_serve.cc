@@ -1,0 +1,66 @@
+// Simulated agents for the store benchmarks (bench/run tcpstore, store_scale): holds run RUN on
+// the rendezvous server at ENDPOINT (a one-node round, as tests/support/held_run.h), starts N
+// StoreRelays of that run (one agent's each; with N > 1 they share one thread, as simulated
+// agents of one process) and opens the round's world on each. Prints "ports P1,P2,..." once
+// listening, then serves until SIGTERM or SIGINT.
+//   relay_serve ENDPOINT RUN [N]
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "../tests/support/held_run.h"
+#include "muster/rendezvous/store_relay.h"
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: relay_serve ENDPOINT RUN [N]\n");
+    return 2;
+  }
+  const std::string endpoint = argv[1], run = argv[2];
+  const int n = argc > 3 ? std::atoi(argv[3]) : 1;
+  rlimit nofile{};
+  ::getrlimit(RLIMIT_NOFILE, &nofile);
+  const rlim_t want = 200000;
+  if (nofile.rlim_max < want) {
+    rlimit more{want, want};
+    if (::setrlimit(RLIMIT_NOFILE, &more) == 0) nofile = more;
+  }
+  nofile.rlim_cur = nofile.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &nofile);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);  // the threads inherit the mask
+  muster::testing::HeldRun held(endpoint, run);
+  const int round = held.assignment().round();
+  auto loop = n > 1 ? muster::rendezvous::make_store_relay_loop() : nullptr;
+  std::vector<std::unique_ptr<muster::rendezvous::StoreRelay>> relays;
+  std::string ports;
+  for (int i = 0; i < n; ++i) {
+    muster::rendezvous::StoreRelayOptions o;
+    o.targets = {endpoint};
+    o.run_id = run;
+    auto r = muster::rendezvous::StoreRelay::start(o, loop);
+    if (!r.ok()) {
+      std::fprintf(stderr, "relay_serve: %s\n", std::string(r.status().message()).c_str());
+      return 1;
+    }
+    auto port = (*r)->world(round);
+    if (!port.ok()) {
+      std::fprintf(stderr, "relay_serve: %s\n", std::string(port.status().message()).c_str());
+      return 1;
+    }
+    ports += (i ? "," : "") + std::to_string(*port);
+    relays.push_back(std::move(*r));
+  }
+  std::printf("ports %s\n", ports.c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&set, &sig);
+  return 0;
+}
