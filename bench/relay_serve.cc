@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include "../tests/support/held_run.h"
 #include "muster/rendezvous/store_relay.h"
 
@@ -36,6 +39,7 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);  // the threads inherit the mask
+  spdlog::set_default_logger(spdlog::stderr_logger_mt("relay_serve"));  // stdout: the ports
   muster::testing::HeldRun held(endpoint, run);
   const int round = held.assignment().round();
   auto loop = n > 1 ? muster::rendezvous::make_store_relay_loop() : nullptr;

@@ -356,6 +356,7 @@ class Agent::Impl {
       o.run_id = opts_.run_id;
       o.token = opts_.token;
       o.tls = opts_.tls;
+      o.connect_early = !opts_.local_rdzv;  // a server elsewhere: connect while workers start
       auto relay = rendezvous::StoreRelay::start(std::move(o));
       if (!relay.ok()) {
         spdlog::error("{}", std::string(relay.status().message()));

@@ -290,3 +290,64 @@ TEST_CASE("store relay: a server gone silent (no FIN, no RST) is left within sec
   ::kill(proxy.pid(), SIGTERM);
   CHECK(proxy.wait(10s) == 0);
 }
+
+TEST_CASE("store relay: the agent's listener is bounded as the server's: lengths that lie, "
+          "half-sent frames, connections, replies not read",
+          "[store_relay][limits]") {
+  RdzvdProc server;
+  HeldRun run(server.endpoint, "job");
+  StoreRelayOptions o;
+  o.partial_frame_timeout = 300ms;
+  o.max_connections = 3;
+  o.max_unsent_bytes = 64 << 10;
+  o.limits.max_value_bytes = 1000;
+  auto a = relay({server.endpoint}, "job", "", o);
+  const int port = world(*a, 1);
+  TcpStoreClient good(port, Dialect::kTorch2);
+  REQUIRE(good.set("k", "v"));
+  REQUIRE(good.get("k") == "v");
+  {
+    // A key of 2^40 bytes: closed when the length arrives, before a byte of the key.
+    TcpStoreClient liar(port, Dialect::kTorch2);
+    std::string frame(1, static_cast<char>(
+                             muster::rendezvous::tcpstore::wire_byte(Dialect::kTorch2, Op::kGet)));
+    const std::uint64_t len = 1ull << 40;
+    frame.append(reinterpret_cast<const char*>(&len), sizeof len);
+    REQUIRE(liar.send_raw(frame));
+    CHECK(liar.closed_by_server());
+  }
+  {
+    TcpStoreClient big(port, Dialect::kTorch2);
+    REQUIRE(big.set("k", std::string(1001, 'v')));  // over this relay's value bound
+    CHECK(big.closed_by_server());
+  }
+  {
+    TcpStoreClient half(port, Dialect::kTorch2);
+    const std::string frame = muster::rendezvous::tcpstore::encode(
+        Dialect::kTorch2, TcpStoreClient::req(Op::kSet, {"key"}, {"value"}));
+    REQUIRE(half.send_raw(frame.substr(0, 5)));
+    CHECK(half.closed_by_server(5000ms));
+  }
+  CHECK(eventually(*a, [](const StoreRelay::Stats& s) { return s.closed_for_errors == 3; }));
+  {
+    // Three connections per world on this relay: a fourth is closed at once.
+    TcpStoreClient second(port, Dialect::kTorch2), third(port, Dialect::kTorch2);
+    REQUIRE(eventually(*a, [](const StoreRelay::Stats& s) { return s.connections == 3; }));
+    TcpStoreClient fourth(port, Dialect::kTorch2);
+    CHECK(fourth.closed_by_server());
+    CHECK(a->stats().refused_connections == 1);
+  }
+  {
+    // A client that asks and never reads: closed once 64 KiB of replies wait for it.
+    REQUIRE(good.set("fat", std::string(1000, 'x')));
+    TcpStoreClient greedy(port, Dialect::kTorch2);
+    std::string asks;
+    for (int i = 0; i < 20000; ++i) {
+      asks += muster::rendezvous::tcpstore::encode(Dialect::kTorch2,
+                                                  TcpStoreClient::req(Op::kGet, {"fat"}));
+    }
+    greedy.send_raw(asks);  // may fail part-way once the relay closes it
+    CHECK(greedy.closed_by_server(10000ms));
+  }
+  CHECK(good.get("k") == "v");  // the others are served as before
+}

@@ -312,6 +312,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     World* raw = w.get();
     worlds_.emplace(round, std::move(w));
     accept(raw);
+    if (opts_.connect_early) ensure_stream();
     while (worlds_.size() > std::max<std::size_t>(opts_.worlds_kept, 1)) {
       close_world(worlds_.begin());
     }
@@ -415,6 +416,10 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
 
   void make_stubs() {
     grpc::ChannelArguments args;
+    // A connection of its own: never shared through gRPC's subchannel pool with another relay
+    // of this process (simulated agents), whose streams would then queue behind the server's
+    // limit of streams per connection.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetMaxReceiveMessageSize(static_cast<int>(limits::kMaxRelayMessageBytes));
     args.SetMaxSendMessageSize(static_cast<int>(limits::kMaxRelayMessageBytes));
     args.SetString(GRPC_ARG_OPTIMIZATION_TARGET, "latency");

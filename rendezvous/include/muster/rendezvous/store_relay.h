@@ -53,6 +53,11 @@ struct StoreRelayOptions {
   std::size_t worlds_kept = limits::kTcpStoreWorldsKept;
   // Refuse connections from sockets of other users (false: tests of the check itself).
   bool same_user_only = true;
+  // Open the stream with the first world, not with the first worker's connection: its
+  // connection (and TLS handshake) is made while the workers start, not in their first query.
+  // Off: nothing is opened for a job that never uses the store (a server in this process
+  // starts its gRPC side only when a connection comes).
+  bool connect_early = false;
 };
 
 // A thread serving any number of relays (a benchmark's simulated agents share one; an agent
