@@ -2,13 +2,16 @@
 // the rendezvous server at ENDPOINT (a one-node round, as tests/support/held_run.h), starts N
 // StoreRelays of that run (one agent's each; with N > 1 they share one thread, as simulated
 // agents of one process) and opens the round's world on each. Prints "ports P1,P2,..." once
-// listening, then serves until SIGTERM or SIGINT.
-//   relay_serve ENDPOINT RUN [N]
+// listening, then serves until SIGTERM or SIGINT. With ROUND, the run is not held: another
+// relay_serve holds it (one process may hold only so many descriptors), this one serves round
+// ROUND's world of it.
+//   relay_serve ENDPOINT RUN [N [ROUND]]
 #include <signal.h>
 #include <sys/resource.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,7 +23,7 @@
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: relay_serve ENDPOINT RUN [N]\n");
+    std::fprintf(stderr, "usage: relay_serve ENDPOINT RUN [N [ROUND]]\n");
     return 2;
   }
   const std::string endpoint = argv[1], run = argv[2];
@@ -40,8 +43,12 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);  // the threads inherit the mask
   spdlog::set_default_logger(spdlog::stderr_logger_mt("relay_serve"));  // stdout: the ports
-  muster::testing::HeldRun held(endpoint, run);
-  const int round = held.assignment().round();
+  std::unique_ptr<muster::testing::HeldRun> held;
+  int round = argc > 4 ? std::atoi(argv[4]) : 0;
+  if (argc <= 4) {
+    held = std::make_unique<muster::testing::HeldRun>(endpoint, run);
+    round = held->assignment().round();
+  }
   auto loop = n > 1 ? muster::rendezvous::make_store_relay_loop() : nullptr;
   std::vector<std::unique_ptr<muster::rendezvous::StoreRelay>> relays;
   std::string ports;
@@ -62,7 +69,7 @@ int main(int argc, char** argv) {
     ports += (i ? "," : "") + std::to_string(*port);
     relays.push_back(std::move(*r));
   }
-  std::printf("ports %s\n", ports.c_str());
+  std::printf("ports %s round %d\n", ports.c_str(), round);
   std::fflush(stdout);
   int sig = 0;
   sigwait(&set, &sig);

@@ -5,7 +5,10 @@
 // last WAIT answered), then waits for a line on stdin before closing (so that the caller can
 // read the server's RSS with every connection open). PORTS: one port, or several separated by
 // commas (the agents of a job: connection i goes to port i mod their number).
-//   tcpstore_load PORTS N [--dialect 1|2] [--inflight K]
+// --total T: the barrier is T ranks in all (this process holds N of them; the others are other
+// processes', as a process may hold only so many descriptors): the connection whose ADD
+// answers T sets "go".
+//   tcpstore_load PORTS N [--dialect 1|2] [--inflight K] [--total T]
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -57,15 +60,19 @@ int main(int argc, char** argv) {
   const int n = std::atoi(argv[2]);
   wire::Dialect dialect = wire::Dialect::kTorch2;
   int inflight = 256;
+  long total = 0;
   for (int i = 3; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--dialect") == 0) {
       dialect = std::atoi(argv[i + 1]) == 1 ? wire::Dialect::kTorch1 : wire::Dialect::kTorch2;
     } else if (std::strcmp(argv[i], "--inflight") == 0) {
       inflight = std::atoi(argv[i + 1]);
+    } else if (std::strcmp(argv[i], "--total") == 0) {
+      total = std::atol(argv[i + 1]);
     } else {
       die(std::string("unknown flag ") + argv[i]);
     }
   }
+  if (total == 0) total = n;
   rlimit nofile{};
   ::getrlimit(RLIMIT_NOFILE, &nofile);
   // Root may raise the hard limit too (100,000 ranks' worth).
@@ -148,7 +155,7 @@ int main(int argc, char** argv) {
           std::memcpy(&count, c.in.data(), 8);
           c.in.erase(0, 8);
           c.added = true;
-          if (count == n) {  // the last one in: release everyone
+          if (count == total) {  // the last one in: release everyone
             c.out = go_frame;
             c.sent = 0;
             epoll_event e{};
