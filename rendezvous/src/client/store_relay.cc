@@ -93,7 +93,6 @@ struct World {
 
 }  // namespace
 
-class StoreRelay::Impl;
 
 // The stream to the server. Its reactions run on gRPC's threads and hand over to the loop; a
 // hold keeps it until the loop gives it up (abandon).
