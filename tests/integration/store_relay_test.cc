@@ -351,3 +351,33 @@ TEST_CASE("store relay: the agent's listener is bounded as the server's: lengths
   }
   CHECK(good.get("k") == "v");  // the others are served as before
 }
+
+TEST_CASE("store relay: rdzvd --state_dir restarted on its port: the keys are written again, a "
+          "parked WAIT answered",
+          "[store_relay]") {
+  TempDir state;
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  auto start = [&] {
+    auto p = std::make_unique<Proc>(
+        std::vector<std::string>{kRdzvd, "--listen", ep, "--state_dir", state.path()});
+    REQUIRE(p->wait_output(out_has("listening on port"), 30s));
+    return p;
+  };
+  auto rdzvd = start();
+  HeldRun held(ep, "job");
+  auto a = relay({ep}, "job");
+  const int port = world(*a, held.assignment().round());
+  TcpStoreClient writer(port, Dialect::kTorch2), waiter(port, Dialect::kTorch1);
+  REQUIRE(writer.set("addr/0", "10.0.0.1"));
+  REQUIRE(waiter.send(TcpStoreClient::req(Op::kWait, {"go"})));
+  REQUIRE(writer.get("addr/0") == "10.0.0.1");
+  ::kill(rdzvd->pid(), SIGKILL);
+  rdzvd->wait(30s);
+  rdzvd = start();  // restores the run from --state_dir, with an empty table
+  CHECK(eventually(*a, [](const StoreRelay::Stats& s) { return s.replayed_writes == 1; }));
+  CHECK(writer.get("addr/0") == "10.0.0.1");
+  REQUIRE(writer.set("go", "1"));
+  CHECK(waiter.read_u8(10s) == muster::rendezvous::tcpstore::kStopWaiting);
+  ::kill(rdzvd->pid(), SIGTERM);
+  CHECK(rdzvd->wait(30s) == 0);
+}
