@@ -72,10 +72,11 @@ struct AgentOptions {
   // they come from the round (a free port on the group-rank-0 node).
   std::string master_addr;
   int master_port = 0;
-  // When the server gives the run a TCPStore-protocol store (Assignment.agent_store_port) and
-  // no static master is set: MASTER_ADDR is the rendezvous endpoint's host, MASTER_PORT that
-  // store's port, TORCHELASTIC_USE_AGENT_STORE=True (as torchrun 2.x). False: today's rank-0
-  // hosting (a free port on the group-rank-0 node, TORCHELASTIC_USE_AGENT_STORE=False).
+  // When the server keeps the run's TCPStore-protocol tables (Assignment.store_relay) and no
+  // static master is set: the agent serves the round's store on loopback (store_relay.h),
+  // MASTER_ADDR=127.0.0.1, MASTER_PORT its listener, TORCHELASTIC_USE_AGENT_STORE=True (as
+  // torchrun 2.x). False: rank-0 hosting (a free port on the group-rank-0 node,
+  // TORCHELASTIC_USE_AGENT_STORE=False).
   bool use_agent_store = true;
 
   // Workers
