@@ -2,7 +2,9 @@
 // listener per world, the queries carried to the server's world tables (relay_service.h), over
 // real rdzvd processes and real sockets. What torch's own client does through it is in the
 // interop tests; what a whole job does is in launch_test, security_test and hosts_test.
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -14,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/peer_uid.h"
 #include "held_run.h"
 #include "helpers.h"
 #include "muster/rendezvous/store_relay.h"
@@ -380,4 +383,32 @@ TEST_CASE("store relay: rdzvd --state_dir restarted on its port: the keys are wr
   CHECK(waiter.read_u8(10s) == muster::rendezvous::tcpstore::kStopWaiting);
   ::kill(rdzvd->pid(), SIGTERM);
   CHECK(rdzvd->wait(30s) == 0);
+}
+
+TEST_CASE("store relay: who owns a loopback connection, from sock_diag and from /proc/net/tcp",
+          "[store_relay]") {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
+  REQUIRE(::listen(lfd, 1) == 0);
+  socklen_t n = sizeof at;
+  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&at), &n) == 0);
+  const int cfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(::connect(cfd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
+  const int afd = ::accept(lfd, nullptr, nullptr);
+  REQUIRE(afd >= 0);
+  sockaddr_in peer{}, local{};
+  n = sizeof peer;
+  REQUIRE(::getpeername(afd, reinterpret_cast<sockaddr*>(&peer), &n) == 0);
+  n = sizeof local;
+  REQUIRE(::getsockname(afd, reinterpret_cast<sockaddr*>(&local), &n) == 0);
+  muster::rendezvous::PeerUid who;
+  CHECK(who.owner(peer, local).value() == ::geteuid());
+  CHECK(muster::rendezvous::PeerUid::owner_in_proc(peer, local).value() == ::geteuid());
+  sockaddr_in nobody = peer;
+  nobody.sin_port = 0;  // no such socket
+  CHECK_FALSE(muster::rendezvous::PeerUid::owner_in_proc(nobody, local).ok());
+  for (int fd : {afd, cfd, lfd}) ::close(fd);
 }

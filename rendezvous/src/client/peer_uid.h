@@ -1,6 +1,7 @@
 // Who owns the other end of a loopback TCP connection: the kernel's socket table, asked for
 // that one socket (NETLINK_SOCK_DIAG, inet_diag's exact lookup), answers with its owner's uid.
-// The agent's TCPStore listener (store_relay.h) lets in only its own user's workers.
+// The agent's TCPStore listener (store_relay.h) lets in only its own user's workers. A kernel
+// without sock_diag: the same line of /proc/net/tcp (slower: the whole table is read).
 #pragma once
 
 #include <netinet/in.h>
@@ -20,9 +21,12 @@ class PeerUid {
   // The uid owning the IPv4 TCP socket whose local address is `peer` and whose remote address
   // is `local` (the accepted connection's two ends, seen from the accepting side).
   absl::StatusOr<uid_t> owner(const sockaddr_in& peer, const sockaddr_in& local);
+  // The same from /proc/net/tcp (what owner() falls back to without sock_diag).
+  static absl::StatusOr<uid_t> owner_in_proc(const sockaddr_in& peer, const sockaddr_in& local);
 
  private:
   int fd_ = -1;
+  bool no_diag_ = false;  // no NETLINK_SOCK_DIAG here: /proc/net/tcp instead
 };
 
 }  // namespace muster::rendezvous
