@@ -94,6 +94,7 @@ class _Channel:
         self._cv = threading.Condition()
         self._epoch = 0  # counts abort and world messages
         self._world = None
+        self._world_epoch = 0  # the epoch once _world had come
         self._closed = False
         self._sock.send(b"hello in_place=1")
         # What the agent said before this process listened (an abort and a newer world for a
@@ -133,12 +134,13 @@ class _Channel:
             kind, fields = msg
             if kind == "abort":
                 self._epoch += 1
-                aborted = True
-            elif kind == "world":
+            elif kind == "world":  # a new world aborts the one before too, as the runtime's does
                 self._world = fields
                 self._epoch += 1
+                self._world_epoch = self._epoch
             else:
                 return True
+            aborted = True
             self._cv.notify_all()
         if aborted and self._on_abort is not None:
             self._on_abort()
@@ -155,7 +157,9 @@ class _Channel:
                 self._epoch != seen
 
     def await_world(self, after_round, timeout):
-        """The first world for a round after `after_round`, and the epoch it came with."""
+        """The first world for a round after `after_round`, and the epoch it came with: an abort
+        after it (the world after it on its way) is newer than it, so a join of it fails at
+        once rather than wait for peers that are gone."""
         def ready():
             return self._closed or (self._world is not None and
                                     int(self._world.get("round", "0")) > after_round)
@@ -164,7 +168,7 @@ class _Channel:
                 raise RecoveryError("no new world from the agent within %g s" % timeout)
             if self._world is None or int(self._world.get("round", "0")) <= after_round:
                 raise RecoveryError("the agent closed the control channel")
-            return dict(self._world), self._epoch
+            return dict(self._world), self._world_epoch
 
     def resumed(self, round_):
         try:
@@ -386,6 +390,10 @@ class Job:
             if self._channel.epoch() != self._seen:
                 raise RecoveryError("the world changed before round %d formed" % self.round)
             store = dist.TCPStore(addr, port, is_master=False, timeout=self._timeout)
+            # An abort between the check above and the store's socket shut nothing: look again
+            # now that the socket is there (an abort from here on shuts it).
+            if self._channel.epoch() != self._seen:
+                raise RecoveryError("the world changed before round %d formed" % self.round)
             prefixed = dist.PrefixStore("%s/r%d/" % (_PREFIX, self.round), store)
             dist.init_process_group(self.backend, store=prefixed, rank=self.rank,
                                     world_size=self.world_size, timeout=self._timeout)

@@ -64,6 +64,23 @@ try:
     check(False, "no world after round 2: await_world times out")
 except mi.RecoveryError as e:
     check("within" in str(e), "no world after round 2: RecoveryError (%s)" % e)
+# An abort after a world that is still to be taken: the world is stale, and its epoch says so
+# (a join of it must fail at once, not wait for peers the abort says are gone).
+agent.send(b"world round=3 rank=0 world_size=2 master_addr=h master_port=1")
+check(ch.wait_change(epoch, 5), "the world of round 3 came")
+at_world = ch.epoch()
+agent.send(b"abort round=4")
+check(ch.wait_change(at_world, 5), "the abort after it came")
+w3, epoch3 = ch.await_world(2, 5)
+check(w3["round"] == "3" and epoch3 == at_world and epoch3 != ch.epoch(),
+      "a world taken after a later abort comes with its own epoch, not the abort's (%d, now %d)"
+      % (epoch3, ch.epoch()))
+
+try:
+    ch.await_world(3, 0.2)
+    check(False, "no world after round 3: await_world times out")
+except mi.RecoveryError as e:
+    check("within" in str(e), "no world after round 3: RecoveryError (%s)" % e)
 
 ch.resumed(2)
 check(agent.recv(2048) == b"resumed round=2", "resumed round=2 is sent")
@@ -83,16 +100,17 @@ a3, w3 = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 hooked = threading.Event()
 ch3 = mi._Channel(os.dup(w3.fileno()), on_abort=hooked.set)
 w3.close()
-a3.send(b"world round=4 rank=0 world_size=1 master_addr=h master_port=1")
-check(not hooked.wait(0.2), "a world message does not call the abort hook")
 a3.send(b"abort round=5")
 check(hooked.wait(10), "an abort calls the abort hook")
+hooked.clear()
+a3.send(b"world round=5 rank=0 world_size=1 master_addr=h master_port=1")
+check(hooked.wait(10), "a world message calls it too (it ends the world before, as an abort)")
 a3.close()
 
 # The agent goes: a waiter ends with RecoveryError, not a hang.
 agent.close()
 try:
-    ch.await_world(2, 10)
+    ch.await_world(3, 10)
     check(False, "a closed channel ends the wait")
 except mi.RecoveryError as e:
     check("closed" in str(e), "a closed channel ends the wait with RecoveryError (%s)" % e)

@@ -103,6 +103,7 @@ TEST_CASE("control channel: hello and resumed reach the agent and a world is han
   REQUIRE(w.ok());
   CHECK(w->round == 3);
   CHECK(ch.epoch() == before + 2);  // the abort and the world
+  CHECK(w->epoch == ch.epoch());  // nothing came after it
   auto none = ch.await_world(50ms);
   CHECK(none.status().code() == absl::StatusCode::kDeadlineExceeded);
   ::close(p.agent);
@@ -151,4 +152,25 @@ TEST_CASE("control channel: a ring's set-up waiting for a peer gives up when can
   auto r = setup.get();
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == absl::StatusCode::kCancelled);
+}
+
+TEST_CASE("control channel: a world taken after a later abort carries its own epoch, so what "
+          "is built for it is known stale") {
+  Pair p;
+  worker::ControlChannel ch(p.child);
+  p.say(kWorld);
+  // The abort of the round after it comes before the program takes the world (it was busy):
+  // a ring set up for this world must be cancelled, though no message comes after it.
+  p.say("abort round=4");
+  std::uint64_t now = 0;
+  for (auto until = std::chrono::steady_clock::now() + 10s;
+       (now = ch.epoch()) < 2 && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(1ms);  // the reader thread takes both; no event to wait on
+  }
+  REQUIRE(now == 2);
+  auto w = ch.await_world(10s);
+  REQUIRE(w.ok());
+  CHECK(w->round == 3);
+  CHECK(w->epoch == 1);
+  CHECK(w->epoch != ch.epoch());
 }

@@ -143,7 +143,10 @@ void ControlChannel::read_loop() {
     std::lock_guard<std::mutex> lock(mu_);
     ++epoch_;
     for (Communicator* c : watched_) c->abort();
-    if (world) pending_ = std::move(world);
+    if (world) {
+      world->epoch = epoch_;
+      pending_ = std::move(world);
+    }
     cv_.notify_all();
   }
   std::lock_guard<std::mutex> lock(mu_);

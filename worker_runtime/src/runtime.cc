@@ -169,6 +169,7 @@ absl::StatusOr<WorkerInfo> Runtime::await_world(std::chrono::milliseconds timeou
   info_.role_world_size = w->world_size;
   info_.restart_count = w->restart_count;
   info_.lost = w->lost;
+  world_epoch_ = w->epoch;
   if (!w->master_addr.empty()) info_.master_addr = w->master_addr;
   if (w->master_port > 0) info_.master_port = w->master_port;
   round_store_ = std::make_unique<rendezvous::PrefixStore>(absl::StrCat("r", info_.round, "/"),
@@ -232,9 +233,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> Runtime::communicator(Backend back
     opts.same_host_unix = false;  // TCP between every pair, also on one machine
   }
   if (control_ != nullptr) {
-    // An abort or a new world during set-up ends it (abort() reaches only made rings).
+    // An abort or a new world since this world's message ends the set-up (abort() reaches
+    // only made rings). Since the message, not since this call: an abort and the next world
+    // that came between await_world() and here would otherwise leave this ring waiting for a
+    // peer that is gone, with nothing left to cancel it.
     ControlChannel* control = control_.get();
-    const std::uint64_t epoch = control->epoch();
+    const std::uint64_t epoch = world_epoch_;
     opts.cancelled = [control, epoch] { return control->epoch() != epoch; };
   }
   return watched(make_tcp_communicator(store, info_.rank, info_.world_size, opts));

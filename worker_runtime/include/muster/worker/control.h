@@ -51,6 +51,9 @@ struct World {
   std::string master_addr;
   int master_port = 0;
   std::vector<int> lost;  // global ranks of the round before whose nodes left (may be empty)
+  // The channel's epoch (ControlChannel::epoch) once this message had come: a later abort or
+  // world makes epoch() differ, so what is built for this world is already stale.
+  std::uint64_t epoch = 0;
 };
 
 // Parses a `world` message's fields; INVALID_ARGUMENT naming the bad one.
@@ -75,7 +78,7 @@ class ControlChannel {
   // call abort() reaches) checks it did not change meanwhile.
   std::uint64_t epoch() const;
   // The next world not yet taken, waiting at most `timeout` for it; the latest when several
-  // came. UNAVAILABLE when the agent closed the channel, DEADLINE_EXCEEDED after the timeout.
+  // came, with the epoch it came with (an abort that came after it is not its own). UNAVAILABLE when the agent closed the channel, DEADLINE_EXCEEDED after the timeout.
   absl::StatusOr<World> await_world(std::chrono::milliseconds timeout);
 
  private:
@@ -86,7 +89,7 @@ class ControlChannel {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::set<Communicator*> watched_;
-  std::optional<World> pending_;
+  std::optional<World> pending_;  // its epoch set
   std::uint64_t epoch_ = 0;
   bool closed_ = false;
   std::thread reader_;

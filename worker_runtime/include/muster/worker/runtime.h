@@ -103,6 +103,8 @@ class Runtime {
   std::unique_ptr<rendezvous::Store> run_store_;
   std::unique_ptr<rendezvous::Store> round_store_;
   int communicators_made_ = 0;
+  // The control channel's epoch with the world this process is in (0: the one it started in).
+  std::uint64_t world_epoch_ = 0;
   std::unique_ptr<ControlChannel> control_;
   bool in_place_ = false;
   int resumed_round_ = 0;
