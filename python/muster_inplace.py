@@ -38,6 +38,18 @@ and store; the new group's keys live under ``muster_inplace/r<round>/`` in the a
 a rank 0 that dies takes nothing with it). After the first step completed in the new world
 the module answers ``resumed round=R``; an agent that does not hear it from every worker
 within its in-place timeout falls back to the full restart.
+
+Warm spares (``launch --in_place --spares=N``; docs/in_place_torch.md, "Warm spares"): a
+script that calls ``muster_inplace.await_rank()`` after its heavy imports and before it reads
+its rank can be started ahead of need. Such a process waits there, ready, until a worker of
+its node dies; it then takes the dead worker's rank at once (its environment becomes that
+rank's) and goes on as a new process of that rank would, without the survivors waiting for an
+interpreter to start and torch to be imported::
+
+    import torch                      # what takes long: before
+    import muster_inplace
+    muster_inplace.await_rank()       # a spare waits here; anyone else goes straight on
+    rank = int(os.environ["RANK"])    # from here on, as any worker
 """
 
 import datetime
@@ -47,9 +59,10 @@ import sys
 import threading
 import time
 
-__all__ = ["Job", "RecoveryError"]
+__all__ = ["Job", "RecoveryError", "await_rank"]
 
 _FD_VAR = "MUSTER_CONTROL_FD"
+_SPARE_VAR = "MUSTER_SPARE"  # "1" in a warm spare (ops/worker_env_names.h)
 _MAX_MESSAGE = 1024  # ops/control_channel.h kMaxMessageBytes
 _PREFIX = "muster_inplace"
 # How long a failed step waits for the agent's abort or world before it is taken for a bug of
@@ -83,6 +96,43 @@ def _parse(data):
             return None
         fields[key] = value
     return (kind, fields) if kind else None
+
+
+def await_rank():
+    """Under ``launch --in_place``: tells the agent that this program can be started as a warm
+    spare. In a spare (MUSTER_SPARE=1), waits until the agent hands it a dead worker's rank,
+    sets the variables of that rank's environment in ``os.environ`` and returns True; the
+    process then runs as a new process of that rank would. Anywhere else it returns False at
+    once. A spare whose agent goes away exits quietly (it had no rank to fail)."""
+    fd = os.environ.get(_FD_VAR, "")
+    if not fd.isdigit():
+        return False
+    sock = socket.socket(fileno=os.dup(int(fd)))  # Job's channel takes the descriptor later
+    try:
+        try:
+            sock.send(b"hello spare=1")
+        except OSError:
+            return False
+        if os.environ.get(_SPARE_VAR, "") != "1":
+            return False
+        while True:
+            try:
+                data = sock.recv(_MAX_MESSAGE + 1)
+            except InterruptedError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                os._exit(0)
+            msg = _parse(data)
+            if msg is not None and msg[0] == "take":
+                break
+        for name, value in msg[1].items():
+            os.environ[name] = value
+        del os.environ[_SPARE_VAR]
+        return True
+    finally:
+        sock.close()
 
 
 class _Channel:

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "muster/agent/failure.h"
@@ -46,6 +48,26 @@ std::int64_t wall_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// --numa_binding for a spare that takes a local rank: every thread it has now (the ones it
+// starts later inherit). Its memory stays where it was allocated.
+void bind_cpus(pid_t pid, const std::set<int>& cpus) {
+  if (cpus.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) {
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  }
+  std::error_code ec;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    const pid_t tid = static_cast<pid_t>(std::atoi(task.path().filename().c_str()));
+    if (tid > 0 && ::sched_setaffinity(tid, sizeof set, &set) != 0) {
+      spdlog::warn("--numa_binding: cannot bind thread {} of pid {}: {}", tid, pid,
+                   std::strerror(errno));
+    }
+  }
 }
 
 int open_log(const std::string& path) {
@@ -103,6 +125,10 @@ struct WorkerGroup::Worker {
   // --in_place: the agent's end of its control channel, and what the worker said on it.
   std::unique_ptr<Descriptor> control;
   std::array<char, ops::control::kMaxMessageBytes + 1> control_buf;
+  // --spares: a spare (no rank yet), ready once it said `hello spare=1`; its environment.
+  bool spare = false;
+  bool spare_ready = false;
+  std::map<std::string, std::string> env;
 };
 
 // A stalled worker being dumped (--hang_timeout): reported once its stacks are written.
@@ -151,6 +177,9 @@ WorkerGroup::Started WorkerGroup::start(const v1::Assignment& a, const WorkerEnv
     if (auto f = spawn_one(lr, a, round, watch_progress)) return {size(), std::move(f)};
   }
   watch_round(a, watch_progress);
+  spare_round_ = a;
+  spare_spec_ = round;
+  top_up_spares();
   return {size(), std::nullopt};
 }
 
@@ -172,36 +201,26 @@ void WorkerGroup::watch_round(const v1::Assignment& a, bool watch_progress) {
   hang_watch_->start_round(watched);
 }
 
-std::optional<v1::WorkerFailure> WorkerGroup::spawn_one(int lr, const v1::Assignment& a,
-                                                        const WorkerEnvSpec& round,
-                                                        bool watch_progress) {
-  const std::string tmpl =
-      opts_.prefix_template.empty() ? std::string(kDefaultPrefixTemplate) : opts_.prefix_template;
+std::map<std::string, std::string> WorkerGroup::worker_env(int lr, const v1::Assignment& a,
+                                                           const WorkerEnvSpec& round,
+                                                           bool watch_progress, Worker& w) {
   const std::filesystem::path attempt =
       std::filesystem::path(opts_.error_dir) / ("attempt_" + std::to_string(a.restart_count()));
-  auto w = std::make_unique<Worker>();
-  w->local_rank = lr;
-  w->rank = a.rank_offset() + lr;
   const std::filesystem::path dir = attempt / std::to_string(lr);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  w->error_file = (dir / "error.json").string();
+  w.error_file = (dir / "error.json").string();
   WorkerEnvSpec spec = round;
   spec.local_rank = lr;
-  spec.error_file = w->error_file;
-  std::vector<std::string> argv = opts_.argv;
-  for (std::size_t i = 1; i < argv.size(); ++i) argv[i] = substitute_local_rank(argv[i], lr);
-  SpawnRequest req;
-  req.path = opts_.program_path;
-  req.argv = std::move(argv);
+  spec.error_file = w.error_file;
   std::map<std::string, std::string> env = build_worker_env(opts_.base_env, spec);
   if (watch_progress) {
     if (absl::Status s = HangWatch::create_page((dir / "progress").string()); s.ok()) {
-      w->page = (dir / "progress").string();
-      env[worker::kProgressFileVar] = w->page;
+      w.page = (dir / "progress").string();
+      env[worker::kProgressFileVar] = w.page;
     } else {
       spdlog::warn("--hang_timeout: {}; rank {} is not watched", std::string(s.message()),
-                   w->rank);
+                   w.rank);
     }
     // A Python worker's tracebacks on SIGABRT, for its stack file (docs/hangs.md).
     if (!opts_.python_interpreter.empty() && a.hang_timeout_ms() > 0) {
@@ -213,14 +232,50 @@ std::optional<v1::WorkerFailure> WorkerGroup::spawn_one(int lr, const v1::Assign
       }
     }
   }
-  // --in_place: a control channel (ops/control_channel.h); the child keeps its end. A Python
-  // worker finds muster_inplace on its PYTHONPATH (after what it had: its own copy wins).
-  OwnedFd child_end;
-  int agent_end = -1;
+  // A Python worker finds muster_inplace on its PYTHONPATH (after what it had: its own copy
+  // wins).
   if (opts_.in_place && !opts_.python_interpreter.empty() && !opts_.python_dir.empty()) {
     std::string& path = env["PYTHONPATH"];
     path = path.empty() ? opts_.python_dir : absl::StrCat(path, ":", opts_.python_dir);
   }
+  return env;
+}
+
+std::optional<v1::WorkerFailure> WorkerGroup::spawn_one(int lr, const v1::Assignment& a,
+                                                        const WorkerEnvSpec& round,
+                                                        bool watch_progress, bool spare) {
+  const std::string tmpl =
+      opts_.prefix_template.empty() ? std::string(kDefaultPrefixTemplate) : opts_.prefix_template;
+  auto w = std::make_unique<Worker>();
+  w->local_rank = lr;
+  w->rank = a.rank_offset() + lr;
+  std::map<std::string, std::string> env = worker_env(lr, a, round, watch_progress && !spare, *w);
+  std::filesystem::path dir = std::filesystem::path(w->error_file).parent_path();
+  std::string prefix = expand_prefix_template(tmpl, opts_.role, w->rank, lr);
+  if (spare) {
+    // No rank yet: what names one goes, the rest is local rank 0's (the `take` corrects it).
+    w->spare = true;
+    w->local_rank = w->rank = -1;
+    w->error_file.clear();
+    for (const char* name : {env::kRank, env::kLocalRank, env::kGroupRank, env::kRoleRank,
+                             env::kErrorFile}) {
+      env.erase(name);
+    }
+    env[env::kSpare] = "1";
+    const int n = spares_made_++;
+    dir = dir.parent_path() / ("spare_" + std::to_string(n));
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    prefix = "[spare" + std::to_string(n) + "]:";
+  }
+  std::vector<std::string> argv = opts_.argv;
+  for (std::size_t i = 1; i < argv.size(); ++i) argv[i] = substitute_local_rank(argv[i], lr);
+  SpawnRequest req;
+  req.path = opts_.program_path;
+  req.argv = std::move(argv);
+  // --in_place: a control channel (ops/control_channel.h); the child keeps its end.
+  OwnedFd child_end;
+  int agent_end = -1;
   if (opts_.in_place) {
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0) {
@@ -231,12 +286,14 @@ std::optional<v1::WorkerFailure> WorkerGroup::spawn_one(int lr, const v1::Assign
     } else {
       spdlog::warn("--in_place: no control channel for local rank {}: {}", lr,
                    std::strerror(errno));
+      if (spare) return std::nullopt;  // a spare nobody could hand a rank to
     }
   }
   req.envp = to_envp(env);
+  if (spare) w->env = std::move(env);
   if (opts_.workers_stdin_null) req.stdin_mode = SpawnRequest::Stdin::kNull;
   req.cgroup_procs_fd = opts_.supervisor != nullptr ? opts_.supervisor->cgroup_procs_fd() : -1;
-  if (lr < static_cast<int>(opts_.numa_of.size())) {
+  if (!spare && lr < static_cast<int>(opts_.numa_of.size())) {
     req.cpus.assign(opts_.numa_of[lr].cpus.begin(), opts_.numa_of[lr].cpus.end());
     req.memory_node = opts_.numa_of[lr].memory_node;
   }
@@ -244,6 +301,10 @@ std::optional<v1::WorkerFailure> WorkerGroup::spawn_one(int lr, const v1::Assign
   child_end.reset();
   if (!child.ok()) {
     if (agent_end >= 0) ::close(agent_end);
+    if (spare) {
+      spdlog::warn("--spares: cannot start a spare: {}", std::string(child.status().message()));
+      return std::nullopt;
+    }
     spdlog::error("cannot start worker local rank {}: {}", lr,
                   std::string(child.status().message()));
     v1::WorkerFailure f = describe(*w);
@@ -254,7 +315,6 @@ std::optional<v1::WorkerFailure> WorkerGroup::spawn_one(int lr, const v1::Assign
   }
   w->pid = child->pid;
   if (opts_.supervisor != nullptr) opts_.supervisor->track_group(child->pid);
-  const std::string prefix = expand_prefix_template(tmpl, opts_.role, w->rank, lr);
   w->out = make_pipe(child->out_fd, prefix, lr, 1, opts_.stdout_fd, (dir / "stdout.log").string());
   w->err = make_pipe(child->err_fd, prefix, lr, 2, opts_.stderr_fd, (dir / "stderr.log").string());
   w->out->filtered = filtered_[0].fd;
@@ -265,7 +325,7 @@ std::optional<v1::WorkerFailure> WorkerGroup::spawn_one(int lr, const v1::Assign
   w->pidfd = std::make_unique<Descriptor>(io_, child->pidfd);
   if (agent_end >= 0) w->control = std::make_unique<Descriptor>(io_, agent_end);
   Worker* raw = w.get();
-  workers_.push_back(std::move(w));
+  (spare ? spares_ : workers_).push_back(std::move(w));
   read_pipe(raw, raw->out.get());
   read_pipe(raw, raw->err.get());
   if (raw->control) read_control(raw);
@@ -290,6 +350,15 @@ void WorkerGroup::read_control(Worker* w) {
           spdlog::warn("control channel: worker rank {} (pid {}) sent a malformed message; "
                        "ignored",
                        w->rank, w->pid);
+        } else if (m->kind == ops::control::kHello && m->text("spare") == "1") {
+          if (w->spare) {
+            w->spare_ready = true;
+          } else if (!spare_capable_) {
+            spare_capable_ = true;  // the program can wait as a spare: keep some
+            top_up_spares();
+          }
+        } else if (w->spare) {
+          // A spare says nothing else before it is taken.
         } else if (m->kind == ops::control::kHello && m->text("in_place") == "1") {
           if (cb_.declared) cb_.declared(w->local_rank);
         } else if (m->kind == ops::control::kResumed) {
@@ -373,9 +442,13 @@ WorkerGroup::Started WorkerGroup::reform(const v1::Assignment& a, const WorkerEn
     retired_.push_back(std::move(*it));
     it = workers_.erase(it);
   }
+  spare_round_ = a;
+  spare_spec_ = round;
   for (int lr : dead) {
+    if (take_spare(lr, a, round, watch_progress)) continue;
     if (auto f = spawn_one(lr, a, round, watch_progress)) return {size(), std::move(f)};
   }
+  top_up_spares();
   std::sort(workers_.begin(), workers_.end(),
             [](const auto& x, const auto& y) { return x->local_rank < y->local_rank; });
   watch_round(a, watch_progress);
@@ -485,6 +558,10 @@ void WorkerGroup::watch_exit(Worker* w) {
     }
     w->reaped = true;
     w->pidfd->close();
+    if (w->spare) {
+      on_spare_exit(*w, status);
+      return;
+    }
     if (w->released) {
       // Left behind in an earlier round; what is left of its group goes with it, and its
       // group id may now be reused.
@@ -558,6 +635,136 @@ void WorkerGroup::check_gone() {
   cb_.changed();
 }
 
+// --- spares (--spares; docs/in_place_torch.md, "Warm spares") -----------------------------
+
+int WorkerGroup::ready_spares() const {
+  int n = 0;
+  for (const auto& s : spares_) n += s->spare_ready && !s->reaped;
+  return n;
+}
+
+void WorkerGroup::top_up_spares() {
+  if (!spare_capable_ || opts_.spares <= 0 || stopping_ || ended_ || !spare_round_ ||
+      all_reaped()) {
+    return;
+  }
+  if (spare_failures_ >= limits::kMaxSpareFailures) return;
+  for (std::size_t i = 1; i < opts_.argv.size(); ++i) {
+    if (substitute_local_rank(opts_.argv[i], 0) != opts_.argv[i]) {
+      spdlog::warn("--spares: the program's arguments name the local rank; no spares");
+      spare_failures_ = limits::kMaxSpareFailures;
+      return;
+    }
+  }
+  int live = 0;
+  for (const auto& s : spares_) live += !s->reaped;
+  for (; live < opts_.spares; ++live) {
+    const std::size_t before = spares_.size();
+    spawn_one(0, *spare_round_, spare_spec_, false, true);
+    if (spares_.size() == before) return;  // could not start one (said why)
+    spdlog::info("--spares: spare started (pid {})", spares_.back()->pid);
+  }
+}
+
+bool WorkerGroup::take_spare(int lr, const v1::Assignment& a, const WorkerEnvSpec& round,
+                             bool watch_progress) {
+  auto it = std::find_if(spares_.begin(), spares_.end(), [](const auto& s) {
+    return s->spare_ready && !s->reaped && s->control && s->control->is_open();
+  });
+  if (it == spares_.end()) return false;
+  Worker& s = **it;
+  Worker probe;
+  probe.local_rank = lr;
+  probe.rank = a.rank_offset() + lr;
+  std::map<std::string, std::string> want = worker_env(lr, a, round, watch_progress, probe);
+  want[env::kControlFd] = s.env[env::kControlFd];  // its own channel stays
+  ops::control::Message m{ops::control::kTake, {}};
+  auto sayable = [](const std::string& text) {
+    if (text.empty()) return false;
+    for (unsigned char c : text) {
+      if (c <= ' ' || c > '~') return false;
+    }
+    return true;
+  };
+  for (const auto& [name, value] : want) {
+    auto had = s.env.find(name);
+    if (had != s.env.end() && had->second == value) continue;
+    if (!sayable(name) || name.find('=') != std::string::npos || !sayable(value)) {
+      spdlog::info("--spares: {} of local rank {} cannot be said in a take; a new process", name,
+                   lr);
+      return false;
+    }
+    m.fields[name] = value;
+  }
+  for (const auto& [name, value] : s.env) {
+    if (name != env::kSpare && want.count(name) == 0) {
+      spdlog::info("--spares: local rank {} has no {}, which the spare has; a new process", name,
+                   lr);
+      return false;
+    }
+  }
+  const std::string packet = ops::control::encode(m);
+  if (packet.size() > ops::control::kMaxMessageBytes) {
+    spdlog::info("--spares: local rank {}'s environment is too long for a take; a new process",
+                 lr);
+    return false;
+  }
+  if (::send(s.control->native_handle(), packet.data(), packet.size(),
+             MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(packet.size())) {
+    spdlog::warn("--spares: cannot write to spare pid {}: {}; a new process", s.pid,
+                 std::strerror(errno));
+    return false;
+  }
+  // It is that rank now: its lines say so, and the hang watch may read its page.
+  std::unique_ptr<Worker> w = std::move(*it);
+  spares_.erase(it);
+  w->spare = false;
+  w->spare_ready = false;
+  w->env.clear();
+  w->local_rank = lr;
+  w->rank = probe.rank;
+  w->error_file = probe.error_file;
+  w->page = probe.page;
+  const std::string tmpl =
+      opts_.prefix_template.empty() ? std::string(kDefaultPrefixTemplate) : opts_.prefix_template;
+  const std::string prefix = expand_prefix_template(tmpl, opts_.role, w->rank, lr);
+  w->out->splitter.set_prefix(prefix);
+  w->err->splitter.set_prefix(prefix);
+  if (lr < static_cast<int>(opts_.numa_of.size())) bind_cpus(w->pid, opts_.numa_of[lr].cpus);
+  spare_failures_ = 0;
+  spdlog::info("--spares: spare pid {} takes local rank {} (rank {})", w->pid, lr, w->rank);
+  workers_.push_back(std::move(w));
+  return true;
+}
+
+void WorkerGroup::on_spare_exit(Worker& w, int status) {
+  ::kill(-w.pid, SIGKILL);  // what it started goes with it
+  if (opts_.supervisor != nullptr) opts_.supervisor->forget_group(w.pid);
+  auto it = std::find_if(spares_.begin(), spares_.end(),
+                         [&](const auto& s) { return s.get() == &w; });
+  if (it != spares_.end()) {
+    retired_.push_back(std::move(*it));  // its pipes may still drain
+    spares_.erase(it);
+  }
+  if (stopping_ || ended_ || all_reaped()) return;  // no round to wait for
+  ++spare_failures_;
+  const std::string how = WIFSIGNALED(status) ? absl::StrCat("signal ", WTERMSIG(status))
+                                              : absl::StrCat("exit code ", WEXITSTATUS(status));
+  if (spare_failures_ >= limits::kMaxSpareFailures) {
+    spdlog::warn("--spares: a spare (pid {}) exited ({}), {} in a row: going on without spares",
+                 w.pid, how, spare_failures_);
+    return;
+  }
+  spdlog::warn("--spares: a spare (pid {}) exited ({}); starting another", w.pid, how);
+  top_up_spares();
+}
+
+void WorkerGroup::kill_spares() {
+  for (const auto& s : spares_) {
+    if (s->pid > 0 && !s->reaped) ::kill(-s->pid, SIGKILL);
+  }
+}
+
 // --- stop ----------------------------------------------------------------------------------
 
 void WorkerGroup::signal_groups(int sig) {
@@ -570,6 +777,7 @@ void WorkerGroup::stop(int sig) {
   if (hang_watch_) hang_watch_->stop();
   const bool first = !stopping_;
   stopping_ = true;
+  kill_spares();
   if (workers_.empty()) return;
   if (!all_reaped()) signal_groups(sig);
   if (first) {
@@ -666,6 +874,7 @@ void WorkerGroup::arm_drain_timer() {
 
 void WorkerGroup::end() {
   ended_ = true;
+  kill_spares();
   for (const auto* list : {&workers_, &abandoned_}) {
     for (const auto& w : *list) {
       if (!w->abandoned || w->reaped) continue;

@@ -59,6 +59,7 @@ def params_digest(module):
 
 
 def main(argv):
+    muster_inplace.await_rank()  # in place: a warm spare (launch --spares) waits here for a rank
     a = args_of(argv)
     cuda = a.backend == "nccl"
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")

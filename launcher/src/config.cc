@@ -432,6 +432,10 @@ absl::Status resolve_rdzv_conf(LaunchConfig& c, const std::map<std::string, std:
   if (c.rdzv_conf.token.empty()) {
     if (auto t = env.find("MUSTER_RDZV_TOKEN"); t != env.end()) c.rdzv_conf.token = t->second;
   }
+  if (c.spares > 0 && !c.in_place && !c.rdzv_conf.in_place) {
+    return absl::InvalidArgumentError("--spares needs --in_place (a spare takes a dead rank's "
+                                      "place in an in-place re-form)");
+  }
   return absl::OkStatus();
 }
 

@@ -221,6 +221,12 @@ void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
                    "support keep running and re-form in the next round; only the dead are "
                    "replaced (others: the full restart)"),
       kHangs);
+  pet(app.add_option("--spares", c.spares,
+                     "With --in_place: warm spare processes per node, started once the program "
+                     "says it can wait as one (muster_inplace.await_rank); a dead worker's place "
+                     "is taken by a spare at once instead of a new process (default 0)"),
+      kHangs)
+      ->check(not_empty() & CLI::Range(0, limits::kMaxSpares));
   pet(app.add_option("--max_restarts_without_progress,--max-restarts-without-progress",
                      c.max_restarts_without_progress,
                      "At most N restarts in a row after rounds in which no rank made a step; "

@@ -270,6 +270,7 @@ void set_rendezvous(agent::AgentOptions& opts, const LaunchConfig& cfg, const Re
   opts.hang_timeout = cfg.hang_timeout;
   opts.in_place = cfg.in_place || cfg.rdzv_conf.in_place;
   opts.in_place_timeout = cfg.rdzv_conf.in_place_timeout;
+  opts.spares = opts.in_place ? cfg.spares : 0;
   opts.shutdown_timeout = cfg.shutdown_timeout;
 }
 

@@ -117,6 +117,10 @@ struct AgentOptions {
   // in_place_timeout: how long the re-formed round may take to report resumed.
   bool in_place = false;
   std::chrono::milliseconds in_place_timeout = rendezvous::limits::kDefaultInPlaceTimeout;
+  // --spares: warm spare processes kept on this node once a worker declared that the program
+  // can wait as one (`hello spare=1`, muster_inplace.await_rank); a dead worker's place is
+  // taken by one (`take`) instead of a new process (worker_group.h).
+  int spares = rendezvous::limits::kDefaultSpares;
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // as given, for the workers
   bool virtual_local_rank = false;  // LOCAL_RANK=0, one device each (worker_env.h)
   // --numa-binding: each local rank's CPUs and memory node (agent/numa.h); empty: none.

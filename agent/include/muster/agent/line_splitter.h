@@ -23,6 +23,7 @@ class LineSplitter {
   void finish(std::string& out);
 
   const std::string& prefix() const { return prefix_; }
+  void set_prefix(std::string prefix) { prefix_ = std::move(prefix); }
 
  private:
   std::string prefix_;

@@ -12,6 +12,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -89,8 +90,19 @@ class WorkerGroup {
   // one: the root cause when it is ours (its error file), else any worker's stderr tail.
   std::string python_hint(const v1::WorkerFailure& root, int group_rank) const;
 
-  // The job is over: no more timers; workers left behind in the kernel are named.
+  // The job is over: no more timers; workers left behind in the kernel are named; the
+  // spares are killed.
   void end();
+
+  // --spares (docs/in_place_torch.md, "Warm spares"): once a worker said the program can wait
+  // as a spare (`hello spare=1`), the group keeps opts.spares processes of the program
+  // started with MUSTER_SPARE=1 and no rank; each says `hello spare=1` when it waits in
+  // muster_inplace.await_rank(). reform() gives a dead local rank's place to a ready spare
+  // (`take`, with the variables of that rank's environment that differ from the spare's)
+  // instead of starting a process, and starts another spare. A spare's exit is not a
+  // failure: it is started again, up to limits::kMaxSpareFailures in a row. stop() and end()
+  // kill them; the next start() starts them again.
+  int ready_spares() const;
 
  private:
   struct Pipe;
@@ -105,7 +117,20 @@ class WorkerGroup {
   v1::WorkerFailure describe(const Worker& w) const;
   // start() and reform(): one worker of the round, at the back of workers_.
   std::optional<v1::WorkerFailure> spawn_one(int lr, const v1::Assignment& a,
-                                             const WorkerEnvSpec& round, bool watch_progress);
+                                             const WorkerEnvSpec& round, bool watch_progress,
+                                             bool spare = false);
+  // The environment of local rank `lr` in the round (its folder, error file and progress page
+  // set on `w`).
+  std::map<std::string, std::string> worker_env(int lr, const v1::Assignment& a,
+                                                const WorkerEnvSpec& round, bool watch_progress,
+                                                Worker& w);
+  // Spares: started up to opts.spares; one taking local rank `lr` (false: none ready, or
+  // the rank's environment cannot be said in a `take`); one exited; all killed.
+  void top_up_spares();
+  bool take_spare(int lr, const v1::Assignment& a, const WorkerEnvSpec& round,
+                  bool watch_progress);
+  void on_spare_exit(Worker& w, int status);
+  void kill_spares();
   void watch_round(const v1::Assignment& a, bool watch_progress);
   void read_control(Worker* w);
   void send_control(Worker& w, const std::string& packet);
@@ -136,6 +161,14 @@ class WorkerGroup {
   // Dead workers replaced in place, kept while their pipes may still drain (the next re-form
   // drops those that are done).
   std::vector<std::unique_ptr<Worker>> retired_;
+  // --spares: the processes waiting, whether the program said it can wait as one, how many
+  // exited in a row without being taken, and the round they are started for.
+  std::vector<std::unique_ptr<Worker>> spares_;
+  bool spare_capable_ = false;
+  int spare_failures_ = 0;
+  int spares_made_ = 0;
+  std::optional<v1::Assignment> spare_round_;
+  WorkerEnvSpec spare_spec_;
   OwnedFd filtered_[2];  // this attempt's filtered_std{out,err}.log (-1: no filters, no file)
   std::unique_ptr<HangWatch> hang_watch_;
   std::chrono::milliseconds hang_timeout_{0};

@@ -8,6 +8,9 @@
 //   worker -> agent
 //     hello in_place=1           this worker re-forms in place (it listens for what follows)
 //     resumed round=R            it completed a step in round R's world
+//     hello spare=1              this program can be started as a warm spare (launch
+//                                --spares): it waits for `take` before it reads its rank
+//                                (muster_inplace.await_rank); from a spare: it is ready
 //   agent -> worker
 //     abort round=R              the world of round R-1 is over: fail every pending and
 //                                future collective now (R: the round coming, 0: not yet known)
@@ -16,6 +19,10 @@
 //                                the next world: re-form in it, then answer `resumed round=R`;
 //                                `lost`: the global ranks of the round before whose nodes
 //                                left it (absent: none, or not known)
+//     take NAME=VALUE ...        to a ready spare only: from now on it is the worker these
+//                                environment variables describe (the ones that differ from
+//                                the spare's own; MUSTER_SPARE goes); it then runs as a new
+//                                process of that rank would
 #pragma once
 
 #include <map>
@@ -32,6 +39,7 @@ inline constexpr char kHello[] = "hello";
 inline constexpr char kResumed[] = "resumed";
 inline constexpr char kAbort[] = "abort";
 inline constexpr char kWorld[] = "world";
+inline constexpr char kTake[] = "take";
 
 struct Message {
   std::string kind;

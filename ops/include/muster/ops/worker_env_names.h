@@ -33,5 +33,8 @@ inline constexpr char kRdzvToken[] = "MUSTER_RDZV_TOKEN";
 // In-place recovery (docs/in_place.md): the worker's end of its control channel
 // (ops/control_channel.h), set only when the agent runs with --in_place.
 inline constexpr char kControlFd[] = "MUSTER_CONTROL_FD";
+// "1" in a warm spare (launch --spares): it waits in muster_inplace.await_rank() for the
+// agent's `take`, which gives it a rank's variables (ops/control_channel.h).
+inline constexpr char kSpare[] = "MUSTER_SPARE";
 
 }  // namespace muster::env

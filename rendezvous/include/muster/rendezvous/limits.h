@@ -78,6 +78,14 @@ inline constexpr milliseconds kMaxStoreWait = std::chrono::hours(24);
 // full restart.
 inline constexpr milliseconds kDefaultInPlaceTimeout = std::chrono::seconds(30);
 inline constexpr milliseconds kMaxInPlaceTimeout = std::chrono::minutes(10);
+// Warm spares (launch --spares, docs/in_place_torch.md "Warm spares"): processes per node
+// that have started the program up to its muster_inplace.await_rank() and take a dead
+// rank's place at once. None unless asked; at most kMaxSpares. A spare that exits is started
+// again, until kMaxSpareFailures of them in a row exited without ever being taken: then the
+// node goes on without spares (a warning says so).
+inline constexpr int kDefaultSpares = 0;
+inline constexpr int kMaxSpares = 8;
+inline constexpr int kMaxSpareFailures = 3;
 inline constexpr milliseconds kDefaultReattachTimeout = std::chrono::seconds(30);
 inline constexpr milliseconds kMaxReattachTimeout = std::chrono::hours(1);
 // One run's record (RunRecord, serialized) in the run store; a larger one is not written (the
