@@ -353,6 +353,7 @@ void WorkerGroup::read_control(Worker* w) {
         } else if (m->kind == ops::control::kHello && m->text("spare") == "1") {
           if (w->spare) {
             w->spare_ready = true;
+            spdlog::info("--spares: spare pid {} is ready", w->pid);
           } else if (!spare_capable_) {
             spare_capable_ = true;  // the program can wait as a spare: keep some
             top_up_spares();

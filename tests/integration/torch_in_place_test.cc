@@ -243,3 +243,71 @@ TEST_CASE("torch in place: without --in_place the script is an ordinary DDP job:
   CHECK(count_lines_with(p.out(), "final loss") == 2);
   CHECK_THAT(p.err(), Catch::Contains("restarting workers"));
 }
+
+namespace {
+
+// "--spares: spare pid N is ready" lines of launch's log, in order.
+std::vector<std::string> ready_spares(const std::string& err) {
+  return all_of(err, R"(--spares: spare pid (\d+) is ready)");
+}
+
+}  // namespace
+
+TEST_CASE("torch in place with --spares: a spare that dies while it waits is started again; a "
+          "worker crash is taken by the warm spare, the survivors keep their processes and every "
+          "rank ends with the same parameters",
+          "[torch][in_place][spares]") {
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  auto env = kEnv;
+  env["MUSTER_LOG_LEVEL"] = "info";  // the spares' lines
+  Proc p(standalone(3, {"--in_place", "--spares=1", "--max_restarts=2"},
+                    {"--steps", "600", "--log-every", "100", "--step-sleep-ms", "10"}),
+         env);
+  auto spares_ready = [](std::size_t n) {
+    return [n](const std::string&, const std::string& err) { return ready_spares(err).size() >= n; };
+  };
+  REQUIRE(p.wait_output(spares_ready(1), 120s));
+  // The spare dies (it held no rank): another is started, nobody else is touched.
+  const std::string first_spare = ready_spares(p.err()).front();
+  ::kill(std::stoi(first_spare), SIGKILL);
+  REQUIRE(p.wait_output(spares_ready(2), 120s));
+  const std::string spare = ready_spares(p.err()).back();
+  CHECK(spare != first_spare);
+  CHECK_THAT(p.err(), Catch::Contains("exited (signal 9); starting another"));
+  REQUIRE(p.wait_output(out_has("step 100: loss"), 120s));
+  // A worker crash: the ready spare becomes rank 1 of round 2 (no new interpreter).
+  const auto first = started(p.out());
+  REQUIRE(first.count({1, 1}) == 1);
+  ::kill(std::stoi(first.at({1, 1})), SIGKILL);
+  const auto rc = p.wait(180s);
+  INFO(p.out() << p.err());
+  REQUIRE(rc == 0);
+  const auto pids = started(p.out());
+  REQUIRE(pids.count({2, 1}) == 1);
+  CHECK(pids.at({2, 1}) == spare);
+  CHECK_THAT(p.err(), Catch::Contains("--spares: spare pid " + spare + " takes local rank 1"));
+  CHECK(pids.size() == 4);  // round 1's three, then the spare as rank 1: nobody else started
+  for (int r : {0, 2}) {
+    CHECK(all_of(p.out(), "rank " + std::to_string(r) + R"(: pid (\d+) re-formed in place as rank )" +
+                              std::to_string(r) + " of 3, round 2") ==
+          std::vector<std::string>{pids.at({1, r})});
+  }
+  // A new spare was made ready after the take (the next crash finds one).
+  CHECK(ready_spares(p.err()).size() >= 3);
+  CHECK(count_lines_with(p.out(), "final loss") == 3);
+  CHECK(distinct(all_of(p.out(), R"(final loss \S+ steps 600 params (\S+))")).size() == 1);
+}
+
+TEST_CASE("--spares: it needs --in_place (one line, exit 2); a program that never says it can "
+          "wait as a spare gets none",
+          "[in_place][spares]") {
+  Proc bad({kLaunch, "--standalone", "--nproc_per_node=1", "--spares=1", "/bin/true"});
+  CHECK(bad.wait() == 2);
+  CHECK_THAT(bad.err(), Catch::Contains("--spares needs --in_place"));
+  CHECK(count_lines_with(bad.err(), "error") == 1);
+  // /bin/true never says hello: no spare is started, and the job ends 0 at once.
+  Proc quiet({kLaunch, "--standalone", "--nproc_per_node=2", "--in_place", "--spares=2", "/bin/true"},
+             {{"MUSTER_LOG_LEVEL", "info"}});
+  CHECK(quiet.wait() == 0);
+  CHECK_THAT(quiet.err(), !Catch::Contains("--spares"));
+}

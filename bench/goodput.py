@@ -1,0 +1,179 @@
+#!/usr/bin/python3
+"""What a worker crash costs a PyTorch DDP job (issue 41; bench/README.md, "Goodput under
+failures"): a 4-worker standalone job, examples/python/ddp_in_place.py with --step-sleep-ms 30
+(Debian's python3-torch, gloo), one random worker killed -9 every 10 s; progress is the step
+the job stands at when the minute ends (the step rank 0 last completed, after a full restart's
+rollback to its checkpoint), against the same job without kills, each started at its first
+step. Side by side, one after another on this machine:
+
+  none       launch --in_place, no kill (the reference)
+  spares     launch --in_place --spares=1 (a warm spare takes the dead rank's place)
+  in_place   launch --in_place (the dead rank's replacement is a new process)
+  full       launch (every worker restarted, from the checkpoint every 50 steps)
+  torchrun   ../shared/peer/torchrun311 --monitor_interval=0.1 (the same, as torchrun does it)
+
+  bench/goodput.sh [--trials N] [--only spares,in_place,...] [--seconds S] [--every S]
+"""
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
+LAUNCH = os.path.join(BUILD, "launcher/launch")
+TORCHRUN = os.environ.get("TORCHRUN", os.path.join(ROOT, "..", "shared", "peer", "torchrun311"))
+SCRIPT = os.path.join(ROOT, "examples", "python", "ddp_in_place.py")
+STEP = re.compile(r"(?:^|\]:)step (\d+): loss")
+PID = re.compile(r"pid (\d+) (?:in place|re-formed in place)")
+WAYS = ["none", "spares", "in_place", "full", "torchrun"]
+
+
+def children(pid):
+    """The pids whose parent is `pid`."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                out.append(int(name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def is_worker(pid, ranked):
+    """A training worker with a rank (not a spare, not torchrun's own helpers). A spare that
+    took a rank still shows its first environment in /proc: it is known by its own line
+    ("pid P in place"), kept in `ranked`."""
+    if pid in ranked:
+        return True
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            if b"ddp_in_place.py" not in f.read():
+                return False
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            env = f.read().split(b"\0")
+        return b"MUSTER_SPARE=1" not in env and any(e.startswith(b"RANK=") for e in env)
+    except OSError:
+        return False
+
+
+def workers_of(agent, ranked):
+    found, todo = [], [agent]
+    while todo:
+        for c in children(todo.pop()):
+            if is_worker(c, ranked):
+                found.append(c)
+            else:
+                todo.append(c)
+    return found
+
+
+def run(way, a, tmp):
+    ck = os.path.join(tmp, "ck.pt")
+    if os.path.exists(ck):
+        os.remove(ck)
+    script = [SCRIPT, "--steps", "1000000", "--log-every", "1", "--step-sleep-ms", str(a.step_ms),
+              "--checkpoint", ck, "--checkpoint-every", "50"]
+    if way == "torchrun":
+        argv = [TORCHRUN, "--standalone", "--nproc_per_node=4", "--monitor_interval=0.1",
+                "--max_restarts=100"] + script
+    else:
+        flags = ["--standalone", "--nproc_per_node=4", "--max_restarts=100"]
+        if way in ("none", "spares", "in_place"):
+            flags.append("--in_place")
+        if way == "spares":
+            flags.append("--spares=1")
+        argv = [LAUNCH] + flags + ["/usr/bin/python3"] + script
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                         start_new_session=True)
+    steps = []  # (monotonic, step)
+    ranked = set()
+    first = threading.Event()
+
+    def read():
+        for line in p.stdout:
+            text = line.decode(errors="replace")
+            pid = PID.search(text)
+            if pid:
+                ranked.add(int(pid.group(1)))
+            m = STEP.search(text)
+            if m:
+                steps.append((time.monotonic(), int(m.group(1))))
+                first.set()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    kills = 0
+    try:
+        if not first.wait(120):
+            raise RuntimeError("%s: no first step within 120 s" % way)
+        t0 = steps[0][0]
+        rng = random.Random(a.seed)
+        next_kill = t0 + a.every
+        while time.monotonic() < t0 + a.seconds:
+            time.sleep(0.05)
+            if way != "none" and time.monotonic() >= next_kill and next_kill < t0 + a.seconds:
+                ws = workers_of(p.pid, ranked)
+                if ws:
+                    os.kill(rng.choice(sorted(ws)), signal.SIGKILL)
+                    kills += 1
+                next_kill += a.every
+        end = t0 + a.seconds
+        done = [s for t, s in steps if t <= end]
+        return {"way": way, "step": done[-1] if done else 0, "kills": kills}
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=1)
+    ap.add_argument("--only", default=",".join(WAYS))
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--every", type=float, default=10)
+    ap.add_argument("--step_ms", type=float, default=30)
+    ap.add_argument("--seed", type=int, default=41)
+    a = ap.parse_args()
+    ways = [w for w in a.only.split(",") if w]
+    if "none" not in ways:
+        ways.insert(0, "none")
+    results = {w: [] for w in ways}
+    with tempfile.TemporaryDirectory() as tmp:
+        for t in range(a.trials):
+            for w in ways:
+                r = run(w, a, tmp)
+                results[w].append(r)
+                print(json.dumps(dict(r, trial=t)), flush=True)
+    ref = statistics.median(r["step"] for r in results["none"])
+    print("\n%-10s %8s %8s %10s %14s" % ("way", "step", "kills", "progress", "lost/failure"))
+    for w in ways:
+        step = statistics.median(r["step"] for r in results[w])
+        kills = statistics.median(r["kills"] for r in results[w])
+        per = ""
+        if kills:
+            # seconds of progress lost per failure, at the reference's step rate
+            rate = ref / a.seconds
+            per = "%.2f s" % ((ref - step) / rate / kills)
+        print("%-10s %8d %8d %9.1f%% %14s" % (w, step, kills, 100.0 * step / ref, per))
+
+
+if __name__ == "__main__":
+    main()
