@@ -98,7 +98,12 @@ def run(way, a, tmp):
             flags.append("--spares=1")
         argv = [LAUNCH] + flags + ["/usr/bin/python3"] + script
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+    err = subprocess.DEVNULL
+    if a.logs:
+        os.makedirs(a.logs, exist_ok=True)
+        err = open(os.path.join(a.logs, "%s.err" % way), "w")
+        env["MUSTER_LOG_LEVEL"] = "info"
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=env,
                          start_new_session=True)
     steps = []  # (monotonic, step)
     ranked = set()
@@ -132,8 +137,11 @@ def run(way, a, tmp):
                     kills += 1
                 next_kill += a.every
         end = t0 + a.seconds
-        done = [s for t, s in steps if t <= end]
-        return {"way": way, "step": done[-1] if done else 0, "kills": kills}
+        done = [(t, s) for t, s in steps if t <= end]
+        # The pauses of rank 0's steps longer than 0.2 s: what each failure stalled the job.
+        stalls = [round(done[i][0] - done[i - 1][0], 2) for i in range(1, len(done))
+                  if done[i][0] - done[i - 1][0] > 0.2]
+        return {"way": way, "step": done[-1][1] if done else 0, "kills": kills, "stalls": stalls}
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         try:
@@ -151,6 +159,7 @@ def main():
     ap.add_argument("--every", type=float, default=10)
     ap.add_argument("--step_ms", type=float, default=30)
     ap.add_argument("--seed", type=int, default=41)
+    ap.add_argument("--logs", default="", help="a folder: each run's stderr (launch at info level)")
     a = ap.parse_args()
     ways = [w for w in a.only.split(",") if w]
     if "none" not in ways:

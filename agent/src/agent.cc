@@ -157,13 +157,26 @@ class Agent::Impl {
       file_timers_ = std::move(*timers);
       group_.set_file_timers(file_timers_.get());
     }
-    apply(machine_.start(now()));
+    if (opts_.in_place && opts_.spares > 0) {
+      // --spares: this node's workers start warm, before it joins (a newcomer's included),
+      // so that the survivors of a run it joins wait for no interpreter (worker_group.h).
+      v1::Assignment first;
+      first.set_world_size(opts_.nproc_per_node);
+      first.set_group_world_size(1);
+      group_.warm_up(first, round_spec(first), [this] {
+        if (!exiting_) apply(machine_.start(now()));
+      });
+    } else {
+      apply(machine_.start(now()));
+    }
     io_.run();
     if (client_) client_->close();
     if (probe_) probe_->close();
     return machine_.exit_code();
   }
 
+  // A signal while the workers warm up (--spares) stops the spares and exits: the machine
+  // has nothing joined yet, and its Exit ends the warm-up (exiting_).
   void on_signal(int sig) { apply(machine_.on_signal(sig, now())); }
   bool failed() const { return machine_.failed(); }
 
@@ -291,6 +304,7 @@ class Agent::Impl {
       // As torchrun's @record main: the SignalException that stopped it.
       write_signal_exception(opts_.own_error_file, x.signal);
     }
+    exiting_ = true;
     group_.end();
     relay_.reset();  // before a server this process hosts closes
     for (auto& t : timers_) t.cancel();
@@ -376,6 +390,7 @@ class Agent::Impl {
   const AgentOptions opts_;
   session::SessionMachine machine_;
   WorkerGroup group_;
+  bool exiting_ = false;  // Exit carried out: a warm-up that ends now joins nothing
   asio::steady_timer timers_[session::kTimers];  // by session::Timer
   std::unique_ptr<rendezvous::SessionClient> client_;
   // The probe (session_machine.h), and whether its callbacks still go to the machine as the

@@ -4,12 +4,14 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
@@ -67,6 +69,16 @@ void bind_cpus(pid_t pid, const std::set<int>& cpus) {
       spdlog::warn("--numa_binding: cannot bind thread {} of pid {}: {}", tid, pid,
                    std::strerror(errno));
     }
+  }
+}
+
+// Every thread of `pid` to nice `value` (the ones it starts later inherit from theirs).
+void set_nice(pid_t pid, int value) {
+  std::error_code ec;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    const id_t tid = static_cast<id_t>(std::atoi(task.path().filename().c_str()));
+    if (tid > 0) ::setpriority(PRIO_PROCESS, tid, value);
   }
 }
 
@@ -128,6 +140,7 @@ struct WorkerGroup::Worker {
   // --spares: a spare (no rank yet), ready once it said `hello spare=1`; its environment.
   bool spare = false;
   bool spare_ready = false;
+  bool niced = false;  // started at limits::kSpareNice (the agent can give that back)
   std::map<std::string, std::string> env;
 };
 
@@ -140,7 +153,8 @@ struct WorkerGroup::Hang {
 };
 
 struct WorkerGroup::Timers {
-  explicit Timers(asio::io_context& io) : grace(io), drain(io), unkillable(io), hang(io) {}
+  explicit Timers(asio::io_context& io)
+      : grace(io), drain(io), unkillable(io), hang(io), warm(io) {}
   void cancel() {
     grace.cancel();
     drain.cancel();
@@ -150,6 +164,7 @@ struct WorkerGroup::Timers {
   asio::steady_timer drain;       // pipes held open by a process that left the group
   asio::steady_timer unkillable;  // after SIGKILL: for workers stuck in the kernel
   asio::steady_timer hang;        // a Python worker's faulthandler dump
+  asio::steady_timer warm;        // --spares: the first workers' warm-up (not in cancel())
 };
 
 void WorkerGroup::OwnedFd::reset() {
@@ -174,8 +189,11 @@ WorkerGroup::Started WorkerGroup::start(const v1::Assignment& a, const WorkerEnv
   // The run uses progress pages: a hang timeout, or a budget that knows progress.
   const bool watch_progress = a.hang_timeout_ms() > 0 || a.wants_progress();
   for (int lr = 0; lr < opts_.nproc_per_node; ++lr) {
+    if (take_spare(lr, a, round, watch_progress)) continue;
     if (auto f = spawn_one(lr, a, round, watch_progress)) return {size(), std::move(f)};
   }
+  std::sort(workers_.begin(), workers_.end(),
+            [](const auto& x, const auto& y) { return x->local_rank < y->local_rank; });
   watch_round(a, watch_progress);
   spare_round_ = a;
   spare_spec_ = round;
@@ -315,6 +333,12 @@ std::optional<v1::WorkerFailure> WorkerGroup::spawn_one(int lr, const v1::Assign
   }
   w->pid = child->pid;
   if (opts_.supervisor != nullptr) opts_.supervisor->track_group(child->pid);
+  // A spare's start (an interpreter, the program's imports) yields the CPU to the training
+  // workers; only where the agent may make it urgent again at its take (root).
+  if (spare && !spares_made_warm_ && ::geteuid() == 0 &&
+      ::setpriority(PRIO_PROCESS, static_cast<id_t>(w->pid), limits::kSpareNice) == 0) {
+    w->niced = true;
+  }
   w->out = make_pipe(child->out_fd, prefix, lr, 1, opts_.stdout_fd, (dir / "stdout.log").string());
   w->err = make_pipe(child->err_fd, prefix, lr, 2, opts_.stderr_fd, (dir / "stderr.log").string());
   w->out->filtered = filtered_[0].fd;
@@ -353,7 +377,9 @@ void WorkerGroup::read_control(Worker* w) {
         } else if (m->kind == ops::control::kHello && m->text("spare") == "1") {
           if (w->spare) {
             w->spare_ready = true;
+            spare_capable_ = true;
             spdlog::info("--spares: spare pid {} is ready", w->pid);
+            if (warm_done_ && ready_spares() >= opts_.nproc_per_node) warm_done("");
           } else if (!spare_capable_) {
             spare_capable_ = true;  // the program can wait as a spare: keep some
             top_up_spares();
@@ -542,7 +568,7 @@ void WorkerGroup::read_pipe(Worker* w, Pipe* p) {
         boost::system::error_code ignored;
         p->sd.close(ignored);
         if (hang_ && hang_->worker == w && p == w->err.get()) finish_hang();  // tracebacks in
-        check_gone();  // last: it may release the group (and this pipe)
+        if (!w->spare) check_gone();  // last: it may release the group (and this pipe)
       });
 }
 
@@ -732,6 +758,7 @@ bool WorkerGroup::take_spare(int lr, const v1::Assignment& a, const WorkerEnvSpe
   w->out->splitter.set_prefix(prefix);
   w->err->splitter.set_prefix(prefix);
   if (lr < static_cast<int>(opts_.numa_of.size())) bind_cpus(w->pid, opts_.numa_of[lr].cpus);
+  if (w->niced) set_nice(w->pid, 0);  // a worker now: as urgent as the others
   spare_failures_ = 0;
   spdlog::info("--spares: spare pid {} takes local rank {} (rank {})", w->pid, lr, w->rank);
   workers_.push_back(std::move(w));
@@ -747,6 +774,11 @@ void WorkerGroup::on_spare_exit(Worker& w, int status) {
     retired_.push_back(std::move(*it));  // its pipes may still drain
     spares_.erase(it);
   }
+  if (warm_done_) {
+    warm_done(absl::StrCat("a spare (pid ", w.pid, ") exited before it waited in "
+                           "muster_inplace.await_rank()"));
+    return;
+  }
   if (stopping_ || ended_ || all_reaped()) return;  // no round to wait for
   ++spare_failures_;
   const std::string how = WIFSIGNALED(status) ? absl::StrCat("signal ", WTERMSIG(status))
@@ -758,6 +790,46 @@ void WorkerGroup::on_spare_exit(Worker& w, int status) {
   }
   spdlog::warn("--spares: a spare (pid {}) exited ({}); starting another", w.pid, how);
   top_up_spares();
+}
+
+void WorkerGroup::warm_up(const v1::Assignment& a, const WorkerEnvSpec& spec,
+                          std::function<void()> done) {
+  spare_round_ = a;
+  spare_spec_ = spec;
+  warm_done_ = std::move(done);
+  for (int i = 0; i < opts_.nproc_per_node; ++i) {
+    const std::size_t before = spares_.size();
+    spares_made_warm_ = true;
+    spawn_one(0, a, spec, false, true);
+    spares_made_warm_ = false;
+    if (spares_.size() == before) {
+      warm_done("a spare could not be started");
+      return;
+    }
+  }
+  timers_->warm.expires_after(limits::kSpareWarmTimeout);
+  timers_->warm.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec && warm_done_) {
+      warm_done(absl::StrCat("no spare waited in muster_inplace.await_rank() within ",
+                             limits::kSpareWarmTimeout.count(), " s"));
+    }
+  });
+}
+
+// The warm-up is over: `why` empty when every spare is ready; else the program cannot wait
+// as a spare, and the node goes on without spares.
+void WorkerGroup::warm_done(const std::string& why) {
+  auto done = std::move(warm_done_);
+  warm_done_ = nullptr;
+  timers_->warm.cancel();
+  if (!why.empty()) {
+    spdlog::warn("--spares: {}: the program cannot wait as a spare; its workers start as usual",
+                 why);
+    spare_capable_ = false;
+    spare_failures_ = limits::kMaxSpareFailures;
+    kill_spares();
+  }
+  if (done) boost::asio::post(io_, std::move(done));  // not from inside a handler of ours
 }
 
 void WorkerGroup::kill_spares() {
@@ -875,6 +947,8 @@ void WorkerGroup::arm_drain_timer() {
 
 void WorkerGroup::end() {
   ended_ = true;
+  warm_done_ = nullptr;
+  timers_->warm.cancel();
   kill_spares();
   for (const auto* list : {&workers_, &abandoned_}) {
     for (const auto& w : *list) {

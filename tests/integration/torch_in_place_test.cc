@@ -251,6 +251,17 @@ std::vector<std::string> ready_spares(const std::string& err) {
   return all_of(err, R"(--spares: spare pid (\d+) is ready)");
 }
 
+// The spares started beside running workers (not the warm-up's, which become the first
+// workers) that are ready, in order.
+std::vector<std::string> ready_extra_spares(const std::string& err) {
+  const auto extra = distinct(all_of(err, R"(--spares: spare started \(pid (\d+)\))"));
+  std::vector<std::string> out;
+  for (const std::string& pid : ready_spares(err)) {
+    if (extra.count(pid) != 0) out.push_back(pid);
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("torch in place with --spares: a spare that dies while it waits is started again; a "
@@ -264,20 +275,24 @@ TEST_CASE("torch in place with --spares: a spare that dies while it waits is sta
                     {"--steps", "600", "--log-every", "100", "--step-sleep-ms", "10"}),
          env);
   auto spares_ready = [](std::size_t n) {
-    return [n](const std::string&, const std::string& err) { return ready_spares(err).size() >= n; };
+    return [n](const std::string&, const std::string& err) {
+      return ready_extra_spares(err).size() >= n;
+    };
   };
   REQUIRE(p.wait_output(spares_ready(1), 120s));
-  // The spare dies (it held no rank): another is started, nobody else is touched.
-  const std::string first_spare = ready_spares(p.err()).front();
+  // The node's own workers started warm: each was a spare, taken when the round formed.
+  const auto first = started(p.out());
+  REQUIRE(first.count({1, 1}) == 1);
+  CHECK_THAT(p.err(), Catch::Contains("--spares: spare pid " + first.at({1, 1}) + " takes local rank 1"));
+  // The extra spare dies (it held no rank): another is started, nobody else is touched.
+  const std::string first_spare = ready_extra_spares(p.err()).front();
   ::kill(std::stoi(first_spare), SIGKILL);
   REQUIRE(p.wait_output(spares_ready(2), 120s));
-  const std::string spare = ready_spares(p.err()).back();
+  const std::string spare = ready_extra_spares(p.err()).back();
   CHECK(spare != first_spare);
   CHECK_THAT(p.err(), Catch::Contains("exited (signal 9); starting another"));
   REQUIRE(p.wait_output(out_has("step 100: loss"), 120s));
   // A worker crash: the ready spare becomes rank 1 of round 2 (no new interpreter).
-  const auto first = started(p.out());
-  REQUIRE(first.count({1, 1}) == 1);
   ::kill(std::stoi(first.at({1, 1})), SIGKILL);
   const auto rc = p.wait(180s);
   INFO(p.out() << p.err());
@@ -287,27 +302,74 @@ TEST_CASE("torch in place with --spares: a spare that dies while it waits is sta
   CHECK(pids.at({2, 1}) == spare);
   CHECK_THAT(p.err(), Catch::Contains("--spares: spare pid " + spare + " takes local rank 1"));
   CHECK(pids.size() == 4);  // round 1's three, then the spare as rank 1: nobody else started
+  CHECK(pids.at({2, 1}) != first.at({1, 1}));
   for (int r : {0, 2}) {
     CHECK(all_of(p.out(), "rank " + std::to_string(r) + R"(: pid (\d+) re-formed in place as rank )" +
                               std::to_string(r) + " of 3, round 2") ==
           std::vector<std::string>{pids.at({1, r})});
   }
   // A new spare was made ready after the take (the next crash finds one).
-  CHECK(ready_spares(p.err()).size() >= 3);
+  CHECK(ready_extra_spares(p.err()).size() >= 3);
   CHECK(count_lines_with(p.out(), "final loss") == 3);
   CHECK(distinct(all_of(p.out(), R"(final loss \S+ steps 600 params (\S+))")).size() == 1);
 }
 
-TEST_CASE("--spares: it needs --in_place (one line, exit 2); a program that never says it can "
-          "wait as a spare gets none",
+TEST_CASE("--spares: it needs --in_place (one line, exit 2); a program that never waits as a "
+          "spare is started as usual after one warm-up, with no spare beside it",
           "[in_place][spares]") {
   Proc bad({kLaunch, "--standalone", "--nproc_per_node=1", "--spares=1", "/bin/true"});
   CHECK(bad.wait() == 2);
   CHECK_THAT(bad.err(), Catch::Contains("--spares needs --in_place"));
   CHECK(count_lines_with(bad.err(), "error") == 1);
-  // /bin/true never says hello: no spare is started, and the job ends 0 at once.
+  // /bin/true exits before it could wait as a spare: the warm-up says so in one line, the
+  // workers start as usual, the job ends 0, and no spare is started beside them.
   Proc quiet({kLaunch, "--standalone", "--nproc_per_node=2", "--in_place", "--spares=2", "/bin/true"},
              {{"MUSTER_LOG_LEVEL", "info"}});
   CHECK(quiet.wait() == 0);
-  CHECK_THAT(quiet.err(), !Catch::Contains("--spares"));
+  CHECK(count_lines_with(quiet.err(), "the program cannot wait as a spare; its workers start as usual") == 1);
+  CHECK_THAT(quiet.err(), !Catch::Contains("spare started"));
+  CHECK_THAT(quiet.err(), !Catch::Contains("takes local rank"));
+}
+
+TEST_CASE("torch in place with --spares: a newcomer within MIN:MAX joins only once its worker "
+          "waits warm, takes it for its rank, and the survivors keep their processes",
+          "[torch][in_place][spares]") {
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  RdzvdProc server;
+  auto env = kEnv;
+  env["MUSTER_LOG_LEVEL"] = "info";
+  auto agent = [&] {
+    std::vector<std::string> argv = c10d(server.endpoint, "2:3", 1, "tspare",
+                                         {"--rdzv_conf=last_call_timeout=0.5", "--in_place",
+                                          "--spares=1", "--max_restarts=1"});
+    argv.insert(argv.begin(), kLaunch);
+    for (const std::string& a : script({"--steps", "400", "--log-every", "100", "--step-sleep-ms", "10"})) {
+      argv.push_back(a);
+    }
+    return std::make_unique<Proc>(argv, env);
+  };
+  auto a = agent(), b = agent();
+  for (auto* p : {a.get(), b.get()}) REQUIRE(p->wait_output(out_has("in place, round 1"), 120s));
+  REQUIRE(rank0_said({a.get(), b.get()}, "step 100: loss"));
+  auto c = agent();
+  for (Proc* p : {a.get(), b.get(), c.get()}) {
+    const auto rc = p->wait(180s);
+    INFO(p->out() << p->err());
+    CHECK(rc == 0);
+  }
+  // The newcomer's worker was a spare that waited before the node joined: the take names it.
+  const auto mine = started(c->out());
+  REQUIRE(mine.size() == 1);
+  CHECK(mine.begin()->first.first >= 2);
+  CHECK_THAT(c->err(), Catch::Contains("--spares: spare pid " + mine.begin()->second +
+                                       " takes local rank 0"));
+  for (Proc* p : {a.get(), b.get()}) {
+    INFO(p->out() << p->err());
+    const auto pids = started(p->out());
+    REQUIRE(pids.size() == 1);
+    CHECK(all_of(p->out(), R"(: pid (\d+) re-formed in place as rank \d of 3, round \d+)") ==
+          std::vector<std::string>{pids.begin()->second});
+  }
+  const std::string all = a->out() + b->out() + c->out();
+  CHECK(distinct(all_of(all, R"(final loss \S+ steps 400 params (\S+))")).size() == 1);
 }

@@ -103,6 +103,12 @@ class WorkerGroup {
   // failure: it is started again, up to limits::kMaxSpareFailures in a row. stop() and end()
   // kill them; the next start() starts them again.
   int ready_spares() const;
+  // Before the first round (with --spares): nproc_per_node spares started with `spec`'s
+  // environment; `done` once every one is ready, or once the program showed it cannot wait
+  // as one (a spare exited first, or limits::kSpareWarmTimeout passed: they are killed).
+  // start() then hands each local rank a ready spare (`take`) before it starts a process.
+  void warm_up(const v1::Assignment& assignment, const WorkerEnvSpec& spec,
+               std::function<void()> done);
 
  private:
   struct Pipe;
@@ -131,6 +137,7 @@ class WorkerGroup {
                   bool watch_progress);
   void on_spare_exit(Worker& w, int status);
   void kill_spares();
+  void warm_done(const std::string& why);
   void watch_round(const v1::Assignment& a, bool watch_progress);
   void read_control(Worker* w);
   void send_control(Worker& w, const std::string& packet);
@@ -167,6 +174,8 @@ class WorkerGroup {
   bool spare_capable_ = false;
   int spare_failures_ = 0;
   int spares_made_ = 0;
+  std::function<void()> warm_done_;  // while warming up
+  bool spares_made_warm_ = false;     // warm_up() is starting the first workers (not niced)
   std::optional<v1::Assignment> spare_round_;
   WorkerEnvSpec spare_spec_;
   OwnedFd filtered_[2];  // this attempt's filtered_std{out,err}.log (-1: no filters, no file)

@@ -86,6 +86,14 @@ inline constexpr milliseconds kMaxInPlaceTimeout = std::chrono::minutes(10);
 inline constexpr int kDefaultSpares = 0;
 inline constexpr int kMaxSpares = 8;
 inline constexpr int kMaxSpareFailures = 3;
+// A spare started beside running workers runs at this nice value until its take (where the
+// agent may give it back: as root), so that its start does not slow the training steps.
+inline constexpr int kSpareNice = 19;
+// With --spares an agent starts its own workers warm too: before it first joins a round
+// (a newcomer included) it starts them as spares and joins once each waits in await_rank();
+// the survivors of a run it joins then wait for no interpreter. A program that does not get
+// there within this long (or exits first) cannot wait as a spare: its workers start as usual.
+inline constexpr std::chrono::seconds kSpareWarmTimeout{120};
 inline constexpr milliseconds kDefaultReattachTimeout = std::chrono::seconds(30);
 inline constexpr milliseconds kMaxReattachTimeout = std::chrono::hours(1);
 // One run's record (RunRecord, serialized) in the run store; a larger one is not written (the
