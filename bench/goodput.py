@@ -34,7 +34,7 @@ TORCHRUN = os.environ.get("TORCHRUN", os.path.join(ROOT, "..", "shared", "peer",
 SCRIPT = os.path.join(ROOT, "examples", "python", "ddp_in_place.py")
 STEP = re.compile(r"(?:^|\]:)step (\d+): loss")
 PID = re.compile(r"pid (\d+) (?:in place|re-formed in place)")
-WAYS = ["none", "spares", "in_place", "full", "torchrun"]
+WAYS = ["none", "none_spares", "spares", "in_place", "full", "torchrun"]
 
 
 def children(pid):
@@ -92,9 +92,9 @@ def run(way, a, tmp):
                 "--max_restarts=100"] + script
     else:
         flags = ["--standalone", "--nproc_per_node=4", "--max_restarts=100"]
-        if way in ("none", "spares", "in_place"):
+        if way in ("none", "none_spares", "spares", "in_place"):
             flags.append("--in_place")
-        if way == "spares":
+        if way in ("spares", "none_spares"):
             flags.append("--spares=1")
         argv = [LAUNCH] + flags + ["/usr/bin/python3"] + script
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -130,7 +130,7 @@ def run(way, a, tmp):
         next_kill = t0 + a.every
         while time.monotonic() < t0 + a.seconds:
             time.sleep(0.05)
-            if way != "none" and time.monotonic() >= next_kill and next_kill < t0 + a.seconds:
+            if not way.startswith("none") and time.monotonic() >= next_kill and next_kill < t0 + a.seconds:
                 ws = workers_of(p.pid, ranked)
                 if ws:
                     os.kill(rng.choice(sorted(ws)), signal.SIGKILL)
@@ -181,7 +181,11 @@ def main():
             # seconds of progress lost per failure, at the reference's step rate
             rate = ref / a.seconds
             per = "%.2f s" % ((ref - step) / rate / kills)
-        print("%-10s %8d %8d %9.1f%% %14s" % (w, step, kills, 100.0 * step / ref, per))
+        own = ""
+        if w == "spares" and results.get("none_spares"):  # against the same job unkilled
+            own = "  (%.1f%% of none_spares)" % (
+                100.0 * step / statistics.median(r["step"] for r in results["none_spares"]))
+        print("%-10s %8d %8d %9.1f%% %14s%s" % (w, step, kills, 100.0 * step / ref, per, own))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ RDZVD = os.path.join(BUILD, "rendezvous/rdzvd")
 TORCHRUN = os.environ.get("TORCHRUN", os.path.join(ROOT, "..", "shared", "peer", "torchrun311"))
 SCRIPT = os.path.join(ROOT, "examples", "python", "ddp_in_place.py")
 STEP = r"(?:^|\]:)step (\d+): loss"
-WAYS = ["none", "spares", "in_place", "full", "torchrun"]
+WAYS = ["none", "none_spares", "spares", "in_place", "full", "torchrun"]
 
 
 def wrap(i):
@@ -59,9 +59,9 @@ def agent(a, way, host, tmp, n):
         argv = wrap(host) + [LAUNCH, "--nnodes=2:3", "--nproc_per_node=1", "--rdzv_backend=c10d",
                              f"--rdzv_endpoint={endpoint}", "--rdzv_id=job", "--max_restarts=100",
                              "--rdzv_conf=last_call_timeout=2"]
-        if way in ("none", "spares", "in_place"):
+        if way in ("none", "none_spares", "spares", "in_place"):
             argv.append("--in_place")
-        if way == "spares":
+        if way in ("spares", "none_spares"):
             argv.append("--spares=1")
         argv += ["/usr/bin/python3", *script]
     env = dict(os.environ, PYTHON_EXEC="/usr/bin/python3", PYTHONUNBUFFERED="1")
@@ -90,13 +90,15 @@ def inner(a):
             raise RuntimeError("no first step: " + " | ".join(t for p in everyone() for _, t in p.lines[-3:]))
         t0 = first[0]
         kills = 0
+        kill_times = []
         next_kill = t0 + a.every
         while time.monotonic() < t0 + a.seconds:
             time.sleep(0.05)
-            if a.way != "none" and time.monotonic() >= next_kill and next_kill < t0 + a.seconds:
+            if not a.way.startswith("none") and time.monotonic() >= next_kill and next_kill < t0 + a.seconds:
                 # The node dies (its agent and everything in its session) and comes back.
                 os.killpg(agents[2].p.pid, signal.SIGKILL)
                 agents[2].p.wait()
+                kill_times.append(time.monotonic() - t0)
                 kills += 1
                 agents[2] = agent(a, a.way, 2, tmp, kills)
                 procs.append(agents[2])
@@ -108,6 +110,14 @@ def inner(a):
         res["kills"] = kills
         res["stalls"] = [round(steps[i][0] - steps[i - 1][0], 2) for i in range(1, len(steps))
                          if steps[i][0] - steps[i - 1][0] > 0.2]
+        if a.detail:  # steps per second, second by second
+            per = [0] * int(a.seconds)
+            for t, _ in steps:
+                k = int(t - t0)
+                if 0 <= k < len(per):
+                    per[k] += 1
+            res["per_second"] = per
+            res["kill_times"] = [round(k, 2) for k in kill_times]
     except Exception as e:  # noqa: BLE001 (the result says what went wrong)
         res["error"] = str(e)
     finally:
@@ -141,7 +151,11 @@ def outer(a):
             continue
         step = statistics.median(r["step"] for r in ok(w))
         kills = statistics.median(r["kills"] for r in ok(w))
-        print(f"| {w} | {step:.0f} | {kills:.0f} | {100.0 * step / ref:.1f}% |")
+        own = ""
+        if w == "spares" and ok("none_spares"):  # against the same job (its spares) unkilled
+            own = " (%.1f%% of none_spares)" % (
+                100.0 * step / statistics.median(r["step"] for r in ok("none_spares")))
+        print(f"| {w} | {step:.0f} | {kills:.0f} | {100.0 * step / ref:.1f}%{own} |")
 
 
 def main():
@@ -153,6 +167,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--every", type=float, default=15)
     ap.add_argument("--step_ms", type=float, default=30)
+    ap.add_argument("--detail", action="store_true", help="--inner: steps per second")
     a = ap.parse_args()
     inner(a) if a.inner else outer(a)
 

@@ -334,8 +334,9 @@ std::optional<v1::WorkerFailure> WorkerGroup::spawn_one(int lr, const v1::Assign
   w->pid = child->pid;
   if (opts_.supervisor != nullptr) opts_.supervisor->track_group(child->pid);
   // A spare's start (an interpreter, the program's imports) yields the CPU to the training
-  // workers; only where the agent may make it urgent again at its take (root).
-  if (spare && !spares_made_warm_ && ::geteuid() == 0 &&
+  // workers (a newcomer's warm-up too: the run it joins is training); only where the agent
+  // may make it urgent again at its take (root).
+  if (spare && ::geteuid() == 0 &&
       ::setpriority(PRIO_PROCESS, static_cast<id_t>(w->pid), limits::kSpareNice) == 0) {
     w->niced = true;
   }
@@ -799,9 +800,7 @@ void WorkerGroup::warm_up(const v1::Assignment& a, const WorkerEnvSpec& spec,
   warm_done_ = std::move(done);
   for (int i = 0; i < opts_.nproc_per_node; ++i) {
     const std::size_t before = spares_.size();
-    spares_made_warm_ = true;
     spawn_one(0, a, spec, false, true);
-    spares_made_warm_ = false;
     if (spares_.size() == before) {
       warm_done("a spare could not be started");
       return;

@@ -2,7 +2,8 @@
 the agent (ops/control_channel.h is the contract). The hello goes out first; abort and world
 messages move the epoch and wake a waiter at once; malformed messages are refused and change
 nothing; a world for an older round is not the one awaited; `resumed` is answered; a closed
-channel ends the wait with RecoveryError. Exit 0 when every check holds.
+channel ends the wait with RecoveryError; await_rank() declares spares and a spare takes its
+rank's variables from `take`. Exit 0 when every check holds.
 
   python3 tests/scripts/muster_inplace_test.py PYTHON_DIR
 """
@@ -114,6 +115,33 @@ try:
     check(False, "a closed channel ends the wait")
 except mi.RecoveryError as e:
     check("closed" in str(e), "a closed channel ends the wait with RecoveryError (%s)" % e)
+
+# await_rank (warm spares): a worker says it can wait as a spare and goes on; a spare waits
+# until `take`, which sets its environment; the descriptor stays open for Job's channel.
+a4, w4 = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+os.environ["MUSTER_CONTROL_FD"] = str(w4.fileno())
+os.environ.pop("MUSTER_SPARE", None)
+check(mi.await_rank() is False, "await_rank in a worker returns at once")
+check(a4.recv(2048) == b"hello spare=1", "it says the program can wait as a spare")
+os.environ["MUSTER_SPARE"] = "1"
+os.environ.pop("RANK", None)
+took = []
+t = threading.Thread(target=lambda: took.append(mi.await_rank()))
+t.start()
+check(a4.recv(2048) == b"hello spare=1", "a spare says it is ready")
+time.sleep(0.1)
+check(t.is_alive(), "a spare waits until it is given a rank")
+a4.send(b"world round=9 rank=0 world_size=1 master_addr=h master_port=1")  # not its message
+a4.send(b"take RANK=5 LOCAL_RANK=1 MUSTER_ROUND=3")
+t.join(10)
+check(took == [True] and os.environ.get("RANK") == "5" and os.environ.get("LOCAL_RANK") == "1"
+      and os.environ.get("MUSTER_ROUND") == "3", "take sets the rank's variables")
+check("MUSTER_SPARE" not in os.environ, "and the process is no spare any more")
+w4.send(b"still open")
+check(a4.recv(2048) == b"still open", "the channel's descriptor is still open for Job")
+a4.close()
+w4.close()
+del os.environ["MUSTER_CONTROL_FD"]
 
 print("%d failure(s)" % len(failures))
 sys.exit(1 if failures else 0)

@@ -175,7 +175,6 @@ class WorkerGroup {
   int spare_failures_ = 0;
   int spares_made_ = 0;
   std::function<void()> warm_done_;  // while warming up
-  bool spares_made_warm_ = false;     // warm_up() is starting the first workers (not niced)
   std::optional<v1::Assignment> spare_round_;
   WorkerEnvSpec spare_spec_;
   OwnedFd filtered_[2];  // this attempt's filtered_std{out,err}.log (-1: no filters, no file)
