@@ -27,21 +27,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hostproc import Proc, wait_until  # noqa: E402
+from hostproc import BUILD, ROOT, TORCHRUN, Proc, wait_until, wrap  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("BUILD", "/work/main/build")
 HOSTNET = os.path.join(BUILD, "tests/hostnet")
 LAUNCH = os.path.join(BUILD, "launcher/launch")
 RDZVD = os.path.join(BUILD, "rendezvous/rdzvd")
-TORCHRUN = os.environ.get("TORCHRUN", os.path.join(ROOT, "..", "shared", "peer", "torchrun311"))
 SCRIPT = os.path.join(ROOT, "examples", "python", "ddp_in_place.py")
 STEP = r"(?:^|\]:)step (\d+): loss"
 WAYS = ["none", "none_spares", "spares", "in_place", "full", "torchrun"]
-
-
-def wrap(i):
-    return os.environ[f"HOSTNET_WRAP_{i}"].split()
 
 
 def agent(a, way, host, tmp, n):

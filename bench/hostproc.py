@@ -1,11 +1,23 @@
 """What the namespace-host benches share (bench/ha_hosts.py, bench/blips.py, bench/hosts.py): a
 process whose output lines are kept with the time each was read (time.monotonic, the
 CLOCK_MONOTONIC every network namespace shares), and waiting for a condition."""
+import os
 import re
 import signal
 import subprocess
 import threading
 import time
+
+
+# Where a bench finds the tree and its build, and how a command runs inside host i of a
+# `hostnet run` (its HOSTNET_WRAP_<i> prefix).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("BUILD", "/work/main/build")
+TORCHRUN = os.environ.get("TORCHRUN", os.path.join(ROOT, "..", "shared", "peer", "torchrun311"))
+
+
+def wrap(i):
+    return os.environ[f"HOSTNET_WRAP_{i}"].split()
 
 
 class Proc:
