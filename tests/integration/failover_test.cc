@@ -65,7 +65,11 @@ struct Replica {
     CHECK(rc == 0);
   }
   bool leads(std::chrono::milliseconds timeout) {
-    return proc->wait_output(says("rdzvd: leading after"), timeout);
+    if (proc->wait_output(says("rdzvd: leading after"), timeout)) return true;
+    // Said with the assertion that fails on it: why it did not come to lead.
+    UNSCOPED_INFO("rdzvd " << endpoint << " did not lead; its output:\n"
+                           << proc->out() << proc->err());
+    return false;
   }
   void kill9() {
     ::kill(proc->pid(), SIGKILL);

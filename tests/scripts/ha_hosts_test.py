@@ -75,6 +75,15 @@ def main():
         want(res.get("agent_rcs") == [0, 0], f"agents' exit codes: {res.get('agent_rcs')}")
     for p in problems:
         print("ha_hosts_test: " + p)
+    # What CI keeps is this output, not the log folder: the failing trials' logs' last lines.
+    for fault in sorted({p.split(":", 1)[0] for p in problems}):
+        for name in sorted(os.listdir(logdir)):
+            if name.startswith(fault + "."):
+                with open(os.path.join(logdir, name), errors="replace") as f:
+                    tail = f.read().splitlines()[-12:]
+                print(f"ha_hosts_test: --- {name} (last lines)")
+                for line in tail:
+                    print("    " + line)
     if problems:
         print(f"ha_hosts_test: FAILED ({len(problems)} problems)")
         return 1

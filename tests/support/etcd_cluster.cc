@@ -108,6 +108,15 @@ std::string EtcdCluster::missing() {
   return "";
 }
 
+std::string EtcdCluster::data_base() {
+  std::error_code ec;
+  if (std::filesystem::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK) == 0) {
+    return "/dev/shm";
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp != nullptr && *tmp ? tmp : "/tmp";
+}
+
 EtcdCluster::EtcdCluster(EtcdOptions o) : options_(o) {
   // mkdtemp made the folder's name unique among this TMPDIR's; the pid separates TMPDIRs.
   token_ = "muster-" + std::to_string(::getpid()) + "-" +

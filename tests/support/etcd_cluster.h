@@ -117,12 +117,16 @@ class EtcdCluster {
   // Waits until each of `which` is ready (READY=1), within the options' `ready`. Throws when
   // one exits first (PortTaken, in the .cc, when it could not bind) or the time passes.
   void wait_ready(const std::vector<int>& which);
+  static std::string data_base();
   void reap(int i);
   std::string running_endpoints() const;
   std::string log_tail(int i) const;
 
   EtcdOptions options_;
-  TempDir dir_;
+  // On tmpfs (/dev/shm) where there is one: members fsync their log on every write, and a
+  // disk kept busy by another test (debootstrap, a build) would stall them for seconds, which
+  // is not what these tests are about.
+  TempDir dir_{data_base()};
   std::string token_;
   std::vector<Member> members_;
 };

@@ -147,10 +147,14 @@ bool wait_pidfd(int pidfd, std::chrono::milliseconds timeout) {
   return ::poll(&p, 1, static_cast<int>(timeout.count())) == 1;
 }
 
-TempDir::TempDir() {
+TempDir::TempDir() : TempDir([] {
   const char* tmp = std::getenv("TMPDIR");
-  std::string t = std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/muster_test_XXXXXX";
-  if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp");
+  return std::string(tmp != nullptr && *tmp ? tmp : "/tmp");
+}()) {}
+
+TempDir::TempDir(const std::string& base) {
+  std::string t = base + "/muster_test_XXXXXX";
+  if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp under " + base);
   path_ = t;
 }
 

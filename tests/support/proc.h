@@ -76,6 +76,8 @@ std::string find_on_path(const std::string& name);
 class TempDir {
  public:
   TempDir();
+  // Under `base` instead of TMPDIR.
+  explicit TempDir(const std::string& base);
   ~TempDir();
   const std::string& path() const { return path_; }
   std::string file(const std::string& name) const { return path_ + "/" + name; }

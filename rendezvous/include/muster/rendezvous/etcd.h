@@ -10,8 +10,9 @@
 //    revision, so a replica that no longer leads can never write, and its write fails.
 //  - A lease that etcd says is gone, or whose renewals have not got through by the time it
 //    may expire (the last renewal sent + lease_ttl, less lease_ttl /
-//    limits::kEtcdStepDownMarginDivisor), calls on_lost (from the keep-alive thread): the
-//    replica must stop at once, as another may lead from then on.
+//    limits::kEtcdStepDownMarginDivisor), calls on_lost (from the keep-alive thread) on a
+//    leader: it must stop at once, as another may lead from then on. A standby (decided
+//    nothing, wrote nothing) takes a new lease instead and campaigns on under it.
 //  - Every call is bounded per attempt (limits::kEtcdAttemptsPerLease): a member that went
 //    silent (its connection looks open, nothing answers) costs one attempt, and the call goes
 //    on to another member (the channel is round robin over all of them) well inside the
@@ -50,8 +51,8 @@ class EtcdReplica {
   EtcdReplica(const EtcdReplica&) = delete;
   EtcdReplica& operator=(const EtcdReplica&) = delete;
 
-  // Blocks until this replica leads (or the lease is gone, or resign()/the destructor ends
-  // the wait). From then on run_store() writes, fenced by this leadership. `name` is what
+  // Blocks until this replica leads (or resign()/the destructor ends the wait). A lease that
+  // lapses while it waits is replaced and the campaign goes on. From then on run_store() writes, fenced by this leadership. `name` is what
   // other replicas and messages call this one (its advertised HOST:PORT).
   absl::Status campaign(const std::string& name);
   // Calls `on_leader` from a thread of its own with the leader's name each time another

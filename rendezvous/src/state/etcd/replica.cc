@@ -28,6 +28,7 @@ class EtcdReplica::Impl {
   std::condition_variable cv;
   bool stopping = false;           // under mu
   bool lost = false;               // under mu
+  bool leading = false;            // under mu: campaign() won with the lease held now
   grpc::ClientContext* campaign_ctx = nullptr;  // under mu, while campaign() waits
   grpc::ClientContext* observe_ctx = nullptr;   // under mu, while observing
   std::thread keeper, observer;
@@ -43,6 +44,69 @@ class EtcdReplica::Impl {
       if (campaign_ctx != nullptr) campaign_ctx->TryCancel();
     }
     on_lost(why);
+  }
+
+  // Grants a lease (one call, retried within request_timeout): its id and TTL.
+  absl::StatusOr<std::pair<std::int64_t, milliseconds>> grant() {
+    etcdserverpb::LeaseGrantRequest req;
+    req.set_ttl(std::max<std::int64_t>(1, (opts.lease_ttl.count() + 999) / 1000));  // whole s
+    etcdserverpb::LeaseGrantResponse resp;
+    grpc::Status st = etcd::call_with_retry(
+        std::chrono::system_clock::now() + opts.request_timeout, stubs->attempt,
+        [&](grpc::ClientContext& ctx) { return stubs->lease->LeaseGrant(&ctx, req, &resp); });
+    if (!st.ok()) return etcd::error(*stubs, "granting a lease", st);
+    if (!resp.error().empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("etcd at ", opts.endpoints, ": granting a lease: ", resp.error()));
+    }
+    return std::make_pair(resp.id(), milliseconds(resp.ttl() * 1000));
+  }
+
+  // The lease is gone, or may be. A leader must stop (lose). A standby decides nothing and
+  // wrote nothing under it: it takes a new lease and campaigns on with it (its campaign is
+  // asked again), rather than leaving the group one replica short. False when it stops.
+  bool lapse(const std::string& why) {
+    bool is_leading;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stopping || lost) return false;
+      is_leading = leading;
+    }
+    if (is_leading) {
+      lose(absl::StrCat("its ", why));
+      return false;
+    }
+    spdlog::warn("rdzvd: the standby's {}; it takes a new lease and campaigns on", why);
+    for (;;) {
+      absl::StatusOr<std::pair<std::int64_t, milliseconds>> fresh = grant();
+      std::unique_lock<std::mutex> lock(mu);
+      if (stopping || lost) return false;
+      if (leading) {  // its campaign won under the old lease meanwhile: a leader now
+        lock.unlock();
+        if (fresh.ok()) revoke(fresh->first, limits::kEtcdMinAttempt);
+        lose(absl::StrCat("its ", why));
+        return false;
+      }
+      if (fresh.ok()) {
+        const std::int64_t old = lease;
+        lease = fresh->first;
+        if (campaign_ctx != nullptr) campaign_ctx->TryCancel();  // asked again, with it
+        lock.unlock();
+        revoke(old, limits::kEtcdMinAttempt);  // best effort: its key goes now, not at expiry
+        spdlog::info("rdzvd: etcd granted the standby lease {:x}", fresh->first);
+        return true;
+      }
+      if (cv.wait_for(lock, ttl / 4, [&] { return stopping || lost; })) return false;
+    }
+  }
+
+  void revoke(std::int64_t id, milliseconds bound) {
+    etcdserverpb::LeaseRevokeRequest req;
+    req.set_id(id);
+    etcdserverpb::LeaseRevokeResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + bound);
+    (void)stubs->lease->LeaseRevoke(&ctx, req, &resp);
   }
 
   // One keep-alive: a short stream, one request, one answer, within `bound`. The TTL etcd
@@ -112,8 +176,13 @@ class EtcdReplica::Impl {
         continue;
       }
       if (left.ok()) {
-        lose(absl::StrFormat("its lease %x expired (etcd at %s)", lease, stubs->endpoints));
-        return;
+        if (!lapse(absl::StrFormat("lease %x expired (etcd at %s)", lease, stubs->endpoints))) {
+          return;
+        }
+        renewed = Clock::now();
+        last_error.clear();
+        riding = false;
+        continue;
       }
       if (last_error.empty()) spdlog::warn("rdzvd: {}", std::string(left.status().message()));
       last_error = std::string(left.status().message());
@@ -132,10 +201,15 @@ class EtcdReplica::Impl {
         riding = false;
       }
       if (Clock::now() >= give_up) {
-        lose(absl::StrCat("its lease could not be renewed for ",
-                          std::chrono::duration_cast<milliseconds>(Clock::now() - renewed).count(),
-                          " ms, and may expire now (lease ", ttl.count(), " ms): ", last_error));
-        return;
+        if (!lapse(absl::StrCat(
+                "lease could not be renewed for ",
+                std::chrono::duration_cast<milliseconds>(Clock::now() - renewed).count(),
+                " ms, and may expire now (lease ", ttl.count(), " ms): ", last_error))) {
+          return;
+        }
+        renewed = Clock::now();
+        last_error.clear();
+        riding = false;
       }
     }
   }
@@ -149,20 +223,10 @@ absl::StatusOr<std::unique_ptr<EtcdReplica>> EtcdReplica::connect(
   absl::StatusOr<std::shared_ptr<etcd::Stubs>> stubs = etcd::connect(impl->opts.endpoints);
   if (!stubs.ok()) return stubs.status();
   impl->stubs = std::move(*stubs);
-  etcdserverpb::LeaseGrantRequest req;
-  req.set_ttl(std::max<std::int64_t>(
-      1, (impl->opts.lease_ttl.count() + 999) / 1000));  // etcd's TTLs are whole seconds
-  etcdserverpb::LeaseGrantResponse resp;
-  grpc::Status st = etcd::call_with_retry(
-      std::chrono::system_clock::now() + impl->opts.request_timeout, impl->stubs->attempt,
-      [&](grpc::ClientContext& ctx) { return impl->stubs->lease->LeaseGrant(&ctx, req, &resp); });
-  if (!st.ok()) return etcd::error(*impl->stubs, "granting a lease", st);
-  if (!resp.error().empty()) {
-    return absl::UnavailableError(absl::StrCat("etcd at ", impl->opts.endpoints,
-                                               ": granting a lease: ", resp.error()));
-  }
-  impl->lease = resp.id();
-  impl->ttl = milliseconds(resp.ttl() * 1000);
+  absl::StatusOr<std::pair<std::int64_t, milliseconds>> granted = impl->grant();
+  if (!granted.ok()) return granted.status();
+  impl->lease = granted->first;
+  impl->ttl = granted->second;
   impl->stubs->attempt =
       std::max(limits::kEtcdMinAttempt, impl->ttl / limits::kEtcdAttemptsPerLease);
   Impl* raw = impl.get();
@@ -190,7 +254,6 @@ absl::Status EtcdReplica::campaign(const std::string& name) {
   Impl& m = *impl_;
   v3electionpb::CampaignRequest req;
   req.set_name(m.election_name());
-  req.set_lease(m.lease);
   req.set_value(name);
   v3electionpb::CampaignResponse resp;
   for (;;) {
@@ -199,21 +262,28 @@ absl::Status EtcdReplica::campaign(const std::string& name) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + m.ttl);
     ctx.set_wait_for_ready(true);
+    std::int64_t lease = 0;
     {
       std::lock_guard<std::mutex> lock(m.mu);
       if (m.stopping || m.lost) return absl::CancelledError("rdzvd is stopping");
       m.campaign_ctx = &ctx;
+      lease = m.lease;
     }
+    req.set_lease(lease);
     grpc::Status st = m.stubs->election->Campaign(&ctx, req, &resp);
     std::unique_lock<std::mutex> lock(m.mu);
     m.campaign_ctx = nullptr;
     if (m.stopping || m.lost) return absl::CancelledError("rdzvd is stopping");
-    if (st.ok()) break;
-    // The member that held the call went away or went silent (or etcd is electing its own
-    // leader), or a lease went by with another one leading: the same campaign again, on
-    // whichever member answers. It holds no state but this replica's key under the lease, so
-    // asking again is safe; only the lease's end stops it.
-    if (!etcd::try_again(st)) {
+    if (st.ok() && lease == m.lease) {
+      m.leading = true;
+      break;
+    }
+    // A win under a lease the keeper has since given up is no win (its key goes with that
+    // lease): the campaign goes on under the new one. The member that held the call went
+    // away or went silent (or etcd is electing its own leader), or a lease went by with
+    // another one leading: the same campaign again, on whichever member answers. It holds no
+    // state but this replica's key under the lease, so asking again is safe.
+    if (!st.ok() && lease == m.lease && !etcd::try_again(st)) {
       return etcd::error(*m.stubs, "campaigning to lead", st);
     }
     if (m.cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return m.stopping || m.lost; })) {
@@ -269,7 +339,10 @@ void EtcdReplica::resign() {
   }
   m.cv.notify_all();
   etcdserverpb::LeaseRevokeRequest req;
-  req.set_id(m.lease);
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    req.set_id(m.lease);
+  }
   etcdserverpb::LeaseRevokeResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + m.opts.request_timeout);
