@@ -38,11 +38,34 @@ _PAGE_BYTES = 4096
 _PHASE_BYTES = 64
 
 # Offsets (progress_page.h): magic u32 @0, version u32 @4, seq u64 @8, step u64 @16,
-# time_ns u64 @24, reports u64 @32, phase char[64] @40; little-endian.
+# time_ns u64 @24, reports u64 @32, phase char[64] @40, kind u32 @104, kind_since u64 @112,
+# kind_ns u64[5] @120; little-endian.
 _HEADER = struct.Struct("<II")
+_U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _REPORT = struct.Struct("<QQQ")  # step, time_ns, reports
 _SEQ, _STEP, _REPORTS, _PHASE = 8, 16, 32, 40
+_KIND, _KIND_SINCE, _KIND_NS = 104, 112, 120
+
+# phase_kind of progress_page.h: what a phase stands for, by the start of its name, first
+# match (docs/stragglers.md): 0 data, 1 compute, 2 collective wait, 3 optimizer, 4 other.
+_KIND_RULES = (("data", 0), ("input", 0), ("load", 0),
+               ("forward", 1), ("compute", 1),
+               ("backward", 2), ("all_reduce", 2), ("allreduce", 2), ("reduce", 2),
+               ("all_gather", 2), ("allgather", 2), ("broadcast", 2), ("barrier", 2),
+               ("collective", 2), ("comm", 2), ("sync", 2), ("wait", 2),
+               ("optim", 3))
+_OTHER = 4
+_kinds = {}  # phase name -> kind, as computed once
+
+
+def _kind(name):
+    k = _kinds.get(name)
+    if k is None:
+        k = next((kind for prefix, kind in _KIND_RULES if name.startswith(prefix)), _OTHER)
+        if len(_kinds) < 256:
+            _kinds[name] = k
+    return k
 
 _page = None  # the mmap, once opened
 _opened = False  # True once an open was tried (a failed one is not retried)
@@ -77,13 +100,21 @@ def _phase_bytes(name):
     return b + b"\0" * (_PHASE_BYTES - len(b))
 
 
-def _write(page, fields, name):
+def _write(page, fields, name, now):
     # The sequence lock of write_progress: seq odd while the fields change, even after.
     seq = _U64.unpack_from(page, _SEQ)[0] | 1
     _U64.pack_into(page, _SEQ, seq)
     if fields is not None:
         _REPORT.pack_into(page, _STEP, *fields)
     page[_PHASE:_PHASE + _PHASE_BYTES] = _phase_bytes(name)
+    # store_kind: the phase that ends now adds to its kind's time; `name` begins.
+    since = _U64.unpack_from(page, _KIND_SINCE)[0]
+    kind = _U32.unpack_from(page, _KIND)[0]
+    if since and now > since and kind <= _OTHER:
+        at = _KIND_NS + 8 * kind
+        _U64.pack_into(page, at, (_U64.unpack_from(page, at)[0] + now - since) % 2**64)
+    _U32.pack_into(page, _KIND, _kind(name))
+    _U64.pack_into(page, _KIND_SINCE, now)
     _U64.pack_into(page, _SEQ, seq + 1)
 
 
@@ -112,11 +143,12 @@ def _step(n, phase):
     if page is None:
         return
     reports = _U64.unpack_from(page, _REPORTS)[0] + 1
-    _write(page, (min(max(0, int(n)), 2**64 - 1), time.monotonic_ns(), reports), phase)
+    now = time.monotonic_ns()
+    _write(page, (min(max(0, int(n)), 2**64 - 1), now, reports), phase, now)
 
 
 def _phase(name):
     page = _page if _opened else _open()
     if page is None:
         return
-    _write(page, None, name)
+    _write(page, None, name, time.monotonic_ns())

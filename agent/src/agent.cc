@@ -69,6 +69,7 @@ v1::Join join_template(const AgentOptions& o) {
   // long for it before a round closes without it.
   j.set_shutdown_timeout_ms(o.shutdown_timeout.count());
   j.set_hang_timeout_ms(o.hang_timeout.count());
+  j.set_watch_stragglers(o.watch_stragglers);
   j.set_max_restarts_without_progress(o.max_restarts_without_progress);
   j.set_restart_budget_reset_after_steps(o.restart_budget_reset_after_steps);
   j.set_reattach_timeout_ms(t.reattach_timeout.count());
@@ -103,6 +104,7 @@ v1::AgentMsg progress_message(const std::vector<rendezvous::RankProgress>& ranks
     x->set_step(r.step);
     x->set_reports(r.reports);
     x->set_phase(r.phase);
+    for (std::uint64_t ns : r.kind_ns) x->add_kind_ns(ns);
     x->set_still_ms(std::chrono::duration_cast<std::chrono::milliseconds>(now - r.changed).count());
   }
   return msg;

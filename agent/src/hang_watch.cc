@@ -102,7 +102,13 @@ void HangWatch::check() {
   for (std::size_t i = 0; i < maps_.size() && i < ranks.size(); ++i) {
     worker::ProgressSnapshot s;
     if (worker::read_progress(static_cast<const ProgressPage*>(maps_[i]), &s)) {
-      tracker_.update(ranks[i].rank, s.reports, s.step, s.phase, now);
+      std::vector<std::uint64_t> kinds;
+      if (s.kind_since != 0) {  // a writer that keeps phase times
+        std::uint64_t totals[worker::kPhaseKinds];
+        s.kind_totals(worker::monotonic_ns(), totals);
+        kinds.assign(totals, totals + worker::kPhaseKinds);
+      }
+      tracker_.update(ranks[i].rank, s.reports, s.step, s.phase, now, std::move(kinds));
     }
   }
   on_sample_(tracker_.ranks(), now);

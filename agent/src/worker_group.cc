@@ -210,8 +210,11 @@ void WorkerGroup::watch_round(const v1::Assignment& a, bool watch_progress) {
   }
   // The run's rule (the first node's --hang_timeout, or rdzvd's): sampled here, applied by
   // the server over every node's ranks.
-  const auto timeout = a.hang_timeout_ms() > 0 ? std::chrono::milliseconds(a.hang_timeout_ms())
-                                               : kProgressOnlySampling;
+  auto timeout = a.hang_timeout_ms() > 0 ? std::chrono::milliseconds(a.hang_timeout_ms())
+                                         : kProgressOnlySampling;
+  // The straggler watch scores windows of a few steps: pages sampled every
+  // kStragglerSampling at least (the watch samples every quarter of `timeout`).
+  if (a.watch_stragglers()) timeout = std::min(timeout, 4 * rendezvous::limits::kStragglerSampling);
   if (!hang_watch_ || hang_timeout_ != timeout) {
     hang_timeout_ = timeout;
     hang_watch_ = std::make_unique<HangWatch>(io_, timeout, cb_.progress);
@@ -241,8 +244,10 @@ std::map<std::string, std::string> WorkerGroup::worker_env(int lr, const v1::Ass
                    w.rank);
     }
     // A Python worker's tracebacks on SIGABRT, for its stack file (docs/hangs.md).
-    if (!opts_.python_interpreter.empty() && a.hang_timeout_ms() > 0) {
-      env.emplace("PYTHONFAULTHANDLER", "1");
+    // The automatic reports of an unmodified PyTorch script: for the hang rule, and for the
+    // straggler watch's time per phase (docs/stragglers.md).
+    if (!opts_.python_interpreter.empty() && (a.hang_timeout_ms() > 0 || a.watch_stragglers())) {
+      if (a.hang_timeout_ms() > 0) env.emplace("PYTHONFAULTHANDLER", "1");
       if (!opts_.python_progress_hook.empty()) {
         std::string& path = env["PYTHONPATH"];
         path = path.empty() ? opts_.python_progress_hook

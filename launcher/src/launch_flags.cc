@@ -216,6 +216,12 @@ void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
                          "fails (0: off, the default)"),
           kHangs)
           ->check(not_empty());
+  pet(app.add_flag("--watch_stragglers,--watch-stragglers", c.watch_stragglers,
+                   "Name a rank whose own work per step (data, compute: all but its wait in "
+                   "collectives) is slower than the others' (docs/stragglers.md): status, "
+                   "events, metrics. Gives workers progress pages (a Python worker the "
+                   "automatic reports)"),
+      kHangs);
   pet(app.add_flag("--in_place,--in-place", c.in_place,
                    "In-place recovery (docs/in_place.md): on a failure, workers that declared "
                    "support keep running and re-form in the next round; only the dead are "

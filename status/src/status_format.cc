@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "muster/ops/json.h"
 
 namespace muster::status {
@@ -199,6 +200,21 @@ std::string status_json(const v1::StatusReply& reply) {
         .add("in_place_fallbacks", r.in_place_fallbacks())
         .add_raw("last_recovery",
                  r.has_last_recovery() ? recovery_json(r.last_recovery()) : "null");
+    if (r.watching_stragglers()) {  // docs/stragglers.md
+      std::vector<std::string> named;
+      for (const v1::StragglerStatus& s : r.stragglers()) {
+        named.push_back(JsonObject()
+                            .add("rank", s.rank())
+                            .add("host", s.host())
+                            .add("node_id", s.node_id())
+                            .add("cause", s.cause())
+                            .add("slowdown", s.slowdown())
+                            .add("step", static_cast<long long>(s.step()))
+                            .add("age_ms", static_cast<long long>(s.age_ms()))
+                            .str());
+      }
+      j.add_raw("stragglers", json_array(named));
+    }
     runs.push_back(j.str());
   }
   const auto parked = static_cast<long long>(reply.store().parked_waits());
@@ -256,6 +272,12 @@ std::string status_table(const v1::StatusReply& reply) {
     }
     if (r.has_last_recovery()) {
       absl::StrAppend(&out, "  last recovery: ", recovery_line(r.last_recovery()), "\n");
+    }
+    for (const v1::StragglerStatus& s : r.stragglers()) {
+      absl::StrAppend(&out, "  straggler: rank ", s.rank(), " on ", printable(s.host()), ", ",
+                      absl::StrFormat("%.1fx", s.slowdown()), " the others' own work per step (",
+                      printable(s.cause()), "), named at step ", s.step(), ", ",
+                      human_duration(s.age_ms()), " ago\n");
     }
   }
   return out;
@@ -327,6 +349,15 @@ std::string event_json(const rendezvous::RunEvent& e, std::chrono::system_clock:
     case Kind::kInPlaceFallback:
       node();
       j.add("reason", e.reason);
+      break;
+    case Kind::kStragglerNamed:  // docs/stragglers.md
+    case Kind::kStragglerCleared:
+      node();
+      j.add("rank", e.rank)
+          .add("cause", e.cause)
+          .add("slowdown", e.slowdown)
+          .add("step", static_cast<long long>(e.step))
+          .add("reason", e.reason);
       break;
   }
   return j.str();

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "muster/worker/runtime.h"
 #include "proc.h"
@@ -210,4 +211,59 @@ TEST_CASE("progress: the Python module without a page is a no-op", "[progress][p
   REQUIRE(bad.wait(30s) == 0);
   CHECK(bad.out() == "ok\n");
   CHECK(muster::testing::count_lines_with(bad.err(), "progress reports off") == 1);
+}
+
+TEST_CASE("progress: phase names map to the straggler watch's kinds", "[progress]") {
+  CHECK(phase_kind("data_loader") == kData);
+  CHECK(phase_kind("input") == kData);
+  CHECK(phase_kind("forward") == kCompute);
+  CHECK(phase_kind("forward_backward") == kCompute);
+  CHECK(phase_kind("backward") == kComm);  // DDP's all-reduce overlaps it
+  CHECK(phase_kind("all_reduce") == kComm);
+  CHECK(phase_kind("reduce_scatter") == kComm);
+  CHECK(phase_kind("optimizer") == kOptimizer);
+  CHECK(phase_kind("between_steps") == kOther);
+  CHECK(phase_kind("checkpoint") == kOther);
+  CHECK(phase_kind("") == kOther);
+}
+
+// The time of each phase goes to its kind when the next phase begins (a report or a phase
+// alone); the reader adds the phase under way. Lower bounds only: the pauses are this test's
+// own (sleep_for), how much longer they took is the machine's.
+TEST_CASE("progress: each phase's time goes to its kind, from C++ and from Python",
+          "[progress][python]") {
+  TempDir dir;
+  const std::string path = make_page(dir);
+  ProgressReporter p(path);
+  p.report(1, "data_loader");
+  std::this_thread::sleep_for(20ms);
+  p.report(1, "forward");
+  std::this_thread::sleep_for(10ms);
+  p.phase("all_reduce");
+  ProgressSnapshot s = read_page(path);
+  CHECK(s.kind == kComm);
+  CHECK(s.kind_ns[kData] >= 20'000'000u);
+  CHECK(s.kind_ns[kCompute] >= 10'000'000u);
+  CHECK(s.kind_ns[kComm] == 0);
+  CHECK(s.kind_ns[kOptimizer] == 0);
+  std::this_thread::sleep_for(5ms);
+  std::uint64_t totals[kPhaseKinds];
+  s.kind_totals(monotonic_ns(), totals);
+  CHECK(totals[kComm] >= 5'000'000u);  // the phase under way
+  CHECK(totals[kData] == s.kind_ns[kData]);
+
+  // Python goes on from the same page: the all_reduce under way ends when it reports.
+  Proc py({"/usr/bin/python3", "-c",
+           std::string("import sys, time; sys.path.insert(0, '") + MUSTER_PYTHON_DIR +
+               "'); import muster_progress as p; p.step(2, 'optimizer'); time.sleep(0.02); "
+               "p.phase('checkpoint')"},
+          {{kProgressFileVar, path}});
+  REQUIRE(py.wait(30s) == 0);
+  INFO(py.err());
+  ProgressSnapshot t = read_page(path);
+  CHECK(t.kind == kOther);
+  CHECK(t.kind_ns[kComm] >= 5'000'000u);
+  CHECK(t.kind_ns[kOptimizer] >= 20'000'000u);
+  CHECK(t.kind_ns[kData] == s.kind_ns[kData]);
+  CHECK(t.kind_ns[kCompute] == s.kind_ns[kCompute]);
 }

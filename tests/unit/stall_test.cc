@@ -15,7 +15,7 @@ const StallClock::time_point t0{};  // the fake clock's round start
 
 ProgressTracker tracker(int n) {
   std::vector<RankProgress> ranks;
-  for (int r = 0; r < n; ++r) ranks.push_back(RankProgress{r, r, 100 + r, 0, 0, "", t0});
+  for (int r = 0; r < n; ++r) ranks.push_back(RankProgress{r, r, 100 + r, 0, 0, "", t0, {}});
   ProgressTracker t;
   t.reset(ranks, t0);
   return t;

@@ -11,7 +11,9 @@
 #include "muster/rendezvous/limits.h"
 
 using namespace std::chrono_literals;
+using muster::rendezvous::Decision;
 using muster::rendezvous::Outgoing;
+using muster::rendezvous::RunEvent;
 using muster::rendezvous::SessionId;
 using muster::rendezvous::StateMachine;
 using muster::rendezvous::TimePoint;
@@ -1386,4 +1388,99 @@ TEST_CASE("budget: a round with a step resets the count in a row, long progress 
   REQUIRE(h.last[0].msg->has_fail());  // spent, and 1 step is not long progress
   CHECK_FALSE(h.last[0].msg->fail().do_not_requeue());
   CHECK(h.sm.check_invariants().ok());
+}
+
+// The straggler watch (docs/stragglers.md): each node's pages with their time per phase kind,
+// scored over every rank of the round; a name is an event and part of the status, and a new
+// round clears it.
+TEST_CASE("stragglers: the server names a rank whose own work per step is twice the others', "
+          "in events and status, and clears it with the round",
+          "[state_machine][stragglers]") {
+  Harness h;
+  auto watching = [](v1::Join& j) {
+    j.set_watch_stragglers(true);
+    j.set_local_world_size(1);
+  };
+  h.join_with(1, "a", 3, 3, watching);
+  h.join_with(2, "b", 3, 3, watching);
+  h.join_with(3, "c", 3, 3, watching);
+  REQUIRE(h.last.size() == 3);
+  for (const Outgoing& o : h.last) {
+    CHECK(o.msg->assignment().watch_stragglers());
+    CHECK(o.msg->assignment().wants_progress());
+  }
+  const int round = h.last[0].msg->assignment().round();
+  std::map<SessionId, int> rank;
+  for (const Outgoing& o : h.last) rank[o.session] = o.msg->assignment().rank_offset();
+  // Each step: 70 ms of own work (10 data, 55 compute, 5 optimizer); node c's rank works
+  // twice as long, the others wait for it in the all-reduce.
+  std::map<SessionId, std::array<std::uint64_t, 5>> kinds;
+  std::vector<RunEvent> events;
+  const std::uint64_t ms = 1'000'000;
+  for (std::uint64_t step = 1; step <= 40; ++step) {
+    for (SessionId s : {1, 2, 3}) {
+      const std::uint64_t f = s == 3 ? 2 : 1;
+      auto& k = kinds[s];
+      k[0] += 10 * ms * f;
+      k[1] += 55 * ms * f;
+      k[2] += (s == 3 ? 2 : 72) * ms;
+      k[3] += 5 * ms * f;
+      v1::AgentMsg m = progress_msg(round, {{rank[s], step, step, "forward", 0}});
+      for (std::uint64_t v : k) m.mutable_progress()->mutable_ranks(0)->add_kind_ns(v);
+      Decision d = h.sm.on_message(s, m, h.now);
+      for (RunEvent& e : d.events) events.push_back(std::move(e));
+    }
+    h.now += 140ms;  // a step of the slow rank's
+  }
+  std::vector<RunEvent> named;
+  for (const RunEvent& e : events) {
+    if (e.kind == RunEvent::Kind::kStragglerNamed) named.push_back(e);
+  }
+  REQUIRE(named.size() == 1);
+  CHECK(named[0].rank == rank[3]);
+  CHECK(named[0].host == "host-c");
+  CHECK(named[0].node_id == "c");
+  CHECK(named[0].cause == "compute");
+  CHECK(named[0].slowdown == Approx(2.0).epsilon(0.05));
+  CHECK(named[0].step <= 30);
+  CHECK(named[0].reason.find("rank " + std::to_string(rank[3]) + " on host host-c: 2.0x") == 0);
+
+  auto status = h.sm.status("run", h.now);
+  REQUIRE(status.size() == 1);
+  CHECK(status[0].watching_stragglers());
+  REQUIRE(status[0].stragglers_size() == 1);
+  CHECK(status[0].stragglers(0).rank() == rank[3]);
+  CHECK(status[0].stragglers(0).node_id() == "c");
+  CHECK(status[0].stragglers(0).age_ms() > 0);
+
+  // A phase-kind list longer than the kinds there are is refused at the edge.
+  v1::AgentMsg bad = progress_msg(round, {{rank[1], 41, 41, "forward", 0}});
+  for (int i = 0; i < 6; ++i) bad.mutable_progress()->mutable_ranks(0)->add_kind_ns(1);
+  h.send(1, bad);
+  REQUIRE(h.close_of(1) != nullptr);
+  CHECK(h.close_of(1)->status.code() == absl::StatusCode::kInvalidArgument);
+
+  // That node is gone: its run restarts, and the next round (b and c again, d new) clears the
+  // name, an event, and the status.
+  std::vector<RunEvent> later;
+  auto take = [&later](Decision d) {
+    for (RunEvent& e : d.events) later.push_back(std::move(e));
+  };
+  take(h.sm.on_stream_closed(1, h.now));
+  for (auto [s, node] : {std::pair<SessionId, std::string>{2, "b"}, {3, "c"}, {4, "d"}}) {
+    v1::AgentMsg j = Harness::join_msg(node, 3, 3);
+    watching(*j.mutable_join());
+    take(h.sm.on_message(s, j, h.now));
+  }
+  int cleared = 0, formed = 0;
+  for (const RunEvent& e : later) {
+    cleared += e.kind == RunEvent::Kind::kStragglerCleared && e.rank == rank[3];
+    formed += e.kind == RunEvent::Kind::kRoundFormed;
+  }
+  CHECK(formed == 1);
+  CHECK(cleared == 1);
+  status = h.sm.status("run", h.now);
+  REQUIRE(status.size() == 1);
+  CHECK(status[0].round() == round + 1);
+  CHECK(status[0].stragglers_size() == 0);
 }

@@ -25,13 +25,15 @@ void ProgressTracker::reset(const std::vector<RankProgress>& ranks, StallClock::
 }
 
 void ProgressTracker::update(int rank, std::uint64_t reports, std::uint64_t step,
-                             const std::string& phase, StallClock::time_point now) {
+                             const std::string& phase, StallClock::time_point now,
+                             std::vector<std::uint64_t> kind_ns) {
   for (RankProgress& r : ranks_) {
     if (r.rank != rank) continue;
     if (r.reports != reports || r.step != step) r.changed = now;
     r.reports = reports;
     r.step = step;
     r.phase = phase;
+    r.kind_ns = std::move(kind_ns);
     return;
   }
 }

@@ -181,6 +181,7 @@ std::map<std::string, StateMachine::Run>::iterator StateMachine::create_run(cons
   run.max_restarts_without_progress =
       std::clamp(join.max_restarts_without_progress(), 0, limits::kMaxRestartsWithoutProgress);
   run.budget_reset_steps = std::max<std::int64_t>(0, join.restart_budget_reset_after_steps());
+  run.watch_stragglers = join.watch_stragglers();
   // The first node sets the run's timing, within bounds: one client must not be able to
   // make a run (or its nodes) wait for ever, nor make a deadline wrap.
   run.timeouts = run_timing(timeouts_, timing_asked(join), TimingSource::kJoin);
@@ -385,6 +386,7 @@ void StateMachine::maybe_close_round(Run& run, TimePoint now, std::vector<Outgoi
 }
 
 void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& out) {
+  end_straggler_round(run, now);
   run.nodes.clear_all_progress();
   run.stall_sent = false;
   run.next_stall_check.reset();
@@ -453,7 +455,9 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
     a->set_restart_count(run.restart_count);
     a->set_hang_timeout_ms(run.timeouts.hang_timeout.count());
     a->set_wants_progress(run.timeouts.hang_timeout.count() > 0 ||
-                          run.max_restarts_without_progress > 0 || run.budget_reset_steps > 0);
+                          run.max_restarts_without_progress > 0 || run.budget_reset_steps > 0 ||
+                          run.watch_stragglers);
+    a->set_watch_stragglers(run.watch_stragglers);
     // Only a server that keeps its runs can take a node back whose stream ended.
     if (recording_) a->set_reattach_timeout_ms(run.timeouts.reattach_timeout.count());
     out.push_back(send(n.session, std::move(msg)));

@@ -209,6 +209,8 @@ std::string_view event_name(RunEvent::Kind kind) {
     case RunEvent::Kind::kNodeReattached: return "node_reattached";
     case RunEvent::Kind::kInPlaceResumed: return "in_place_resumed";
     case RunEvent::Kind::kInPlaceFallback: return "in_place_fallback";
+    case RunEvent::Kind::kStragglerNamed: return "straggler_named";
+    case RunEvent::Kind::kStragglerCleared: return "straggler_cleared";
   }
   return "unknown";
 }

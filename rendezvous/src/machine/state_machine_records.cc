@@ -97,6 +97,7 @@ v1::RunRecord StateMachine::record_of(const Run& run) const {
   r.set_budget_reset_steps(run.budget_reset_steps);
   r.set_restarts_without_progress(run.restarts_without_progress);
   r.set_budget_from(run.budget_from);
+  r.set_watch_stragglers(run.watch_stragglers);
   if (run.phase == Phase::kRunning) {
     for (const Node& n : run.members) *r.add_members() = n.join;
   }
@@ -165,6 +166,7 @@ StateMachine::RestoreResult StateMachine::restore(const std::vector<v1::RunRecor
     run.budget_reset_steps = std::max<std::int64_t>(0, rec.budget_reset_steps());
     run.restarts_without_progress = rec.restarts_without_progress();
     run.budget_from = rec.budget_from();
+    run.watch_stragglers = rec.watch_stragglers();
     // The timing within the bounds a Join gets, or the operator's own (unclamped) defaults
     // where those are larger (a record is input too); 0 or less: the server's default.
     TimingRequest asked = timing_asked(rec);

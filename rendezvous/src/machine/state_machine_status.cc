@@ -80,6 +80,7 @@ std::vector<v1::RunStatus> StateMachine::status(const std::string& run_id,
       *s.mutable_last_recovery() = run.recovery->status;
       s.mutable_last_recovery()->set_age_ms(age_ms(run.recovery->formed));
     }
+    straggler_status(run, s, now);
     if (run.phase == Phase::kFinished) {
       s.set_result(run.result && run.result->has_fail() ? "failed" : "succeeded");
     }

@@ -72,6 +72,14 @@ struct ServerMetrics::Series {
                                      "resumed, in seconds",
                                      {}, ops::kRecoveryBucketsSeconds)
                              .get()),
+        stragglers_named(r.counter("muster_stragglers_named_total",
+                                   "Ranks named as stragglers (docs/stragglers.md), by cause "
+                                   "(compute, data)",
+                                   {"cause"})),
+        straggler_slowdown(r.gauge("muster_straggler_slowdown",
+                                   "A rank named as a straggler: its own work per step over the "
+                                   "others' median while named, 0 once cleared",
+                                   {"run", "rank", "host", "cause"})),
         store_waits(r.gauge("muster_store_waits_parked",
                             "Store requests (get, wait, multi_get) waiting for keys")
                         .get()) {
@@ -89,6 +97,7 @@ struct ServerMetrics::Series {
     for (const char* c : {"succeeded", "budget_spent", "no_progress", "join_timeout"}) {
       runs_finished.with({c});
     }
+    for (const char* c : {"compute", "data"}) stragglers_named.with({c});
     set(ServerSample{});
   }
 
@@ -113,6 +122,8 @@ struct ServerMetrics::Series {
   ops::Counter &runs_restored, &reattaches;
   ops::Counter &in_place, &in_place_fallbacks;
   ops::Histogram& in_place_resumed;
+  ops::Family<ops::Counter>& stragglers_named;
+  ops::Family<ops::Gauge>& straggler_slowdown;
   ops::Gauge& store_waits;
   std::array<ops::Counter*, StoreServer::kNumOps> store_ops{};
 };
@@ -166,6 +177,14 @@ void ServerMetrics::on_event(const RunEvent& e) {
       break;
     case RunEvent::Kind::kInPlaceFallback:
       m.in_place_fallbacks.inc();
+      break;
+    case RunEvent::Kind::kStragglerNamed:
+      m.stragglers_named.with({e.cause}).inc();
+      m.straggler_slowdown.with({e.run_id, std::to_string(e.rank), e.host, e.cause})
+          .set(e.slowdown);
+      break;
+    case RunEvent::Kind::kStragglerCleared:
+      m.straggler_slowdown.with({e.run_id, std::to_string(e.rank), e.host, e.cause}).set(0);
       break;
     case RunEvent::Kind::kNodeJoined:
       break;

@@ -48,6 +48,8 @@ struct AgentOptions {
   // (MUSTER_PROGRESS_FILE); a rank whose progress stays still this long while another rank
   // got further is dumped (stacks.txt beside its logs) and fails the group.
   std::chrono::milliseconds hang_timeout{0};
+  // --watch_stragglers (docs/stragglers.md): sent in the Join; the server scores the ranks.
+  bool watch_stragglers = false;
   // gdb for a stalled native worker's stacks (found on PATH once, by the caller); empty: the
   // kernel's view only (/proc/PID/task/*/stack).
   std::string gdb_path;

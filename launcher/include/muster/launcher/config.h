@@ -160,6 +160,7 @@ struct LaunchConfig {
   // --hang_timeout (docs/hangs.md): 0 is off.
   std::chrono::milliseconds hang_timeout{0};
   bool in_place = false;  // --in_place (or rdzv_conf in_place=true)
+  bool watch_stragglers = false;  // --watch_stragglers (docs/stragglers.md)
   int spares = muster::rendezvous::limits::kDefaultSpares;  // --spares (with --in_place)
   int max_restarts_without_progress = 0;          // 0: off
   std::int64_t restart_budget_reset_after_steps = 0;  // 0: off

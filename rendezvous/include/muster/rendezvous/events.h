@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -30,6 +31,10 @@ struct RunEvent {
                        // resumed so far, nodes = nodes in place (done when they are equal)
     kInPlaceFallback,  // a node's in-place recovery did not complete: node_id, host, reason;
                        // its failure report (kWorkerFailed, then kRestart) follows
+    // The straggler watch (docs/stragglers.md): rank, node_id, host, cause ("compute",
+    // "data"), slowdown, step, reason (one line naming it).
+    kStragglerNamed,
+    kStragglerCleared,  // a named rank is no longer slow (same fields)
   };
   Kind kind = Kind::kNodeJoined;
   std::string run_id;
@@ -59,6 +64,9 @@ struct RunEvent {
   int rank = -1;
   int exit_code = 0;
   int signal = 0;
+  // kStragglerNamed, kStragglerCleared
+  double slowdown = 0;
+  std::uint64_t step = 0;
 };
 
 // "round_formed", "worker_failed", ...: the names the event log and metrics use.

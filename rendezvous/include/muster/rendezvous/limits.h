@@ -217,6 +217,17 @@ inline constexpr milliseconds kMaxHangTimeout = std::chrono::hours(24);
 inline constexpr milliseconds kStackDumpBudget = std::chrono::seconds(10);
 // A progress report's phase name (the page holds 63 bytes and a NUL).
 inline constexpr std::size_t kMaxProgressPhaseBytes = 63;
+// The straggler watch (docs/stragglers.md, launch --watch_stragglers): a rank's own work per
+// step (everything but its collective wait) against the median of the others'. A window closes
+// when every rank went kStragglerWindowSteps steps past the last; a rank is slow in it at
+// kStragglerRatio or more, named when slow in most of its last kStragglerWindows windows and
+// cleared when slow in at most one of them. Agents sample the pages every
+// kStragglerSampling. A progress report's phase kinds: at most kMaxPhaseKinds numbers.
+inline constexpr double kStragglerRatio = 1.3;
+inline constexpr int kStragglerWindowSteps = 6;
+inline constexpr int kStragglerWindows = 5;
+inline constexpr milliseconds kStragglerSampling = std::chrono::milliseconds(250);
+inline constexpr int kMaxPhaseKinds = 5;
 // --max_restarts_without_progress: a Join's larger value is clamped to this.
 inline constexpr int kMaxRestartsWithoutProgress = 1000000;
 // After a stop has sent SIGKILL, how long the agent waits for its workers to be reaped before

@@ -32,6 +32,9 @@ struct RankProgress {
   std::uint64_t step = 0;
   std::string phase;
   StallClock::time_point changed;  // when step or reports last moved (or the round began)
+  // Nanoseconds the rank has spent in each kind of phase (data, compute, comm, optimizer,
+  // other: ops/progress_page.h's PhaseKind), for the straggler watch; empty when not known.
+  std::vector<std::uint64_t> kind_ns;
 };
 
 struct Stall {
@@ -51,7 +54,7 @@ class ProgressTracker {
   void reset(const std::vector<RankProgress>& ranks, StallClock::time_point start);
   // What rank `rank`'s page says now. Moves `changed` when step or reports differ.
   void update(int rank, std::uint64_t reports, std::uint64_t step, const std::string& phase,
-              StallClock::time_point now);
+              StallClock::time_point now, std::vector<std::uint64_t> kind_ns = {});
   const std::vector<RankProgress>& ranks() const { return ranks_; }
 
  private:

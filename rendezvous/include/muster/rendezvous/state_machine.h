@@ -106,6 +106,7 @@
 #include "absl/status/status.h"
 #include "muster/rendezvous/events.h"
 #include "muster/rendezvous/limits.h"
+#include "muster/rendezvous/straggler.h"
 #include "muster/rendezvous/timeouts.h"
 #include "muster/ops/text.h"
 #include "muster/v1/rendezvous.pb.h"
@@ -340,6 +341,13 @@ class StateMachine {
     std::optional<Recovery> recovery;
     int in_place_recoveries = 0;
     int in_place_fallbacks = 0;
+    // The straggler watch (docs/stragglers.md; machine/state_machine_stragglers.cc), set by
+    // the first Join; the running round's scores, evaluated at most every
+    // limits::kStragglerSampling; when each named rank was named. Not durable.
+    bool watch_stragglers = false;
+    StragglerWatch stragglers;
+    std::optional<TimePoint> next_straggler_check;
+    std::map<int, TimePoint> straggler_named_at;
   };
 
   // The decision of the input just handled: `out`, and the events and touched runs it made.
@@ -374,6 +382,11 @@ class StateMachine {
   // (the recovery it starts; how many members came in place); a member's resumed report; a
   // member's failure report that says its in-place recovery fell back.
   int recovery_formed(Run& run, TimePoint now);
+  // The straggler watch, machine/state_machine_stragglers.cc: a node's progress scored (after
+  // on_progress checked it); the round's named ranks cleared as it ends; the status's part.
+  void watch_stragglers(Run& run, SessionId session, const v1::Progress& p, TimePoint now);
+  void end_straggler_round(Run& run, TimePoint now);
+  void straggler_status(const Run& run, v1::RunStatus& s, std::optional<TimePoint> now) const;
   void on_resumed(Run& run, SessionId session, const v1::ReportResumed& r, TimePoint now,
                   std::vector<Outgoing>& out);
   void on_in_place_fallback(Run& run, SessionId session, const v1::ReportFailure& f,

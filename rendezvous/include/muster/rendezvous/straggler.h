@@ -1,0 +1,83 @@
+// The straggler watch (docs/stragglers.md): which rank, if any, is slowing a synchronous job
+// down, and why. Pure: the caller hands in what each rank's progress page said; no clock.
+//
+// In synchronous data parallel training every rank's step takes the same time (the
+// collective waits for the slowest), so step rates cannot name the straggler. What names it is
+// each rank's own work (data, compute, optimizer: every phase kind but the collective wait)
+// per step, against the median of the other ranks': the slow rank works longest and waits
+// least. The cause is "data" when only its data phases are slower (an input pipeline), else
+// "compute" (a slow or busy host slows every phase, its data loading too).
+//
+// A window closes when every rank with phase times went `window_steps` steps past the last
+// close. A rank is slow in a window when its own work per step is at least `ratio` times the
+// others' median. It is named when it was slow in a majority of its last `windows` windows
+// (a pause, or a data stall that moves from rank to rank, is one window or two), and cleared
+// when it was slow in at most one of them.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "muster/rendezvous/limits.h"
+
+namespace muster::rendezvous {
+
+struct StragglerOptions {
+  double ratio = limits::kStragglerRatio;
+  int window_steps = limits::kStragglerWindowSteps;
+  int windows = limits::kStragglerWindows;
+};
+
+struct Straggler {
+  int rank = 0;
+  std::string node;   // its node's host
+  std::string cause;  // "compute" or "data"
+  double slowdown =
+      0;  // own work per step over the others' median (the median of its slow windows)
+  std::uint64_t step = 0;  // the step it stood at when named
+  // "rank 3 on host n2: 2.1x the others' own work per step (compute), named at step 40"
+  std::string describe() const;
+};
+
+// What changed in one evaluate(): ranks newly named, ranks cleared.
+struct StragglerChange {
+  std::vector<Straggler> named;
+  std::vector<Straggler> cleared;
+};
+
+class StragglerWatch {
+ public:
+  explicit StragglerWatch(StragglerOptions o = {}) : o_(o) {}
+  // A new round: every rank and window forgotten (the named ones too).
+  void reset();
+  // Rank `rank`'s page now: its step and its time per phase kind (data, compute, comm,
+  // optimizer, other; cumulative). A rank without phase times (empty) is not watched.
+  void update(int rank, const std::string& node, std::uint64_t step,
+              const std::vector<std::uint64_t>& kind_ns);
+  // Closes every window that is due and says who was named or cleared by them.
+  StragglerChange evaluate();
+  // The ranks named now, by rank.
+  const std::map<int, Straggler>& named() const { return named_; }
+  int windows_closed() const { return closed_; }
+
+ private:
+  struct Sample {
+    std::uint64_t step = 0;
+    std::vector<std::uint64_t> kind_ns;
+  };
+  struct Rank {
+    std::string node;
+    Sample start, latest;
+    bool started = false;
+    std::vector<double> ratios;  // the last `windows` windows' ratios, oldest first
+    std::vector<bool> data;      // per window: its excess was in data
+  };
+  StragglerOptions o_;
+  std::map<int, Rank> ranks_;
+  std::map<int, Straggler> named_;
+  int closed_ = 0;
+};
+
+}  // namespace muster::rendezvous

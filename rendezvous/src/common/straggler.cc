@@ -1,0 +1,131 @@
+#include "muster/rendezvous/straggler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+
+namespace muster::rendezvous {
+namespace {
+
+constexpr std::size_t kData = 0, kComm = 2, kKnownKinds = 3;  // ops/progress_page.h's PhaseKind
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  const std::size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  if (v.size() % 2 == 1) return v[mid];
+  const double hi = v[mid];
+  return (*std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)) + hi) / 2;
+}
+
+}  // namespace
+
+std::string Straggler::describe() const {
+  return absl::StrFormat(
+      "rank %d on host %s: %.1fx the others' own work per step (%s), named "
+      "at step %d",
+      rank, node, slowdown, cause, step);
+}
+
+void StragglerWatch::reset() {
+  ranks_.clear();
+  named_.clear();
+  closed_ = 0;
+}
+
+void StragglerWatch::update(int rank, const std::string& node, std::uint64_t step,
+                            const std::vector<std::uint64_t>& kind_ns) {
+  if (kind_ns.size() < kKnownKinds) {
+    ranks_.erase(rank);  // its writer keeps no phase times: not watched
+    return;
+  }
+  Rank& r = ranks_[rank];
+  r.node = node;
+  const Sample s{step, kind_ns};
+  if (!r.started || step < r.latest.step || kind_ns.size() != r.start.kind_ns.size()) {
+    r.start = s;  // first seen, or a page that started again
+    r.started = true;
+  }
+  r.latest = s;
+}
+
+StragglerChange StragglerWatch::evaluate() {
+  StragglerChange change;
+  if (ranks_.size() < 2) return change;
+  std::uint64_t advance = UINT64_MAX;
+  for (const auto& [rank, r] : ranks_) advance = std::min(advance, r.latest.step - r.start.step);
+  if (advance < static_cast<std::uint64_t>(std::max(1, o_.window_steps))) return change;
+
+  // The window's own work, data and other work per step, rank by rank.
+  struct Window {
+    double own = 0, data = 0, work = 0;
+  };
+  std::map<int, Window> w;
+  for (auto& [rank, r] : ranks_) {
+    const double steps = static_cast<double>(r.latest.step - r.start.step);
+    std::uint64_t d[8] = {};
+    double total = 0;
+    for (std::size_t k = 0; k < r.latest.kind_ns.size() && k < 8; ++k) {
+      const std::uint64_t a = r.start.kind_ns[k], b = r.latest.kind_ns[k];
+      d[k] = b > a ? b - a : 0;
+      total += static_cast<double>(d[k]);
+    }
+    Window x;
+    x.own = (total - static_cast<double>(d[kComm])) / steps;
+    x.data = static_cast<double>(d[kData]) / steps;
+    x.work = x.own - x.data;
+    w[rank] = x;
+    r.start = r.latest;
+  }
+  ++closed_;
+  const std::size_t keep = static_cast<std::size_t>(std::max(1, o_.windows));
+  for (auto& [rank, r] : ranks_) {
+    std::vector<double> own, data, work;
+    for (const auto& [other, x] : w) {
+      if (other == rank) continue;
+      own.push_back(x.own);
+      data.push_back(x.data);
+      work.push_back(x.work);
+    }
+    const double m = median(own);
+    const Window& me = w[rank];
+    r.ratios.push_back(m > 0 ? me.own / m : 0);
+    // Its data is the cause when its other work is as fast as the others': a slow host (or a
+    // stopped process) slows every phase, a slow input pipeline only the data.
+    const double mw = median(work);
+    r.data.push_back(!(mw > 0 && me.work / mw >= o_.ratio) && me.data > median(data));
+    if (r.ratios.size() > keep) {
+      r.ratios.erase(r.ratios.begin());
+      r.data.erase(r.data.begin());
+    }
+  }
+
+  const std::size_t majority = keep / 2 + 1;
+  for (auto& [rank, r] : ranks_) {
+    std::vector<double> slow;
+    std::size_t data_slow = 0;
+    for (std::size_t i = 0; i < r.ratios.size(); ++i) {
+      if (r.ratios[i] >= o_.ratio) {
+        slow.push_back(r.ratios[i]);
+        if (r.data[i]) ++data_slow;
+      }
+    }
+    auto it = named_.find(rank);
+    if (it == named_.end() && slow.size() >= majority) {
+      Straggler s;
+      s.rank = rank;
+      s.node = r.node;
+      s.cause = data_slow * 2 > slow.size() ? "data" : "compute";
+      s.slowdown = median(slow);
+      s.step = r.latest.step;
+      named_[rank] = s;
+      change.named.push_back(s);
+    } else if (it != named_.end() && slow.size() <= 1) {
+      change.cleared.push_back(it->second);
+      named_.erase(it);
+    }
+  }
+  return change;
+}
+
+}  // namespace muster::rendezvous

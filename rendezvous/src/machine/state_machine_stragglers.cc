@@ -1,0 +1,107 @@
+// The server's side of the straggler watch (docs/stragglers.md): each node's progress pages,
+// with their time per phase kind, scored by the pure rule in straggler.h over every rank of
+// the running round. A rank named or cleared is an event (the event log, metrics) and part of
+// the run's status. Naming changes nothing in the run; what to do about a straggler is the
+// operator's (or a later exclusion's) to decide.
+#include <algorithm>
+
+#include "machine/state_machine_internal.h"
+#include "muster/rendezvous/limits.h"
+#include "muster/rendezvous/state_machine.h"
+
+namespace muster::rendezvous {
+
+using std::chrono::milliseconds;
+using namespace internal;
+
+namespace {
+
+void fill(RunEvent& e, const Straggler& s) {
+  e.rank = s.rank;
+  e.host = s.node;
+  e.cause = s.cause;
+  e.slowdown = s.slowdown;
+  e.step = s.step;
+  e.reason = s.describe();
+}
+
+}  // namespace
+
+void StateMachine::watch_stragglers(Run& run, SessionId session, const v1::Progress& p,
+                                    TimePoint now) {
+  const Node* node = nullptr;
+  for (const Node& n : run.members) {
+    if (n.session == session) node = &n;
+  }
+  if (node == nullptr) return;
+  for (const v1::RankProgress& r : p.ranks()) {
+    if (r.reports() == 0) continue;
+    run.stragglers.update(r.rank(), node->join.host(), r.step(),
+                          std::vector<std::uint64_t>(r.kind_ns().begin(), r.kind_ns().end()));
+  }
+  // Over every rank: at most once per sampling period, not on every node's report.
+  if (run.next_straggler_check && now < *run.next_straggler_check) return;
+  run.next_straggler_check = after(now, limits::kStragglerSampling);
+  StragglerChange change = run.stragglers.evaluate();
+  // Ranks are contiguous per node, by group rank.
+  auto node_of = [&run](int rank) -> std::string {
+    int first = 0;
+    for (const Node& n : run.members) {
+      const int count = n.join.local_world_size();
+      if (rank >= first && rank < first + count) return n.join.node_id();
+      first += count;
+    }
+    return "";
+  };
+  for (const Straggler& s : change.named) {
+    run.straggler_named_at[s.rank] = now;
+    RunEvent& e = emit(RunEvent::Kind::kStragglerNamed, run, now);
+    fill(e, s);
+    e.node_id = node_of(s.rank);
+  }
+  for (const Straggler& s : change.cleared) {
+    run.straggler_named_at.erase(s.rank);
+    RunEvent& e = emit(RunEvent::Kind::kStragglerCleared, run, now);
+    fill(e, s);
+    e.node_id = node_of(s.rank);
+  }
+}
+
+void StateMachine::end_straggler_round(Run& run, TimePoint now) {
+  // The ranks named in the round that ends are cleared with it: the next round's ranks are
+  // scored afresh (a rank number may be another process, on another node, then).
+  for (const auto& [rank, s] : run.stragglers.named()) {
+    RunEvent& e = emit(RunEvent::Kind::kStragglerCleared, run, now);
+    fill(e, s);
+    e.reason = s.describe() + "; the round ended";
+  }
+  run.stragglers.reset();
+  run.straggler_named_at.clear();
+  run.next_straggler_check.reset();
+}
+
+void StateMachine::straggler_status(const Run& run, v1::RunStatus& s,
+                                    std::optional<TimePoint> now) const {
+  s.set_watching_stragglers(run.watch_stragglers);
+  int first = 0;
+  std::map<int, std::string> node_ids;
+  for (const Node& n : run.members) {
+    for (int r = 0; r < n.join.local_world_size(); ++r) node_ids[first + r] = n.join.node_id();
+    first += n.join.local_world_size();
+  }
+  for (const auto& [rank, named] : run.stragglers.named()) {
+    v1::StragglerStatus* x = s.add_stragglers();
+    x->set_rank(rank);
+    x->set_host(named.node);
+    if (auto it = node_ids.find(rank); it != node_ids.end()) x->set_node_id(it->second);
+    x->set_cause(named.cause);
+    x->set_slowdown(named.slowdown);
+    x->set_step(named.step);
+    auto at = run.straggler_named_at.find(rank);
+    if (now && at != run.straggler_named_at.end() && *now >= at->second) {
+      x->set_age_ms(std::chrono::duration_cast<milliseconds>(*now - at->second).count());
+    }
+  }
+}
+
+}  // namespace muster::rendezvous
