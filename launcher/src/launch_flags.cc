@@ -39,6 +39,7 @@ struct RawFlags {
   std::string nnodes = "1";
   double shutdown_s = 30.0;
   double hang_s = 0;
+  double health_check_s = 0;  // set from limits::kDefaultHealthCheckTimeout in add_launch_flags
   std::string prefix_flag;
   std::string logs_specs;
   SchedulerFlags given;
@@ -216,6 +217,17 @@ void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
                          "fails (0: off, the default)"),
           kHangs)
           ->check(not_empty());
+  raw.health_check_s = std::chrono::duration<double>(limits::kDefaultHealthCheckTimeout).count();
+  pet(app.add_option("--health_check,--health-check", c.health_check,
+                     "A command (/bin/sh -c) run on this node before it first joins: exit 0 "
+                     "and it joins; otherwise it is not admitted (one line, exit 1) and the "
+                     "job goes on with the others within --nnodes (docs/launch.md)"),
+      kHangs)
+      ->check(not_empty());
+  pet(app.add_option("--health_check_timeout,--health-check-timeout", raw.health_check_s,
+                     "Seconds the health check may take (default 60, at most 3600)"),
+      kHangs)
+      ->check(not_empty());
   pet(app.add_flag("--watch_stragglers,--watch-stragglers", c.watch_stragglers,
                    "Name a rank whose own work per step (data, compute: all but its wait in "
                    "collectives) is slower than the others' (docs/stragglers.md): status, "
@@ -333,6 +345,13 @@ absl::Status resolve_durations(RawFlags& raw, LaunchConfig& c,
   auto shutdown = to_duration(shutdown_from, raw.shutdown_s, limits::kMaxShutdownTimeout);
   if (!shutdown.ok()) return shutdown.status();
   c.shutdown_timeout = *shutdown;
+  if (!(raw.health_check_s > 0) || !std::isfinite(raw.health_check_s)) {
+    return absl::InvalidArgumentError("--health_check_timeout: must be more than 0 seconds");
+  }
+  auto check = to_duration("--health_check_timeout", raw.health_check_s,
+                           limits::kMaxHealthCheckTimeout);
+  if (!check.ok()) return check.status();
+  c.health_check_timeout = *check;
   if (raw.hang_opt->count() == 0) return absl::OkStatus();
   if (!(raw.hang_s >= 0) || !std::isfinite(raw.hang_s)) {
     return absl::InvalidArgumentError("--hang_timeout: must be 0 or more seconds");

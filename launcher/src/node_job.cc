@@ -26,6 +26,7 @@
 #include "muster/agent/worker_env.h"
 #include "muster/launcher/cluster.h"
 #include "muster/launcher/event_log.h"
+#include "health_check.h"
 #include "muster/launcher/python.h"
 #include "muster/ops/exit_codes.h"
 #include "muster/ops/http_server.h"
@@ -400,6 +401,16 @@ void run_node_job(const LaunchConfig& cfg, boost::asio::io_context& io,
   opts.numa_of = numa_plan(cfg);
   if (!entry->python_reason.empty()) {
     spdlog::info("python: {} runs under {} ({})", entry->name, entry->path, entry->python_reason);
+  }
+  // The pre-flight check, before this node hosts or reaches anything: a node that fails it
+  // is not admitted (the others go on within --nnodes).
+  if (!cfg.health_check.empty()) {
+    const std::string host = cfg.local_addr.empty() ? fqdn.get() : cfg.local_addr;
+    HealthCheck check{cfg.health_check, cfg.health_check_timeout, host};
+    if (absl::Status s = run_health_check(check, env); !s.ok()) {
+      leave_with({ops::kExitRuntime, s});
+    }
+    fqdn = std::async(std::launch::deferred, [host] { return host; });
   }
   Observers observers;
   open_observers(cfg, observers);

@@ -49,6 +49,8 @@ const char* const kLivePageHtml = R"HTML(<!doctype html>
   tr.lost td:not(.state) { text-decoration: line-through; }
   .failure { margin-top:10px; padding:8px 10px; border-left:3px solid var(--bad);
              background:#fef3f2; }
+  .straggler { margin-top:10px; padding:8px 10px; border-left:3px solid #f79009;
+               background:#fffaeb; }
   .recovery { margin-top:10px; padding:8px 10px; border-left:3px solid var(--info);
               background:#eff4ff; }
   .recovery.mode-full { border-left-color:var(--warn); background:#fffaeb; }
@@ -159,6 +161,12 @@ function runHtml(r) {
     failure = `<div class="failure"><b>Last failure:</b> rank ${f.rank} on ${esc(f.host)}, ` +
         `${ended(f)}, round ${f.round}, ${dur(f.age_ms)} ago &mdash; ${esc(f.reason)}</div>`;
   }
+  // --watch_stragglers (docs/stragglers.md): the ranks named now.
+  for (const s of (r.stragglers || [])) {
+    failure += `<div class="straggler"><b>Straggler:</b> rank ${s.rank} on ${esc(s.host)}, ` +
+        `${s.slowdown.toFixed(1)}x the others' own work per step (${esc(s.cause)}), named at ` +
+        `step ${s.step}, ${dur(s.age_ms)} ago</div>`;
+  }
   return `<section class="card run" data-run="${esc(r.run_id)}" data-phase="${esc(r.phase)}" ` +
       `data-round="${r.round}"><div class="run-head"><h2>run <code>${esc(r.run_id)}</code></h2>` +
       `<span class="phase phase-${esc(phase)}">${esc(label)}</span></div>` +
@@ -187,6 +195,8 @@ function describe(e) {
         `${dur(e.abort_ms)}, rendezvous ${dur(e.rendezvous_ms)}, re-form ${dur(e.reform_ms)}; ` +
         `${dur(e.took_ms)} after the restart`;
     case 'in_place_fallback': return `${node}: in-place recovery fell back: ${esc(e.reason)}`;
+    case 'straggler_named': return `straggler: ${esc(e.reason)}`;
+    case 'straggler_cleared': return `straggler cleared: ${esc(e.reason)}`;
     case 'worker_failed': return `rank ${e.rank} on ${esc(e.host)} failed: ${ended(e)}`;
     case 'restart': return `restart (${esc(e.cause)}${e.counts ? ', counts' : ''}): ${esc(e.reason)}`;
     case 'succeeded': return 'the run succeeded';

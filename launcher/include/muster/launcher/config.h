@@ -161,6 +161,9 @@ struct LaunchConfig {
   std::chrono::milliseconds hang_timeout{0};
   bool in_place = false;  // --in_place (or rdzv_conf in_place=true)
   bool watch_stragglers = false;  // --watch_stragglers (docs/stragglers.md)
+  // --health_check CMD, --health_check_timeout (docs/launch.md, "Health checks"): empty: none.
+  std::string health_check;
+  std::chrono::milliseconds health_check_timeout = muster::rendezvous::limits::kDefaultHealthCheckTimeout;
   int spares = muster::rendezvous::limits::kDefaultSpares;  // --spares (with --in_place)
   int max_restarts_without_progress = 0;          // 0: off
   std::int64_t restart_budget_reset_after_steps = 0;  // 0: off

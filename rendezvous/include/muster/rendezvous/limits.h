@@ -228,6 +228,10 @@ inline constexpr int kStragglerWindowSteps = 6;
 inline constexpr int kStragglerWindows = 5;
 inline constexpr milliseconds kStragglerSampling = std::chrono::milliseconds(250);
 inline constexpr int kMaxPhaseKinds = 5;
+// launch --health_check: how long the command may take (--health_check_timeout), by default
+// and at most.
+inline constexpr milliseconds kDefaultHealthCheckTimeout = std::chrono::seconds(60);
+inline constexpr milliseconds kMaxHealthCheckTimeout = std::chrono::hours(1);
 // --max_restarts_without_progress: a Join's larger value is clamped to this.
 inline constexpr int kMaxRestartsWithoutProgress = 1000000;
 // After a stop has sent SIGKILL, how long the agent waits for its workers to be reaped before
