@@ -28,6 +28,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hostproc import wait_until as wait_for  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
 LAUNCH = os.path.join(BUILD, "launcher/launch")
@@ -44,16 +47,6 @@ def reader(p, lines):
     t = threading.Thread(target=read, daemon=True)
     t.start()
     return t
-
-
-def wait_for(pred, timeout, every=0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    return None
 
 
 def end(p):

@@ -56,7 +56,7 @@ TEST_CASE("health check: a node whose check fails is kept out with one line nami
 }
 
 TEST_CASE("health check: one that outlasts its timeout is killed with what it started, and the "
-          "node is not admitted; a bad timeout is a usage error",
+          "node is not admitted, and a bad timeout is a usage error",
           "[health_check]") {
   TempDir work;
   const std::string pidfile = work.file("check.pid");

@@ -108,7 +108,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("straggler: 1.5x is named within 60 steps; slow data on one rank is named as data",
+TEST_CASE("straggler: 1.5x is named within 60 steps, and slow data on one rank is named as data",
           "[straggler]") {
   StragglerWatch w;
   Job job(4, 7);
@@ -192,7 +192,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "straggler: a rank that recovers is cleared; a new round forgets; ranks without phase "
+    "straggler: a rank that recovers is cleared, a new round forgets, ranks without phase "
     "times are not watched",
     "[straggler]") {
   StragglerWatch w;
