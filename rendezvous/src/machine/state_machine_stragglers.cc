@@ -29,13 +29,23 @@ void fill(RunEvent& e, const Straggler& s) {
 
 void StateMachine::watch_stragglers(Run& run, SessionId session, const v1::Progress& p,
                                     TimePoint now) {
+  // The node, and its global ranks (contiguous per node, by group rank): a report of a rank
+  // that is not the node's own is not scored (a node cannot make the table grow).
   const Node* node = nullptr;
+  int first = 0;
   for (const Node& n : run.members) {
-    if (n.session == session) node = &n;
+    if (n.session == session) {
+      node = &n;
+      break;
+    }
+    first += n.join.local_world_size();
   }
   if (node == nullptr) return;
   for (const v1::RankProgress& r : p.ranks()) {
-    if (r.reports() == 0) continue;
+    if (r.reports() == 0 || r.rank() < first ||
+        r.rank() >= first + node->join.local_world_size()) {
+      continue;
+    }
     run.stragglers.update(r.rank(), node->join.host(), r.step(),
                           std::vector<std::uint64_t>(r.kind_ns().begin(), r.kind_ns().end()));
   }

@@ -283,7 +283,10 @@ absl::Status EtcdReplica::campaign(const std::string& name) {
     // away or went silent (or etcd is electing its own leader), or a lease went by with
     // another one leading: the same campaign again, on whichever member answers. It holds no
     // state but this replica's key under the lease, so asking again is safe.
-    if (!st.ok() && lease == m.lease && !etcd::try_again(st)) {
+    // NOT_FOUND is etcd's "requested lease not found": the lease went before the keeper saw
+    // it go; the keeper takes a new one, and the next ask uses it.
+    if (!st.ok() && lease == m.lease && !etcd::try_again(st) &&
+        st.error_code() != grpc::StatusCode::NOT_FOUND) {
       return etcd::error(*m.stubs, "campaigning to lead", st);
     }
     if (m.cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return m.stopping || m.lost; })) {
