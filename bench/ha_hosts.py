@@ -214,8 +214,10 @@ def finish(a, reps, agents, res):
     res["leading_after_heal"] = [r.name for r in reps if r.p.poll() is None and
                                  r.first(r"rdzvd: leading after")]
     first = worker_pids(agents)
-    os.kill(first[0], signal.SIGUSR2)  # a worker failure: exit 3
+    # Taken before the kill: the restarted workers' "ready" lines can be read (and stamped)
+    # by the reader threads before this thread runs again after os.kill.
     t_fail = time.monotonic()
+    os.kill(first[0], signal.SIGUSR2)  # a worker failure: exit 3
     again = wait_until(lambda: len(worker_pids(agents, t_fail)) >= 2, 30)
     time.sleep(1.0)
     res["restarted_after_failure"] = len(worker_pids(agents, t_fail)) if again else 0
