@@ -39,7 +39,7 @@ struct RawFlags {
   std::string nnodes = "1";
   double shutdown_s = 30.0;
   double hang_s = 0;
-  double health_check_s = 0;  // set from limits::kDefaultHealthCheckTimeout in add_launch_flags
+  double health_check_s = 0;  // set from limits::kDefaultHealthCheckTimeout in add_hang_flags
   std::string prefix_flag;
   std::string logs_specs;
   SchedulerFlags given;
@@ -47,6 +47,92 @@ struct RawFlags {
   CLI::Option* hang_opt = nullptr;
   CLI::Option* numa_opt = nullptr;
 };
+
+// Every flag also reads PET_<NAME> (torchrun's env defaults, as Kubeflow's PyTorchJob sets
+// them); a flag on the command line wins.
+CLI::Option* pet(CLI::Option* o, const char* group) {
+  std::string name = o->get_lnames().front();
+  for (char& ch : name) ch = ch == '-' ? '_' : static_cast<char>(std::toupper(ch));
+  return o->envname("PET_" + name)->group(group);
+}
+
+// launch's own: hangs, stragglers, health checks, in-place recovery, the progress budget
+// (docs/hangs.md, docs/stragglers.md, docs/in_place.md).
+void add_hang_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
+  raw.hang_opt =
+      pet(app.add_option("--hang_timeout,--hang-timeout", raw.hang_s,
+                         "Seconds a rank's progress (its progress page) may stay still while "
+                         "another rank got further; then its stacks are dumped and the group "
+                         "fails (0: off, the default)"),
+          kHangs)
+          ->check(not_empty());
+  raw.health_check_s = std::chrono::duration<double>(limits::kDefaultHealthCheckTimeout).count();
+  pet(app.add_option("--health_check,--health-check", c.health_check,
+                     "A command (/bin/sh -c) run on this node before it first joins: exit 0 "
+                     "and it joins; otherwise it is not admitted (one line, exit 1) and the "
+                     "job goes on with the others within --nnodes (docs/launch.md)"),
+      kHangs)
+      ->check(not_empty());
+  pet(app.add_option("--health_check_timeout,--health-check-timeout", raw.health_check_s,
+                     "Seconds the health check may take (default 60, at most 3600)"),
+      kHangs)
+      ->check(not_empty());
+  pet(app.add_flag("--watch_stragglers,--watch-stragglers", c.watch_stragglers,
+                   "Name a rank whose own work per step (data, compute: all but its wait in "
+                   "collectives) is slower than the others' (docs/stragglers.md): status, "
+                   "events, metrics. Gives workers progress pages (a Python worker the "
+                   "automatic reports)"),
+      kHangs);
+  pet(app.add_flag("--in_place,--in-place", c.in_place,
+                   "In-place recovery (docs/in_place.md): on a failure, workers that declared "
+                   "support keep running and re-form in the next round; only the dead are "
+                   "replaced (others: the full restart)"),
+      kHangs);
+  pet(app.add_option("--spares", c.spares,
+                     "With --in_place: warm spare processes per node, started once the program "
+                     "says it can wait as one (muster_inplace.await_rank); a dead worker's place "
+                     "is taken by a spare at once instead of a new process (default 0)"),
+      kHangs)
+      ->check(not_empty() & CLI::Range(0, limits::kMaxSpares));
+  pet(app.add_option("--max_restarts_without_progress,--max-restarts-without-progress",
+                     c.max_restarts_without_progress,
+                     "At most N restarts in a row after rounds in which no rank made a step; "
+                     "then the job stops with exit code 3, do not requeue (0: off)"),
+      kHangs)
+      ->check(not_empty() & CLI::Range(0, limits::kMaxRestartsWithoutProgress));
+  pet(app.add_option("--restart_budget_reset_after_steps,--restart-budget-reset-after-steps",
+                     c.restart_budget_reset_after_steps,
+                     "A failure after a round in which a rank made this many steps gets the "
+                     "whole --max_restarts budget back (0: off)"),
+      kHangs)
+      ->check(not_empty() & CLI::NonNegativeNumber);
+}
+
+// launch --hosts (docs/cluster.md).
+void add_cluster_flags(CLI::App& app, LaunchConfig& c) {
+  pet(app.add_option("--hosts", c.cluster.hosts_text,
+                     "Start one agent per host over ssh: HOST[:SLOTS],... (horovodrun's -H); "
+                     "SLOTS workers there, else --nproc_per_node"),
+      kCluster);
+  pet(app.add_option("--hostfile", c.cluster.hostfile,
+                     "The hosts from a file: 'HOST slots=N' (DeepSpeed's), 'HOST:N' or 'HOST' "
+                     "lines, # comments"),
+      kCluster);
+  pet(app.add_option("--include", c.cluster.include,
+                     "Only these of the hosts (comma or @ separated)"),
+      kCluster);
+  pet(app.add_option("--exclude", c.cluster.exclude, "All of the hosts but these"), kCluster);
+  pet(app.add_option("--ssh_args,--ssh-args", c.cluster.ssh_args_text,
+                     "More ssh options, e.g. '-p 2222 -F cfg' (ssh runs in BatchMode)"),
+      kCluster);
+  pet(app.add_option("--remote_launch,--remote-launch", c.cluster.remote_launch,
+                     "launch's path on the hosts (default: this launch's own path)"),
+      kCluster);
+  pet(app.add_option("--env", c.cluster.env_text,
+                     "More variables for the hosts' agents: NAME (its value here) or "
+                     "NAME=VALUE, comma separated"),
+      kCluster);
+}
 
 // Every flag of launch, torchrun's and its own (a table).
 void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
@@ -60,13 +146,6 @@ void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
   app.set_help_flag("-h,--help", "Show this help and exit");
   app.set_version_flag("--version", muster::ops::version_line("launch"),
                        "Show the version and commit and exit");
-  // Every flag also reads PET_<NAME> (torchrun's env defaults, as Kubeflow's PyTorchJob sets
-  // them); a flag on the command line wins.
-  auto pet = [](CLI::Option* o, const char* group) {
-    std::string name = o->get_lnames().front();
-    for (char& ch : name) ch = ch == '-' ? '_' : static_cast<char>(std::toupper(ch));
-    return o->envname("PET_" + name)->group(group);
-  };
   const char* kRdzv = "Rendezvous";
   const char* kStatic = "Static rendezvous";
   const char* kWorkers = "Workers";
@@ -210,75 +289,8 @@ void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
                      "Accepted (workers are always fork+exec'd)"),
       kCompat)
       ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
-  raw.hang_opt =
-      pet(app.add_option("--hang_timeout,--hang-timeout", raw.hang_s,
-                         "Seconds a rank's progress (its progress page) may stay still while "
-                         "another rank got further; then its stacks are dumped and the group "
-                         "fails (0: off, the default)"),
-          kHangs)
-          ->check(not_empty());
-  raw.health_check_s = std::chrono::duration<double>(limits::kDefaultHealthCheckTimeout).count();
-  pet(app.add_option("--health_check,--health-check", c.health_check,
-                     "A command (/bin/sh -c) run on this node before it first joins: exit 0 "
-                     "and it joins; otherwise it is not admitted (one line, exit 1) and the "
-                     "job goes on with the others within --nnodes (docs/launch.md)"),
-      kHangs)
-      ->check(not_empty());
-  pet(app.add_option("--health_check_timeout,--health-check-timeout", raw.health_check_s,
-                     "Seconds the health check may take (default 60, at most 3600)"),
-      kHangs)
-      ->check(not_empty());
-  pet(app.add_flag("--watch_stragglers,--watch-stragglers", c.watch_stragglers,
-                   "Name a rank whose own work per step (data, compute: all but its wait in "
-                   "collectives) is slower than the others' (docs/stragglers.md): status, "
-                   "events, metrics. Gives workers progress pages (a Python worker the "
-                   "automatic reports)"),
-      kHangs);
-  pet(app.add_flag("--in_place,--in-place", c.in_place,
-                   "In-place recovery (docs/in_place.md): on a failure, workers that declared "
-                   "support keep running and re-form in the next round; only the dead are "
-                   "replaced (others: the full restart)"),
-      kHangs);
-  pet(app.add_option("--spares", c.spares,
-                     "With --in_place: warm spare processes per node, started once the program "
-                     "says it can wait as one (muster_inplace.await_rank); a dead worker's place "
-                     "is taken by a spare at once instead of a new process (default 0)"),
-      kHangs)
-      ->check(not_empty() & CLI::Range(0, limits::kMaxSpares));
-  pet(app.add_option("--max_restarts_without_progress,--max-restarts-without-progress",
-                     c.max_restarts_without_progress,
-                     "At most N restarts in a row after rounds in which no rank made a step; "
-                     "then the job stops with exit code 3, do not requeue (0: off)"),
-      kHangs)
-      ->check(not_empty() & CLI::Range(0, limits::kMaxRestartsWithoutProgress));
-  pet(app.add_option("--restart_budget_reset_after_steps,--restart-budget-reset-after-steps",
-                     c.restart_budget_reset_after_steps,
-                     "A failure after a round in which a rank made this many steps gets the "
-                     "whole --max_restarts budget back (0: off)"),
-      kHangs)
-      ->check(not_empty() & CLI::NonNegativeNumber);
-  pet(app.add_option("--hosts", c.cluster.hosts_text,
-                     "Start one agent per host over ssh: HOST[:SLOTS],... (horovodrun's -H); "
-                     "SLOTS workers there, else --nproc_per_node"),
-      kCluster);
-  pet(app.add_option("--hostfile", c.cluster.hostfile,
-                     "The hosts from a file: 'HOST slots=N' (DeepSpeed's), 'HOST:N' or 'HOST' "
-                     "lines, # comments"),
-      kCluster);
-  pet(app.add_option("--include", c.cluster.include,
-                     "Only these of the hosts (comma or @ separated)"),
-      kCluster);
-  pet(app.add_option("--exclude", c.cluster.exclude, "All of the hosts but these"), kCluster);
-  pet(app.add_option("--ssh_args,--ssh-args", c.cluster.ssh_args_text,
-                     "More ssh options, e.g. '-p 2222 -F cfg' (ssh runs in BatchMode)"),
-      kCluster);
-  pet(app.add_option("--remote_launch,--remote-launch", c.cluster.remote_launch,
-                     "launch's path on the hosts (default: this launch's own path)"),
-      kCluster);
-  pet(app.add_option("--env", c.cluster.env_text,
-                     "More variables for the hosts' agents: NAME (its value here) or "
-                     "NAME=VALUE, comma separated"),
-      kCluster);
+  add_hang_flags(app, c, raw);
+  add_cluster_flags(app, c);
   pet(app.add_option("--logs_specs,--logs-specs", raw.logs_specs,
                      "Refused: a Python plug-in hook (use --log_dir, --redirects, --tee)"),
       kCompat);
