@@ -21,7 +21,7 @@ class EtcdReplica::Impl {
   EtcdOptions opts;
   std::function<void(const std::string&)> on_lost;
   std::shared_ptr<etcd::Stubs> stubs;
-  std::int64_t lease = 0;
+  std::int64_t lease = 0;  // written by the keeper thread only, under mu (lapse)
   milliseconds ttl{0};
 
   std::mutex mu;
