@@ -134,6 +134,54 @@ void add_cluster_flags(CLI::App& app, LaunchConfig& c) {
       kCluster);
 }
 
+// Where the workers' output and launch's events go (docs/launch.md, "Output").
+void add_output_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
+  const char* kLogs = "Logs and output";
+  pet(app.add_option("--log_dir,--log-dir", c.log_dir,
+                     "Keep each worker's stdout.log, stderr.log and error.json under "
+                     "DIR/<run_id>_<random>/attempt_<k>/<local_rank>/"),
+      kLogs);
+  pet(app.add_option("-r,--redirects", c.redirects,
+                     "Send worker output to the log files only: 0 none, 1 stdout, 2 stderr, "
+                     "3 both; or per local rank, e.g. 0:1,1:3 (needs --log_dir)"),
+      kLogs);
+  pet(app.add_option("-t,--tee", c.tee,
+                     "Copy worker output to the log files too, same values as --redirects"),
+      kLogs);
+  pet(app.add_option("--log_line_prefix_template,--log-line-prefix-template", raw.prefix_flag,
+                     "Prefix of each worker line on the console, torchrun's macros ${role_name}, "
+                     "${rank}, ${local_rank}, ${hostname} (default "
+                     "$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else [${role_name}${rank}]:)"),
+      kLogs);
+  pet(app.add_option("--local_ranks_filter,--local-ranks-filter", c.local_ranks_filter,
+                     "Only these local ranks reach the console, e.g. 0 or 0,2"),
+      kLogs);
+  pet(app.add_option("--duplicate_stdout_filters,--duplicate-stdout-filters",
+                     c.duplicate_stdout_text,
+                     "Also write the workers' stdout lines that contain any of these "
+                     "comma-separated strings (,, for a comma) to "
+                     "attempt_<k>/filtered_stdout.log"),
+      kLogs);
+  pet(app.add_option("--duplicate_stderr_filters,--duplicate-stderr-filters",
+                     c.duplicate_stderr_text,
+                     "The same for stderr, to attempt_<k>/filtered_stderr.log"),
+      kLogs);
+  app.add_option("--event_log,--event-log", c.event_log,
+                 "Append one JSON line per event of this node (round formed, workers started "
+                 "with the recovery's phases, failures, restarts) to FILE (-: stderr)")
+      ->group(kOps);
+  app.add_option("--metrics_port,--metrics-port", c.metrics_port,
+                 "Serve this node's Prometheus metrics (and the rendezvous server's, when it "
+                 "hosts it) on 0.0.0.0:PORT/metrics; 0: any free port, logged at info level")
+      ->check(CLI::Range(0, 65535))
+      ->group(kOps);
+  pet(app.add_option("--event_log_handler,--event-log-handler", c.event_log_handler,
+                     "Where events are logged: console (launch's log), null or "
+                     "dynamic_rendezvous (as null, torchrun's)"),
+      kLogs)
+      ->check(CLI::IsMember({"console", "null", "dynamic_rendezvous"}));
+}
+
 // Every flag of launch, torchrun's and its own (a table).
 void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
   app.prefix_command();
@@ -150,7 +198,6 @@ void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
   const char* kStatic = "Static rendezvous";
   const char* kWorkers = "Workers";
   const char* kProgram = "Program";
-  const char* kLogs = "Logs and output";
   // launch's own operator flags (docs/operations.md): like kCluster and kHangs, they take no
   // prefix away from torchrun's flags.
   const char* kCompat = "Accepted for torchrun compatibility";
@@ -238,49 +285,7 @@ void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
                    "torch.distributed.launch's flag: LOCAL_RANK only in the environment, no "
                    "--local-rank argument (always so without --legacy_launch)"),
       kLegacy);
-  pet(app.add_option("--log_dir,--log-dir", c.log_dir,
-                     "Keep each worker's stdout.log, stderr.log and error.json under "
-                     "DIR/<run_id>_<random>/attempt_<k>/<local_rank>/"),
-      kLogs);
-  pet(app.add_option("-r,--redirects", c.redirects,
-                     "Send worker output to the log files only: 0 none, 1 stdout, 2 stderr, "
-                     "3 both; or per local rank, e.g. 0:1,1:3 (needs --log_dir)"),
-      kLogs);
-  pet(app.add_option("-t,--tee", c.tee,
-                     "Copy worker output to the log files too, same values as --redirects"),
-      kLogs);
-  pet(app.add_option("--log_line_prefix_template,--log-line-prefix-template", raw.prefix_flag,
-                     "Prefix of each worker line on the console, torchrun's macros ${role_name}, "
-                     "${rank}, ${local_rank}, ${hostname} (default "
-                     "$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else [${role_name}${rank}]:)"),
-      kLogs);
-  pet(app.add_option("--local_ranks_filter,--local-ranks-filter", c.local_ranks_filter,
-                     "Only these local ranks reach the console, e.g. 0 or 0,2"),
-      kLogs);
-  pet(app.add_option("--duplicate_stdout_filters,--duplicate-stdout-filters",
-                     c.duplicate_stdout_text,
-                     "Also write the workers' stdout lines that contain any of these "
-                     "comma-separated strings (,, for a comma) to "
-                     "attempt_<k>/filtered_stdout.log"),
-      kLogs);
-  pet(app.add_option("--duplicate_stderr_filters,--duplicate-stderr-filters",
-                     c.duplicate_stderr_text,
-                     "The same for stderr, to attempt_<k>/filtered_stderr.log"),
-      kLogs);
-  app.add_option("--event_log,--event-log", c.event_log,
-                 "Append one JSON line per event of this node (round formed, workers started "
-                 "with the recovery's phases, failures, restarts) to FILE (-: stderr)")
-      ->group(kOps);
-  app.add_option("--metrics_port,--metrics-port", c.metrics_port,
-                 "Serve this node's Prometheus metrics (and the rendezvous server's, when it "
-                 "hosts it) on 0.0.0.0:PORT/metrics; 0: any free port, logged at info level")
-      ->check(CLI::Range(0, 65535))
-      ->group(kOps);
-  pet(app.add_option("--event_log_handler,--event-log-handler", c.event_log_handler,
-                     "Where events are logged: console (launch's log), null or "
-                     "dynamic_rendezvous (as null, torchrun's)"),
-      kLogs)
-      ->check(CLI::IsMember({"console", "null", "dynamic_rendezvous"}));
+  add_output_flags(app, c, raw);
   pet(app.add_option("--monitor_interval,--monitor-interval", c.monitor_interval,
                      "Accepted (worker exits are events here)"),
       kCompat)
