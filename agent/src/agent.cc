@@ -70,6 +70,8 @@ v1::Join join_template(const AgentOptions& o) {
   j.set_shutdown_timeout_ms(o.shutdown_timeout.count());
   j.set_hang_timeout_ms(o.hang_timeout.count());
   j.set_watch_stragglers(o.watch_stragglers);
+  j.set_exclude_stragglers(o.exclude_stragglers);
+  j.set_straggler_cooldown_ms(o.straggler_cooldown.count());
   j.set_max_restarts_without_progress(o.max_restarts_without_progress);
   j.set_restart_budget_reset_after_steps(o.restart_budget_reset_after_steps);
   j.set_reattach_timeout_ms(t.reattach_timeout.count());
@@ -145,7 +147,7 @@ class Agent::Impl {
                   apply(machine_.on_worker_resumed(lr, round, now()));
                 }}),
         timers_{asio::steady_timer(io), asio::steady_timer(io), asio::steady_timer(io),
-                asio::steady_timer(io), asio::steady_timer(io)} {}
+                asio::steady_timer(io), asio::steady_timer(io), asio::steady_timer(io)} {}
 
   int run() {
     if (!opts_.file_timer_path.empty()) {

@@ -173,6 +173,13 @@ Actions SessionMachine::on_timer(Timer timer, Time now) {
     case Timer::kInPlace:
       in_place_due(s);
       break;
+    case Timer::kCooldown:
+      if (cooling_ && phase_ == Phase::kJoining && after_ == After::kNone) {
+        cooling_ = false;
+        s.log(Level::kInfo, "the straggler cool-down is over: joining the run again");
+        send_join(s);
+      }
+      break;
     case Timer::kReopen: {
       std::optional<Time>* deadline = std::exchange(reopen_deadline_, nullptr);
       if (deadline == nullptr || phase_ == Phase::kExiting || after_ == After::kExit ||
@@ -351,6 +358,8 @@ void SessionMachine::handle(Step& s, const v1::ServerMsg& m) {
   } else if (m.has_assignment()) {
     if (phase_ == Phase::kJoining) on_assignment(s, m.assignment());
     if (phase_ == Phase::kReforming) on_reform(s, m.assignment());
+  } else if (m.has_restart() && m.restart().excluded_ms() > 0) {
+    excluded(s, m.restart());
   } else if (m.has_restart()) {
     const bool keep = (phase_ == Phase::kRunning || phase_ == Phase::kRecovering) &&
                       after_ == After::kNone && in_place_ready();
@@ -373,7 +382,13 @@ void SessionMachine::handle(Step& s, const v1::ServerMsg& m) {
     if (after_ != After::kExit) after_ = After::kFail;
     stop(s, SIGTERM);
   } else if (m.has_done()) {
-    if (phase_ == Phase::kAwaitingDone) {
+    if (cooling_ && phase_ == Phase::kJoining) {
+      // The run finished without this node: nothing of it is left to do.
+      s.log(Level::kInfo, "the run finished while this node was excluded as a straggler");
+      cooling_ = false;
+      s.add(CancelTimer{Timer::kCooldown});
+      finish(s, 0);
+    } else if (phase_ == Phase::kAwaitingDone) {
       s.add(Emit{event(AgentEvent::Kind::kSucceeded, now)});
       finish(s, 0);
     }
@@ -655,7 +670,31 @@ void SessionMachine::after_group_gone(Step& s, int workers) {
     case After::kExit:
       finish(s, exit_code_);
       return;
+    case After::kCooldown:
+      s.add(ReleaseWorkers{});
+      after_ = After::kNone;
+      phase_ = Phase::kJoining;
+      cooling_ = true;
+      s.add(ArmTimer{Timer::kCooldown, s.now + cooldown_});
+      return;
   }
+}
+
+// The server excluded this node as a straggler (docs/stragglers.md, "Exclusion"): its
+// workers stop (the others re-form without them), and it joins again after `r.excluded_ms`.
+void SessionMachine::excluded(Step& s, const v1::Restart& r) {
+  s.log(Level::kWarn, absl::StrFormat("%s; this node stops its workers and joins again in %g s",
+                                      r.reason(), r.excluded_ms() / 1000.0));
+  AgentEvent e = event(AgentEvent::Kind::kRestart, s.now);
+  e.reason = r.reason();
+  e.restart_count = r.restart_count();
+  s.add(Emit{std::move(e)});
+  if (after_ == After::kExit || after_ == After::kFail) return;  // leaving anyway
+  s.add(CancelTimer{Timer::kInPlace});
+  reset_in_place();
+  cooldown_ = std::chrono::milliseconds(r.excluded_ms());
+  after_ = After::kCooldown;
+  stop(s, SIGTERM);
 }
 
 void SessionMachine::finish(Step& s, int code) {

@@ -436,6 +436,10 @@ absl::Status resolve_rdzv_conf(LaunchConfig& c, const std::map<std::string, std:
     return absl::InvalidArgumentError("--spares needs --in_place (a spare takes a dead rank's "
                                       "place in an in-place re-form)");
   }
+  if (c.exclude_stragglers && !c.in_place && !c.rdzv_conf.in_place) {
+    return absl::InvalidArgumentError("--exclude_stragglers needs --in_place (the others keep "
+                                      "their workers when a straggler's node leaves)");
+  }
   return absl::OkStatus();
 }
 

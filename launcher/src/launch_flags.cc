@@ -40,6 +40,7 @@ struct RawFlags {
   double shutdown_s = 30.0;
   double hang_s = 0;
   double health_check_s = 0;  // set from limits::kDefaultHealthCheckTimeout in add_hang_flags
+  double cooldown_s = 0;      // set from limits::kDefaultStragglerCooldown in add_hang_flags
   std::string prefix_flag;
   std::string logs_specs;
   SchedulerFlags given;
@@ -83,6 +84,18 @@ void add_hang_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
                    "events, metrics. Gives workers progress pages (a Python worker the "
                    "automatic reports)"),
       kHangs);
+  raw.cooldown_s = std::chrono::duration<double>(limits::kDefaultStragglerCooldown).count();
+  pet(app.add_flag("--exclude_stragglers,--exclude-stragglers", c.exclude_stragglers,
+                   "With --in_place: a node named as a straggler leaves the world when that "
+                   "costs less than keeping it, never below the --nnodes minimum; a node "
+                   "waiting beyond the maximum takes its place (docs/stragglers.md). Implies "
+                   "--watch_stragglers; changes the global batch"),
+      kHangs);
+  pet(app.add_option("--straggler_cooldown,--straggler-cooldown", raw.cooldown_s,
+                     "Seconds an excluded node stays out before it may join again, doubled "
+                     "each time it is excluded again (default 300, at most 86400)"),
+      kHangs)
+      ->check(not_empty());
   pet(app.add_flag("--in_place,--in-place", c.in_place,
                    "In-place recovery (docs/in_place.md): on a failure, workers that declared "
                    "support keep running and re-form in the next round; only the dead are "
@@ -369,6 +382,13 @@ absl::Status resolve_durations(RawFlags& raw, LaunchConfig& c,
                            limits::kMaxHealthCheckTimeout);
   if (!check.ok()) return check.status();
   c.health_check_timeout = *check;
+  if (!(raw.cooldown_s >= 1) || !std::isfinite(raw.cooldown_s)) {
+    return absl::InvalidArgumentError("--straggler_cooldown: must be at least 1 second");
+  }
+  auto cooldown = to_duration("--straggler_cooldown", raw.cooldown_s,
+                              limits::kMaxStragglerCooldown);
+  if (!cooldown.ok()) return cooldown.status();
+  c.straggler_cooldown = *cooldown;
   if (raw.hang_opt->count() == 0) return absl::OkStatus();
   if (!(raw.hang_s >= 0) || !std::isfinite(raw.hang_s)) {
     return absl::InvalidArgumentError("--hang_timeout: must be 0 or more seconds");

@@ -269,7 +269,9 @@ void set_rendezvous(agent::AgentOptions& opts, const LaunchConfig& cfg, const Re
   opts.max_restarts_without_progress = cfg.max_restarts_without_progress;
   opts.restart_budget_reset_after_steps = cfg.restart_budget_reset_after_steps;
   opts.hang_timeout = cfg.hang_timeout;
-  opts.watch_stragglers = cfg.watch_stragglers;
+  opts.watch_stragglers = cfg.watch_stragglers || cfg.exclude_stragglers;
+  opts.exclude_stragglers = cfg.exclude_stragglers;
+  opts.straggler_cooldown = cfg.straggler_cooldown;
   opts.in_place = cfg.in_place || cfg.rdzv_conf.in_place;
   opts.in_place_timeout = cfg.rdzv_conf.in_place_timeout;
   opts.spares = opts.in_place ? cfg.spares : 0;

@@ -165,7 +165,13 @@ function runHtml(r) {
   for (const s of (r.stragglers || [])) {
     failure += `<div class="straggler"><b>Straggler:</b> rank ${s.rank} on ${esc(s.host)}, ` +
         `${s.slowdown.toFixed(1)}x the others' own work per step (${esc(s.cause)}), named at ` +
-        `step ${s.step}, ${dur(s.age_ms)} ago</div>`;
+        `step ${s.step}, ${dur(s.age_ms)} ago${s.kept ? '; kept: ' + esc(s.kept) : ''}</div>`;
+  }
+  // --exclude_stragglers: the nodes excluded, and how long each stays out.
+  for (const x of (r.excluded || [])) {
+    failure += `<div class="straggler"><b>Excluded:</b> ${esc(x.node_id)} on ${esc(x.host)}, ` +
+        `${x.slowdown.toFixed(1)}x (${esc(x.cause)}), ${x.times} time(s)` +
+        (x.left_ms > 0 ? `, out for ${dur(x.left_ms)} more` : ', may join again') + `</div>`;
   }
   return `<section class="card run" data-run="${esc(r.run_id)}" data-phase="${esc(r.phase)}" ` +
       `data-round="${r.round}"><div class="run-head"><h2>run <code>${esc(r.run_id)}</code></h2>` +
@@ -197,6 +203,7 @@ function describe(e) {
     case 'in_place_fallback': return `${node}: in-place recovery fell back: ${esc(e.reason)}`;
     case 'straggler_named': return `straggler: ${esc(e.reason)}`;
     case 'straggler_cleared': return `straggler cleared: ${esc(e.reason)}`;
+    case 'straggler_excluded': return `excluded: ${esc(e.reason)}`;
     case 'worker_failed': return `rank ${e.rank} on ${esc(e.host)} failed: ${ended(e)}`;
     case 'restart': return `restart (${esc(e.cause)}${e.counts ? ', counts' : ''}): ${esc(e.reason)}`;
     case 'succeeded': return 'the run succeeded';

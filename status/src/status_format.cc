@@ -211,9 +211,25 @@ std::string status_json(const v1::StatusReply& reply) {
                             .add("slowdown", s.slowdown())
                             .add("step", static_cast<long long>(s.step()))
                             .add("age_ms", static_cast<long long>(s.age_ms()))
+                            .add("kept", s.kept())
                             .str());
       }
       j.add_raw("stragglers", json_array(named));
+    }
+    if (r.excluding_stragglers()) {  // docs/stragglers.md, "Exclusion"
+      std::vector<std::string> out;
+      for (const v1::ExcludedStatus& x : r.excluded()) {
+        out.push_back(JsonObject()
+                          .add("node_id", x.node_id())
+                          .add("host", x.host())
+                          .add("times", x.times())
+                          .add("cooldown_ms", static_cast<long long>(x.cooldown_ms()))
+                          .add("left_ms", static_cast<long long>(x.left_ms()))
+                          .add("slowdown", x.slowdown())
+                          .add("cause", x.cause())
+                          .str());
+      }
+      j.add("excluding_stragglers", true).add_raw("excluded", json_array(out));
     }
     runs.push_back(j.str());
   }
@@ -277,7 +293,18 @@ std::string status_table(const v1::StatusReply& reply) {
       absl::StrAppend(&out, "  straggler: rank ", s.rank(), " on ", printable(s.host()), ", ",
                       absl::StrFormat("%.1fx", s.slowdown()), " the others' own work per step (",
                       printable(s.cause()), "), named at step ", s.step(), ", ",
-                      human_duration(s.age_ms()), " ago\n");
+                      human_duration(s.age_ms()), " ago",
+                      s.kept().empty() ? "" : absl::StrCat("; kept: ", printable(s.kept())),
+                      "\n");
+    }
+    for (const v1::ExcludedStatus& x : r.excluded()) {
+      absl::StrAppend(&out, "  excluded: ", printable(x.node_id()), " on ", printable(x.host()),
+                      absl::StrFormat(" (%.1fx, ", x.slowdown()), printable(x.cause()), "), ",
+                      x.times(), x.times() == 1 ? " time" : " times",
+                      x.left_ms() > 0
+                          ? absl::StrCat(", out for ", human_duration(x.left_ms()), " more")
+                          : std::string(", may join again"),
+                      "\n");
     }
   }
   return out;
@@ -352,12 +379,16 @@ std::string event_json(const rendezvous::RunEvent& e, std::chrono::system_clock:
       break;
     case Kind::kStragglerNamed:  // docs/stragglers.md
     case Kind::kStragglerCleared:
+    case Kind::kStragglerExcluded:
       node();
       j.add("rank", e.rank)
           .add("cause", e.cause)
           .add("slowdown", e.slowdown)
           .add("step", static_cast<long long>(e.step))
           .add("reason", e.reason);
+      if (e.kind == Kind::kStragglerExcluded) {
+        j.add("cooldown_ms", static_cast<long long>(e.took.count())).add("times", e.nodes);
+      }
       break;
   }
   return j.str();

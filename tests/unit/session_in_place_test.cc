@@ -355,3 +355,57 @@ TEST_CASE("in place: property: one world per round, an abort before every re-for
   CHECK(resumes > 10);
   CHECK(fallbacks > 5);
 }
+
+// Exclusion (docs/stragglers.md, "Exclusion"): a Restart with excluded_ms is not an in-place
+// recovery for this node: its workers stop, it waits out the cool-down connected (its
+// keep-alives go on) and running nothing, then joins again; a run that finishes meanwhile
+// ends it with exit 0.
+TEST_CASE("in place: a node excluded as a straggler stops its workers, waits out its "
+          "cool-down, then joins again") {
+  Node n;
+  n.in_place();
+  declared_running(n);
+  v1::ServerMsg x;
+  x.mutable_restart()->set_reason("node n1 excluded as a straggler: rank 2 ...");
+  x.mutable_restart()->set_excluded_ms(30'000);
+  Actions& a = n.hear(x);
+  CHECK(logged(a, session::Level::kWarn, "excluded as a straggler"));
+  REQUIRE(has<session::StopWorkers>(a));  // not AbortWorkers: this node's workers leave
+  CHECK_FALSE(has<session::AbortWorkers>(a));
+  CHECK(sent(a, v1::AgentMsg::kJoin) == nullptr);
+  n.advance(100ms);
+  Actions& b = n.gone();
+  CHECK(has<session::ReleaseWorkers>(b));
+  CHECK(sent(b, v1::AgentMsg::kJoin) == nullptr);
+  REQUIRE(has<session::ArmTimer>(b));
+  const auto* armed = first<session::ArmTimer>(b);
+  CHECK(armed->timer == session::Timer::kCooldown);
+  CHECK(armed->at == n.t + 30s);
+  CHECK(n.m->cooling());
+  CHECK(n.m->phase() == Phase::kJoining);
+  // Still connected meanwhile: its keep-alives go out.
+  CHECK(sent(n.timer(session::Timer::kKeepAlive), v1::AgentMsg::kKeepAlive) != nullptr);
+  n.advance(30s);
+  Actions& c = n.timer(session::Timer::kCooldown);
+  REQUIRE(sent(c, v1::AgentMsg::kJoin) != nullptr);
+  CHECK_FALSE(sent(c, v1::AgentMsg::kJoin)->msg.join().in_place());  // a newcomer: new workers
+  CHECK_FALSE(n.m->cooling());
+  // A round then starts its workers afresh.
+  n.hear(assignment(3));
+  CHECK(has<session::StartWorkers>(n.last));
+}
+
+TEST_CASE("in place: a run that finishes while this node is excluded ends it with exit 0") {
+  Node n;
+  n.in_place();
+  declared_running(n);
+  v1::ServerMsg x;
+  x.mutable_restart()->set_reason("excluded");
+  x.mutable_restart()->set_excluded_ms(30'000);
+  n.hear(x);
+  n.gone();
+  REQUIRE(n.m->cooling());
+  Actions& d = n.done();
+  REQUIRE(has<session::Exit>(d));
+  CHECK(first<session::Exit>(d)->code == 0);
+}

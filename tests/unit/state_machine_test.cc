@@ -2,10 +2,14 @@
 #include "muster/rendezvous/state_machine.h"
 
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <random>
+#include <set>
 
 #include "join_msg.h"
 #include "muster/rendezvous/limits.h"
@@ -1483,4 +1487,176 @@ TEST_CASE("stragglers: the server names a rank whose own work per step is twice 
   REQUIRE(status.size() == 1);
   CHECK(status[0].round() == round + 1);
   CHECK(status[0].stragglers_size() == 0);
+}
+
+// Exclusion (launch --exclude_stragglers; docs/stragglers.md, "Exclusion"): a named
+// straggler's node leaves the world once keeping it costs more than a re-form, the others
+// restart in place without it, its Join is refused until its cool-down is over, and the next
+// exclusion of the same node doubles the cool-down. At MIN nodes with no spare it is kept.
+namespace {
+
+struct StragglerJob {
+  Harness h;
+  std::map<SessionId, std::array<std::uint64_t, 5>> kinds;
+  std::vector<RunEvent> events;
+  int round = 0;
+  std::map<SessionId, int> rank;
+
+  static void excluding(v1::Join& j) {
+    j.set_exclude_stragglers(true);
+    j.set_straggler_cooldown_ms(10'000);
+    j.set_in_place(true);
+    j.set_local_world_size(1);
+  }
+  void take(std::vector<Outgoing>& out) {
+    for (const Outgoing& o : out) {
+      if (o.msg && o.msg->has_assignment()) {
+        round = o.msg->assignment().round();
+        rank[o.session] = o.msg->assignment().rank_offset();
+      }
+    }
+  }
+  void join(SessionId s, const std::string& node, int min, int max) {
+    Decision d = h.sm.on_message(s, [&] {
+      v1::AgentMsg m = Harness::join_msg(node, min, max);
+      excluding(*m.mutable_join());
+      return m;
+    }(), h.now);
+    for (RunEvent& e : d.events) events.push_back(std::move(e));
+    h.last = std::move(d.messages);
+    take(h.last);
+  }
+  // One step of each session's rank: 70 ms of own work, `slow` sessions twice that; stops
+  // early (true) when a step's reports restarted the round.
+  bool step(std::uint64_t n, const std::set<SessionId>& sessions, SessionId slow) {
+    const std::uint64_t ms = 1'000'000;
+    h.last.clear();
+    for (SessionId s : sessions) {
+      const std::uint64_t f = s == slow ? 2 : 1;
+      auto& k = kinds[s];
+      k[0] += 10 * ms * f;
+      k[1] += 55 * ms * f;
+      k[2] += (s == slow ? 2 : 72) * ms;
+      k[3] += 5 * ms * f;
+      v1::AgentMsg m = progress_msg(round, {{rank[s], n, n, "forward", 0}});
+      for (std::uint64_t v : k) m.mutable_progress()->mutable_ranks(0)->add_kind_ns(v);
+      Decision d = h.sm.on_message(s, m, h.now);
+      for (RunEvent& e : d.events) events.push_back(std::move(e));
+      for (Outgoing& o : d.messages) h.last.push_back(std::move(o));
+      for (const Outgoing& o : h.last) {
+        if (o.msg && o.msg->has_restart()) return true;
+      }
+    }
+    h.now += 140ms;
+    return false;
+  }
+  int count(RunEvent::Kind kind) const {
+    return static_cast<int>(std::count_if(events.begin(), events.end(),
+                                          [kind](const RunEvent& e) { return e.kind == kind; }));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("exclusion: a straggler's node leaves in place, is kept out for its cool-down, and "
+          "the next exclusion doubles it",
+          "[state_machine][stragglers]") {
+  StragglerJob job;
+  job.join(1, "a", 2, 3);
+  job.join(2, "b", 2, 3);
+  job.join(3, "c", 2, 3);
+  REQUIRE(job.round == 1);
+  std::uint64_t n = 1;
+  bool restarted = false;
+  for (; n <= 80 && !restarted; ++n) restarted = job.step(n, {1, 2, 3}, 3);
+  REQUIRE(restarted);
+  CHECK(job.count(RunEvent::Kind::kStragglerNamed) == 1);
+  REQUIRE(job.count(RunEvent::Kind::kStragglerExcluded) == 1);
+  const RunEvent& x = *std::find_if(job.events.begin(), job.events.end(), [](const RunEvent& e) {
+    return e.kind == RunEvent::Kind::kStragglerExcluded;
+  });
+  CHECK(x.node_id == "c");
+  CHECK(x.rank == job.rank[3]);
+  CHECK(x.cause == "compute");
+  CHECK(x.took == 10s);
+  CHECK(x.nodes == 1);
+  // Not at once: once what it cost since its naming (half of each step) passed a re-form's
+  // (limits::kDefaultReformCost), so at least 15 steps of 140 ms after it was named.
+  const RunEvent& named = *std::find_if(job.events.begin(), job.events.end(), [](const RunEvent& e) {
+    return e.kind == RunEvent::Kind::kStragglerNamed;
+  });
+  CHECK(x.at - named.at >= 2s);
+  // The node is told with its cool-down; the others get a plain restart naming its rank.
+  auto to_c = job.h.to(3, kRestart);
+  REQUIRE(to_c.size() == 1);
+  CHECK(to_c[0].restart().excluded_ms() == 10'000);
+  for (SessionId s : {1, 2}) {
+    auto r = job.h.to(s, kRestart);
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].restart().excluded_ms() == 0);
+    CHECK_THAT(r[0].restart().reason(), Catch::Contains("excluded as a straggler"));
+    REQUIRE(r[0].restart().lost_ranks_size() == 1);
+    CHECK(r[0].restart().lost_ranks(0) == job.rank[3]);
+  }
+  auto restart = std::find_if(job.events.begin(), job.events.end(), [](const RunEvent& e) {
+    return e.kind == RunEvent::Kind::kRestart;
+  });
+  REQUIRE(restart != job.events.end());
+  CHECK(restart->cause == "straggler_excluded");
+  CHECK_FALSE(restart->counts);
+
+  // The survivors come back in place: a round of two, at once.
+  job.join(1, "a", 2, 3);
+  job.join(2, "b", 2, 3);
+  REQUIRE(job.round == 2);
+  CHECK(job.h.to(3, kAssign).empty());
+  auto st = job.h.sm.status("run", job.h.now);
+  REQUIRE(st.size() == 1);
+  CHECK(st[0].members_size() == 2);
+  CHECK(st[0].excluding_stragglers());
+  REQUIRE(st[0].excluded_size() == 1);
+  CHECK(st[0].excluded(0).node_id() == "c");
+  CHECK(st[0].excluded(0).times() == 1);
+  CHECK(st[0].excluded(0).left_ms() > 9'000);
+  CHECK(job.h.sm.check_invariants().ok());
+
+  // Its Join within the cool-down is refused, saying when it may come back.
+  job.join(3, "c", 2, 3);
+  REQUIRE(job.h.closed_with(3, absl::StatusCode::kFailedPrecondition));
+  CHECK_THAT(std::string(job.h.close_of(3)->status.message()),
+             Catch::Contains("may join again in"));
+  // After it, the node joins (a new stream): the run scales up to three in place.
+  job.h.now += 10s;
+  job.join(4, "c", 2, 3);
+  auto up = job.h.to(1, kRestart);
+  REQUIRE(up.size() == 1);
+  job.join(1, "a", 2, 3);
+  job.join(2, "b", 2, 3);
+  REQUIRE(job.round == 3);
+  // Slow again: excluded again, for twice as long.
+  restarted = false;
+  for (std::uint64_t k = 0; k < 80 && !restarted; ++k, ++n) restarted = job.step(n, {1, 2, 4}, 4);
+  REQUIRE(restarted);
+  auto again = job.h.to(4, kRestart);
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].restart().excluded_ms() == 20'000);
+  st = job.h.sm.status("run", job.h.now);
+  REQUIRE(st[0].excluded_size() == 1);
+  CHECK(st[0].excluded(0).times() == 2);
+  CHECK(job.h.sm.check_invariants().ok());
+}
+
+TEST_CASE("exclusion: at MIN nodes with no spare the straggler is kept, and says why",
+          "[state_machine][stragglers]") {
+  StragglerJob job;
+  job.join(1, "a", 2, 2);
+  job.join(2, "b", 2, 2);
+  REQUIRE(job.round == 1);
+  for (std::uint64_t n = 1; n <= 80; ++n) REQUIRE_FALSE(job.step(n, {1, 2}, 2));
+  CHECK(job.count(RunEvent::Kind::kStragglerNamed) == 1);
+  CHECK(job.count(RunEvent::Kind::kStragglerExcluded) == 0);
+  auto st = job.h.sm.status("run", job.h.now);
+  REQUIRE(st[0].stragglers_size() == 1);
+  CHECK_THAT(st[0].stragglers(0).kept(), Catch::Contains("at MIN nodes (2)"));
+  CHECK(st[0].excluded_size() == 0);
 }

@@ -8,6 +8,8 @@
 #include <functional>
 #include <random>
 
+using muster::rendezvous::exclusion_kept;
+using muster::rendezvous::ExclusionCase;
 using muster::rendezvous::StragglerChange;
 using muster::rendezvous::StragglerWatch;
 
@@ -222,4 +224,52 @@ TEST_CASE(
     CHECK(w.evaluate().named.empty());
   }
   CHECK(w.windows_closed() == 0);
+}
+
+// Exclusion's rule (docs/stragglers.md, "Exclusion"): a node leaves when it runs in place, is
+// not a data straggler, the run keeps MIN (or a spare takes its place), it is slower than
+// N/(N-1), and it has cost more than a re-form since it was named.
+TEST_CASE("exclusion: a straggler's node leaves only when leaving costs less than keeping it",
+          "[straggler]") {
+  using std::chrono::milliseconds;
+  ExclusionCase c;
+  c.nodes = 3;
+  c.min_nodes = 2;
+  c.in_place = true;
+  c.cause = "compute";
+  c.slowdown = 2.0;
+  c.named_for = milliseconds(3000);
+  c.reform_cost = milliseconds(1000);
+  CHECK(exclusion_kept(c).empty());  // 1.5 s lost > 1 s, 2.0 > 3/2
+
+  ExclusionCase x = c;
+  x.in_place = false;
+  CHECK(exclusion_kept(x) == "not every node runs in place");
+  x = c;
+  x.cause = "data";
+  CHECK(exclusion_kept(x) == "its cause is data loading");
+  x = c;
+  x.min_nodes = 3;
+  CHECK(exclusion_kept(x) == "at MIN nodes (3) with no spare");
+  x.spare = true;  // a spare takes its place: MIN is kept
+  CHECK(exclusion_kept(x).empty());
+  x = c;
+  x.slowdown = 1.45;  // below 3/2: the smaller world would be slower than keeping it
+  CHECK(exclusion_kept(x) == "1.45x is not beyond N/(N-1) = 1.50x");
+  x.spare = true;  // ... unless a spare takes its place
+  x.named_for = milliseconds(10'000);
+  CHECK(exclusion_kept(x).empty());
+  x = c;
+  x.named_for = milliseconds(1500);  // cost 0.75 s so far, a re-form 1 s
+  CHECK(exclusion_kept(x) == "it has cost 0.8 s, a re-form costs 1.0 s");
+  x.named_for = milliseconds(2100);
+  CHECK(exclusion_kept(x).empty());
+  x = c;
+  x.nodes = 2;
+  x.min_nodes = 1;
+  x.slowdown = 1.9;  // a world of 2 halves its work without it: worth it only beyond 2x
+  x.named_for = milliseconds(60'000);
+  CHECK_FALSE(exclusion_kept(x).empty());
+  x.slowdown = 2.5;
+  CHECK(exclusion_kept(x).empty());
 }

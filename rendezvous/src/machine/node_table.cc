@@ -100,6 +100,10 @@ void StateMachine::NodeTable::set_succeeded(SessionId s, bool succeeded) {
   succeeded ? ++succeeded_ : --succeeded_;
 }
 
+void StateMachine::NodeTable::set_excluded(SessionId s, bool excluded) {
+  if (auto it = nodes_.find(s); it != nodes_.end()) it->second.excluded = excluded;
+}
+
 void StateMachine::NodeTable::clear_all_succeeded() {
   if (succeeded_ == 0) return;
   for (auto& [s, n] : nodes_) n.succeeded = false;

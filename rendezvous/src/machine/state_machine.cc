@@ -141,6 +141,10 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
     refuse(session, st, now, out);
     return out;
   }
+  if (absl::Status st = excluded_join(run, join, now); !st.ok()) {
+    refuse(session, st, now, out);
+    return out;
+  }
   // The node of a place held for its re-attach joins afresh: it gave the place up (its
   // agent stopped its workers), so the round has lost it.
   bool was_member = give_up_held_place(run, join, now);
@@ -181,7 +185,11 @@ std::map<std::string, StateMachine::Run>::iterator StateMachine::create_run(cons
   run.max_restarts_without_progress =
       std::clamp(join.max_restarts_without_progress(), 0, limits::kMaxRestartsWithoutProgress);
   run.budget_reset_steps = std::max<std::int64_t>(0, join.restart_budget_reset_after_steps());
-  run.watch_stragglers = join.watch_stragglers();
+  run.watch_stragglers = join.watch_stragglers() || join.exclude_stragglers();
+  run.exclude_stragglers = join.exclude_stragglers();
+  run.straggler_cooldown = client_duration(join.straggler_cooldown_ms(),
+                                           limits::kDefaultStragglerCooldown,
+                                           limits::kMaxStragglerCooldown);
   // The first node sets the run's timing, within bounds: one client must not be able to
   // make a run (or its nodes) wait for ever, nor make a deadline wrap.
   run.timeouts = run_timing(timeouts_, timing_asked(join), TimingSource::kJoin);
@@ -234,6 +242,7 @@ void StateMachine::add_waiting(Run& run, SessionId session, const v1::Join& join
     e.host = kept.host();
   }
   run.nodes.seen(session, now);
+  run.nodes.set_excluded(session, false);  // back from its cool-down
   // A survivor back after a restart: learn how long it takes, if longer than it says.
   if (auto r = run.nodes.take_restarted(session)) {
     const auto took = std::chrono::duration_cast<milliseconds>(now - *r);

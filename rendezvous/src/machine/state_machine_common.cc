@@ -211,6 +211,7 @@ std::string_view event_name(RunEvent::Kind kind) {
     case RunEvent::Kind::kInPlaceFallback: return "in_place_fallback";
     case RunEvent::Kind::kStragglerNamed: return "straggler_named";
     case RunEvent::Kind::kStragglerCleared: return "straggler_cleared";
+    case RunEvent::Kind::kStragglerExcluded: return "straggler_excluded";
   }
   return "unknown";
 }

@@ -56,11 +56,15 @@ absl::Status check_nodes(const std::string& id, const Run& run, const SessionRun
     if (!node.last_seen && (node.expected_until || node.restarted_at || node.rejoin_took)) {
       return broken("detached session ", session, " of run '", id, "' is expected or restarted");
     }
+    if (node.excluded && in_round.count(session)) {
+      return broken("excluded session ", session, " of run '", id, "' is in a round");
+    }
     if (node.succeeded && find_session(run.members, session) == run.members.end()) {
       return broken("session ", session, " succeeded in run '", id, "' but is no member");
     }
-    if (!in_round.count(session) && !node.restarted_at) {
-      // Connected but in neither list: only a survivor not back yet (told Restart).
+    if (!in_round.count(session) && !node.restarted_at && !node.excluded) {
+      // Connected but in neither list: only a survivor not back yet (told Restart), or a
+      // node excluded as a straggler, in its cool-down.
       return broken("session ", session, " of run '", id, "' is in no round and not a survivor");
     }
   }

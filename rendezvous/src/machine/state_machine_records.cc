@@ -98,6 +98,8 @@ v1::RunRecord StateMachine::record_of(const Run& run) const {
   r.set_restarts_without_progress(run.restarts_without_progress);
   r.set_budget_from(run.budget_from);
   r.set_watch_stragglers(run.watch_stragglers);
+  r.set_exclude_stragglers(run.exclude_stragglers);
+  r.set_straggler_cooldown_ms(run.straggler_cooldown.count());
   if (run.phase == Phase::kRunning) {
     for (const Node& n : run.members) *r.add_members() = n.join;
   }
@@ -167,6 +169,10 @@ StateMachine::RestoreResult StateMachine::restore(const std::vector<v1::RunRecor
     run.restarts_without_progress = rec.restarts_without_progress();
     run.budget_from = rec.budget_from();
     run.watch_stragglers = rec.watch_stragglers();
+    run.exclude_stragglers = rec.exclude_stragglers();
+    run.straggler_cooldown = client_duration(rec.straggler_cooldown_ms(),
+                                             limits::kDefaultStragglerCooldown,
+                                             limits::kMaxStragglerCooldown);
     // The timing within the bounds a Join gets, or the operator's own (unclamped) defaults
     // where those are larger (a record is input too); 0 or less: the server's default.
     TimingRequest asked = timing_asked(rec);

@@ -1,8 +1,8 @@
 // The server's side of the straggler watch (docs/stragglers.md): each node's progress pages,
 // with their time per phase kind, scored by the pure rule in straggler.h over every rank of
 // the running round. A rank named or cleared is an event (the event log, metrics) and part of
-// the run's status. Naming changes nothing in the run; what to do about a straggler is the
-// operator's (or a later exclusion's) to decide.
+// the run's status. Naming changes nothing in the run by itself; with --exclude_stragglers a
+// named rank's node may then leave it (state_machine_exclusion.cc).
 #include <algorithm>
 
 #include "machine/state_machine_internal.h"
@@ -27,8 +27,8 @@ void fill(RunEvent& e, const Straggler& s) {
 
 }  // namespace
 
-void StateMachine::watch_stragglers(Run& run, SessionId session, const v1::Progress& p,
-                                    TimePoint now) {
+bool StateMachine::watch_stragglers(Run& run, SessionId session, const v1::Progress& p,
+                                    TimePoint now, std::vector<Outgoing>& out) {
   // The node, and its global ranks (contiguous per node, by group rank): a report of a rank
   // that is not the node's own is not scored (a node cannot make the table grow).
   const Node* node = nullptr;
@@ -40,7 +40,7 @@ void StateMachine::watch_stragglers(Run& run, SessionId session, const v1::Progr
     }
     first += n.join.local_world_size();
   }
-  if (node == nullptr) return;
+  if (node == nullptr) return false;
   for (const v1::RankProgress& r : p.ranks()) {
     if (r.reports() == 0 || r.rank() < first ||
         r.rank() >= first + node->join.local_world_size()) {
@@ -50,7 +50,7 @@ void StateMachine::watch_stragglers(Run& run, SessionId session, const v1::Progr
                           std::vector<std::uint64_t>(r.kind_ns().begin(), r.kind_ns().end()));
   }
   // Over every rank: at most once per sampling period, not on every node's report.
-  if (run.next_straggler_check && now < *run.next_straggler_check) return;
+  if (run.next_straggler_check && now < *run.next_straggler_check) return false;
   run.next_straggler_check = after(now, limits::kStragglerSampling);
   StragglerChange change = run.stragglers.evaluate();
   // Ranks are contiguous per node, by group rank.
@@ -71,10 +71,12 @@ void StateMachine::watch_stragglers(Run& run, SessionId session, const v1::Progr
   }
   for (const Straggler& s : change.cleared) {
     run.straggler_named_at.erase(s.rank);
+    run.straggler_kept.erase(s.rank);
     RunEvent& e = emit(RunEvent::Kind::kStragglerCleared, run, now);
     fill(e, s);
     e.node_id = node_of(s.rank);
   }
+  return consider_exclusion(run, now, out);
 }
 
 void StateMachine::end_straggler_round(Run& run, TimePoint now) {
@@ -87,6 +89,7 @@ void StateMachine::end_straggler_round(Run& run, TimePoint now) {
   }
   run.stragglers.reset();
   run.straggler_named_at.clear();
+  run.straggler_kept.clear();
   run.next_straggler_check.reset();
 }
 
@@ -111,7 +114,11 @@ void StateMachine::straggler_status(const Run& run, v1::RunStatus& s,
     if (now && at != run.straggler_named_at.end() && *now >= at->second) {
       x->set_age_ms(std::chrono::duration_cast<milliseconds>(*now - at->second).count());
     }
+    if (auto k = run.straggler_kept.find(rank); k != run.straggler_kept.end()) {
+      x->set_kept(k->second);
+    }
   }
+  exclusion_status(run, s, now);
 }
 
 }  // namespace muster::rendezvous

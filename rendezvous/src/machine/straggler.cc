@@ -123,9 +123,34 @@ StragglerChange StragglerWatch::evaluate() {
     } else if (it != named_.end() && slow.size() <= 1) {
       change.cleared.push_back(it->second);
       named_.erase(it);
+    } else if (it != named_.end() && !slow.empty()) {
+      it->second.slowdown = median(slow);  // still named: how slow it is now
     }
   }
   return change;
+}
+
+std::string exclusion_kept(const ExclusionCase& c) {
+  using std::chrono::duration;
+  if (!c.in_place) return "not every node runs in place";
+  if (c.cause == "data") return "its cause is data loading";
+  if (c.nodes - 1 < c.min_nodes && !c.spare) {
+    return absl::StrFormat("at MIN nodes (%d) with no spare", c.min_nodes);
+  }
+  if (!c.spare) {
+    const double worth = static_cast<double>(c.nodes) / (c.nodes - 1);
+    if (c.slowdown <= worth) {
+      return absl::StrFormat("%.2fx is not beyond N/(N-1) = %.2fx", c.slowdown, worth);
+    }
+  } else if (c.slowdown <= 1) {
+    return "not slower than the others";
+  }
+  const double lost_s = duration<double>(c.named_for).count() * (1 - 1 / c.slowdown);
+  const double reform_s = duration<double>(c.reform_cost).count();
+  if (lost_s <= reform_s) {
+    return absl::StrFormat("it has cost %.1f s, a re-form costs %.1f s", lost_s, reform_s);
+  }
+  return "";
 }
 
 }  // namespace muster::rendezvous

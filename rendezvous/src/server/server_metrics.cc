@@ -80,6 +80,10 @@ struct ServerMetrics::Series {
                                    "A rank named as a straggler: its own work per step over the "
                                    "others' median while named, 0 once cleared",
                                    {"run", "rank", "host", "cause"})),
+        stragglers_excluded(r.counter("muster_stragglers_excluded_total",
+                                      "Nodes excluded from their run as stragglers "
+                                      "(docs/stragglers.md, \"Exclusion\"), by cause",
+                                      {"cause"})),
         store_waits(r.gauge("muster_store_waits_parked",
                             "Store requests (get, wait, multi_get) waiting for keys")
                         .get()) {
@@ -88,7 +92,8 @@ struct ServerMetrics::Series {
     // The known label values are there from the start, at 0, so that a first increase shows
     // in rate() and a query finds the series before anything happened (others still appear
     // as they come).
-    for (const char* c : {"worker_failure", "node_lost", "node_joined", "rejoin"}) {
+    for (const char* c :
+         {"worker_failure", "node_lost", "node_joined", "rejoin", "straggler_excluded"}) {
       restarts.with({c});
     }
     for (const char* c : {"stream_closed", "silent", "not_reattached", "rejoined"}) {
@@ -98,6 +103,7 @@ struct ServerMetrics::Series {
       runs_finished.with({c});
     }
     for (const char* c : {"compute", "data"}) stragglers_named.with({c});
+    stragglers_excluded.with({"compute"});
     set(ServerSample{});
   }
 
@@ -124,6 +130,7 @@ struct ServerMetrics::Series {
   ops::Histogram& in_place_resumed;
   ops::Family<ops::Counter>& stragglers_named;
   ops::Family<ops::Gauge>& straggler_slowdown;
+  ops::Family<ops::Counter>& stragglers_excluded;
   ops::Gauge& store_waits;
   std::array<ops::Counter*, StoreServer::kNumOps> store_ops{};
 };
@@ -182,6 +189,9 @@ void ServerMetrics::on_event(const RunEvent& e) {
       m.stragglers_named.with({e.cause}).inc();
       m.straggler_slowdown.with({e.run_id, std::to_string(e.rank), e.host, e.cause})
           .set(e.slowdown);
+      break;
+    case RunEvent::Kind::kStragglerExcluded:
+      m.stragglers_excluded.with({e.cause}).inc();
       break;
     case RunEvent::Kind::kStragglerCleared:
       m.straggler_slowdown.with({e.run_id, std::to_string(e.rank), e.host, e.cause}).set(0);

@@ -50,6 +50,10 @@ struct AgentOptions {
   std::chrono::milliseconds hang_timeout{0};
   // --watch_stragglers (docs/stragglers.md): sent in the Join; the server scores the ranks.
   bool watch_stragglers = false;
+  // --exclude_stragglers, --straggler_cooldown (docs/stragglers.md, "Exclusion"): sent in the
+  // Join; the server may take a straggler's node out of the world for the cool-down.
+  bool exclude_stragglers = false;
+  std::chrono::milliseconds straggler_cooldown{0};
   // gdb for a stalled native worker's stacks (found on PATH once, by the caller); empty: the
   // kernel's view only (/proc/PID/task/*/stack).
   std::string gdb_path;

@@ -106,8 +106,9 @@ enum class Timer {
   kReopen,     // a new stream to open (armed for "now": the next turn of the loop)
   kProbe,      // the next probe to open (armed for "now")
   kInPlace,    // the end of the wait for an in-place round's workers to report resumed
+  kCooldown,   // an excluded straggler's cool-down is over: it joins again
 };
-inline constexpr int kTimers = 5;
+inline constexpr int kTimers = 6;
 
 enum class Level { kDebug, kInfo, kWarn, kError };
 
@@ -231,7 +232,9 @@ class SessionMachine {
     kReforming
   };
   // What follows once the stopping group has fully exited.
-  enum class After { kNone, kRejoin, kReconnect, kFail, kExit };
+  // kCooldown: this node was excluded as a straggler (Restart.excluded_ms): it waits out its
+  // cool-down, connected and running nothing (kJoining, cooling()), then joins again.
+  enum class After { kNone, kRejoin, kReconnect, kFail, kExit, kCooldown };
 
   explicit SessionMachine(Config config);
 
@@ -284,11 +287,14 @@ class SessionMachine {
   bool attached() const { return attached_; }
   // Whether a probe is under way (see the probe, above).
   bool probing() const { return probing_; }
+  // Excluded as a straggler, waiting out the cool-down (see After::kCooldown).
+  bool cooling() const { return cooling_; }
 
  private:
   class Step;  // one event's actions, being collected
 
   void send_join(Step& s);
+  void excluded(Step& s, const v1::Restart& r);
   v1::AgentMsg join_message(bool reattach, bool in_place = false) const;
   void open_stream(Step& s, bool wait_for_ready, std::chrono::milliseconds connect_timeout);
   void reopen_soon(Step& s, std::optional<Time>* deadline, bool reattach);
@@ -378,6 +384,9 @@ class SessionMachine {
   bool stopped_emitted_ = false;
   std::optional<Recovery> recovery_;  // from the first sign the round is over
   int signal_ = 0;
+  // Excluded as a straggler: the cool-down the server gave, and whether it is under way.
+  std::chrono::milliseconds cooldown_{0};
+  bool cooling_ = false;
   int exit_code_ = 1;
 
   // In place, by local rank: declared support; failed in this round; reported resumed. The

@@ -161,6 +161,10 @@ struct LaunchConfig {
   std::chrono::milliseconds hang_timeout{0};
   bool in_place = false;  // --in_place (or rdzv_conf in_place=true)
   bool watch_stragglers = false;  // --watch_stragglers (docs/stragglers.md)
+  // --exclude_stragglers, --straggler_cooldown (docs/stragglers.md, "Exclusion").
+  bool exclude_stragglers = false;
+  std::chrono::milliseconds straggler_cooldown =
+      muster::rendezvous::limits::kDefaultStragglerCooldown;
   // --health_check CMD, --health_check_timeout (docs/launch.md, "Health checks"): empty: none.
   std::string health_check;
   std::chrono::milliseconds health_check_timeout = muster::rendezvous::limits::kDefaultHealthCheckTimeout;

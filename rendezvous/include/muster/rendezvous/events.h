@@ -35,6 +35,10 @@ struct RunEvent {
     // "data"), slowdown, step, reason (one line naming it).
     kStragglerNamed,
     kStragglerCleared,  // a named rank is no longer slow (same fields)
+    // launch --exclude_stragglers: a named rank's node left the world (node_id, host, rank,
+    // cause, slowdown, step, reason); took = its cool-down; nodes = times it was excluded.
+    // A kRestart (cause "straggler_excluded") follows.
+    kStragglerExcluded,
   };
   Kind kind = Kind::kNodeJoined;
   std::string run_id;
@@ -64,7 +68,7 @@ struct RunEvent {
   int rank = -1;
   int exit_code = 0;
   int signal = 0;
-  // kStragglerNamed, kStragglerCleared
+  // kStragglerNamed, kStragglerCleared, kStragglerExcluded
   double slowdown = 0;
   std::uint64_t step = 0;
 };

@@ -228,6 +228,15 @@ inline constexpr int kStragglerWindowSteps = 6;
 inline constexpr int kStragglerWindows = 5;
 inline constexpr milliseconds kStragglerSampling = std::chrono::milliseconds(250);
 inline constexpr int kMaxPhaseKinds = 5;
+// launch --exclude_stragglers (docs/stragglers.md, "Exclusion"): how long an excluded node
+// stays out (--straggler_cooldown; doubled each time the same node is excluded again), by
+// default and at most; what a re-form is taken to cost until the run has measured one (its
+// last in-place recovery's resumed time); how many excluded nodes a run remembers (the
+// oldest whose cool-down is over go first).
+inline constexpr milliseconds kDefaultStragglerCooldown = std::chrono::minutes(5);
+inline constexpr milliseconds kMaxStragglerCooldown = std::chrono::hours(24);
+inline constexpr milliseconds kDefaultReformCost = std::chrono::seconds(1);
+inline constexpr int kMaxExcludedNodes = 1000;
 // launch --health_check: how long the command may take (--health_check_timeout), by default
 // and at most.
 inline constexpr milliseconds kDefaultHealthCheckTimeout = std::chrono::seconds(60);

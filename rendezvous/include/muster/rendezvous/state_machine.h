@@ -244,6 +244,9 @@ class StateMachine {
     // Its last progress report in the running round (--hang_timeout), with when it came.
     std::optional<std::pair<TimePoint, v1::Progress>> progress;
     bool succeeded = false;  // it reported success in the running round
+    // Excluded as a straggler (state_machine_exclusion.cc): connected, in no round, until it
+    // joins again after its cool-down.
+    bool excluded = false;
   };
   // A run's node records and the counts the rules ask for at every event (kept as records
   // change, so that no rule scans every node to learn them). machine/node_table.cc.
@@ -275,6 +278,7 @@ class StateMachine {
     void clear_all_progress();
     void set_succeeded(SessionId s, bool succeeded);
     void clear_all_succeeded();
+    void set_excluded(SessionId s, bool excluded);
     // Takes the record out (the node left, or its placeholder was re-attached); what it held.
     NodeState erase(SessionId s);
     void clear();
@@ -348,6 +352,21 @@ class StateMachine {
     StragglerWatch stragglers;
     std::optional<TimePoint> next_straggler_check;
     std::map<int, TimePoint> straggler_named_at;
+    // Exclusion (machine/state_machine_exclusion.cc), set by the first Join: the cool-down
+    // (limits::kDefaultStragglerCooldown when not asked); why each named rank is kept for now;
+    // the nodes excluded, by node id (at most limits::kMaxExcludedNodes). Not durable.
+    bool exclude_stragglers = false;
+    std::chrono::milliseconds straggler_cooldown = limits::kDefaultStragglerCooldown;
+    std::map<int, std::string> straggler_kept;
+    struct Excluded {
+      std::string host;
+      int times = 0;
+      std::chrono::milliseconds cooldown{0};
+      TimePoint until;
+      double slowdown = 0;
+      std::string cause;
+    };
+    std::map<std::string, Excluded> excluded;
   };
 
   // The decision of the input just handled: `out`, and the events and touched runs it made.
@@ -384,8 +403,16 @@ class StateMachine {
   int recovery_formed(Run& run, TimePoint now);
   // The straggler watch, machine/state_machine_stragglers.cc: a node's progress scored (after
   // on_progress checked it); the round's named ranks cleared as it ends; the status's part.
-  void watch_stragglers(Run& run, SessionId session, const v1::Progress& p, TimePoint now);
+  // True when the watch excluded a node (the round was restarted).
+  bool watch_stragglers(Run& run, SessionId session, const v1::Progress& p, TimePoint now,
+                        std::vector<Outgoing>& out);
   void end_straggler_round(Run& run, TimePoint now);
+  // Exclusion, machine/state_machine_exclusion.cc: after an evaluation, whether a named
+  // straggler's node leaves the world (true: it was told, and the others restarted); a Join
+  // from a node still in its cool-down (refused); the status's part.
+  bool consider_exclusion(Run& run, TimePoint now, std::vector<Outgoing>& out);
+  absl::Status excluded_join(const Run& run, const v1::Join& join, TimePoint now) const;
+  void exclusion_status(const Run& run, v1::RunStatus& s, std::optional<TimePoint> now) const;
   void straggler_status(const Run& run, v1::RunStatus& s, std::optional<TimePoint> now) const;
   void on_resumed(Run& run, SessionId session, const v1::ReportResumed& r, TimePoint now,
                   std::vector<Outgoing>& out);

@@ -15,6 +15,7 @@
 // when it was slow in at most one of them.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -79,5 +80,26 @@ class StragglerWatch {
   std::map<int, Straggler> named_;
   int closed_ = 0;
 };
+
+// Exclusion (launch --exclude_stragglers; docs/stragglers.md, "Exclusion"): whether a named
+// straggler's node leaves the world now. Leaving costs a re-form, and without a spare to take
+// its place a world of N nodes that loses one does (N-1)/N of the work per step; keeping it
+// costs the slowdown on every step. So a node leaves when the run keeps its workers in place,
+// its cause is not data loading (an input pipeline's stall moves from rank to rank), the run
+// stays at MIN nodes or more (or a spare takes its place), its slowdown is beyond N/(N-1)
+// (beyond 1 with a spare), and the time it has cost since it was named,
+// named_for x (1 - 1/slowdown), is beyond what a re-form costs.
+struct ExclusionCase {
+  int nodes = 0;  // members of the running round
+  int min_nodes = 1;
+  bool spare = false;     // a node waits beyond MAX and takes the place
+  bool in_place = false;  // every member joined in place
+  std::string cause;
+  double slowdown = 0;
+  std::chrono::milliseconds named_for{0};
+  std::chrono::milliseconds reform_cost{0};
+};
+// "" when the node leaves; else why it is kept, in a few words ("at MIN nodes (2)").
+std::string exclusion_kept(const ExclusionCase& c);
 
 }  // namespace muster::rendezvous
