@@ -21,19 +21,27 @@ using namespace muster::testing;
 namespace {
 
 // Three agents of run `id`, one worker each, training until ended (SIGTERM by the test).
+// `flags`: the watch's (--watch_stragglers, or exclusion's); `nnodes` and `log_every` as asked.
 struct ThreeAgents {
   std::vector<std::unique_ptr<Proc>> agents;
   std::map<int, pid_t> pid_of;  // rank -> worker pid
+  std::map<int, Proc*> agent_of;  // rank -> its agent
 
-  ThreeAgents(const std::string& endpoint, const std::string& id) {
+  ThreeAgents(const std::string& endpoint, const std::string& id,
+              std::vector<std::string> flags = {"--watch_stragglers"},
+              const std::string& nnodes = "3", const std::string& log_every = "1000000") {
     for (int i = 0; i < 3; ++i) {
+      std::vector<std::string> argv{kLaunch, "--nnodes=" + nnodes, "--nproc_per_node=1",
+                                    "--rdzv_backend=c10d", "--rdzv_endpoint=" + endpoint,
+                                    "--rdzv_id=" + id, "--in_place"};
+      argv.insert(argv.end(), flags.begin(), flags.end());
+      for (const char* a : {DDP_IN_PLACE_PY, "--steps", "1000000", "--step-sleep-ms", "20",
+                            "--log-every"}) {
+        argv.push_back(a);
+      }
+      argv.push_back(log_every);
       agents.push_back(std::make_unique<Proc>(
-          std::vector<std::string>{kLaunch, "--nnodes=3", "--nproc_per_node=1",
-                                   "--rdzv_backend=c10d", "--rdzv_endpoint=" + endpoint,
-                                   "--rdzv_id=" + id, "--in_place", "--watch_stragglers",
-                                   DDP_IN_PLACE_PY, "--steps", "1000000", "--step-sleep-ms", "20",
-                                   "--log-every", "1000000"},
-          std::map<std::string, std::optional<std::string>>{{"PYTHONPATH", std::nullopt}}));
+          argv, std::map<std::string, std::optional<std::string>>{{"PYTHONPATH", std::nullopt}}));
     }
     static const std::regex pid_re(R"(rank (\d+): pid (\d+) in place, round 1)");
     for (auto& a : agents) {
@@ -42,6 +50,7 @@ struct ThreeAgents {
       const std::string out = a->out();
       REQUIRE(std::regex_search(out, m, pid_re));
       pid_of[std::stoi(m[1])] = static_cast<pid_t>(std::stoi(m[2]));
+      agent_of[std::stoi(m[1])] = a.get();
     }
     REQUIRE(pid_of.size() == 3);
   }
@@ -166,4 +175,86 @@ TEST_CASE("stragglers: ranks paused 300 ms at random name nobody", "[stragglers]
   const std::string status = run_status_json(server, "noisy");
   INFO("status: " << status << "\nevent log:\n" << server.proc->err());
   CHECK(status.find("\"stragglers\":[]") != std::string::npos);
+}
+
+// Exclusion (docs/stragglers.md, "Exclusion"): with --exclude_stragglers and --nnodes=2:3, the
+// slowed worker's node leaves the world; the other two keep their worker processes and train
+// on in a world of two; the excluded agent stays connected for its cool-down.
+TEST_CASE("stragglers: with --exclude_stragglers a slowed node leaves in place and the other "
+          "two train on with their processes",
+          "[stragglers][torch]") {
+  if (!torch_importable())
+    MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  RdzvdProc server({"--event_log", "-", "--metrics_port", "0"});
+  ThreeAgents job(server.endpoint, "exclude",
+                  {"--exclude_stragglers", "--straggler_cooldown=600"}, "2:3", "20");
+  const int slow = 2;
+  const pid_t pid = job.pid_of.at(slow);
+  {
+    Slower duty([pid](std::atomic<bool>& done) {
+      while (!done) {  // 50 ms stopped in every 100 ms
+        ::kill(pid, SIGSTOP);
+        std::this_thread::sleep_for(50ms);
+        ::kill(pid, SIGCONT);
+        std::this_thread::sleep_for(50ms);
+      }
+      ::kill(pid, SIGCONT);
+    });
+    const bool excluded = server.proc->wait_output(
+        [](const std::string&, const std::string& err) {
+          return err.find("\"event\":\"straggler_excluded\"") != std::string::npos;
+        },
+        60s);
+    INFO("rdzvd's event log:\n" << server.proc->err());
+    REQUIRE(excluded);
+  }
+  const std::string log = server.proc->err();
+  const std::string line = log.substr(log.find("\"event\":\"straggler_excluded\""));
+  INFO("rdzvd's event log:\n" << log);
+  CHECK(line.find("\"rank\":2") != std::string::npos);
+  CHECK(line.find("\"cooldown_ms\":600000") != std::string::npos);
+  // The round after it: the two others, in place.
+  REQUIRE(server.proc->wait_output(
+      [](const std::string&, const std::string& err) {
+        const auto x = err.find("straggler_excluded");
+        return x != std::string::npos &&
+               err.find("\"event\":\"round_formed\"", x) != std::string::npos;
+      },
+      30s));
+  // Rank 0 trains on in a world of two with its own process; so does rank 1.
+  Proc& zero = *job.agent_of.at(0);
+  const std::size_t before = zero.out().size();
+  REQUIRE(zero.wait_output(
+      [before](const std::string& out, const std::string&) {
+        return out.find("(2 ranks)", before) != std::string::npos;
+      },
+      60s));
+  // Each survivor's worker is the process it was (alive, and not started again: a new one
+  // would say "pid ... in place" once more), and it re-formed into round 2.
+  for (int r : {0, 1}) {
+    CHECK(::kill(job.pid_of.at(r), 0) == 0);
+    CHECK(job.agent_of.at(r)->wait_output(
+        out_has("rank " + std::to_string(r) + ": round 2 params"), 30s));
+    const std::string out = job.agent_of.at(r)->out();
+    const auto first = out.find(" in place, round ");
+    CHECK(out.find(" in place, round ", first + 1) == std::string::npos);
+  }
+  // The excluded node's worker is gone; its agent says why and waits, connected.
+  Proc& third = *job.agent_of.at(slow);
+  REQUIRE(third.wait_output(
+      [](const std::string& out, const std::string& err) {
+        return (out + err).find("joins again in 600 s") != std::string::npos;
+      },
+      30s));
+  CHECK_FALSE(third.wait(100ms).has_value());  // still there, in its cool-down
+  CHECK(::kill(pid, 0) == -1);
+  const std::string status = run_status_json(server, "exclude");
+  INFO("status: " << status);
+  CHECK(status.find("\"excluding_stragglers\":true") != std::string::npos);
+  CHECK(std::regex_search(status, std::regex(R"re("excluded":\[\{"node_id":"[^"]+","host":"[^"]*","times":1,"cooldown_ms":600000,"left_ms":[1-9])re")));
+  const std::string metrics = http_get(server.metrics_port, "/metrics").body;
+  CHECK(metrics.find("muster_stragglers_excluded_total{cause=\"compute\"} 1") !=
+        std::string::npos);
+  CHECK(metrics.find("muster_restarts_total{cause=\"straggler_excluded\"} 1") !=
+        std::string::npos);
 }

@@ -38,8 +38,11 @@ bool StateMachine::consider_exclusion(Run& run, TimePoint now, std::vector<Outgo
       run.stragglers.named().empty()) {
     return false;
   }
-  const bool in_place = std::all_of(run.members.begin(), run.members.end(),
-                                    [](const Node& n) { return n.join.in_place(); });
+  // Join.in_place says a node came back in place; on a first round nobody has. Each node that
+  // asks for exclusion runs --in_place (launch refuses the one without the other).
+  const bool in_place = std::all_of(run.members.begin(), run.members.end(), [](const Node& n) {
+    return n.join.in_place() || n.join.exclude_stragglers();
+  });
   const milliseconds reform =
       run.recovery && run.recovery->status.resumed_ms() > 0
           ? milliseconds(run.recovery->status.resumed_ms())
