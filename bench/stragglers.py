@@ -10,8 +10,11 @@ names a slow rank. examples/python/ddp_in_place.py (Debian's python3-torch, gloo
             100 ms from outside: seconds and steps from the first stop to rdzvd's
             straggler_named event (50 ms: 2x its own work; 33 ms: 1.5x)
   noise     the same job with a random rank paused 300 ms every ~2.5 s: names (should be none)
+  exclude   --exclude_stragglers, --nnodes=2:3: rank 2 under a 50/100 ms duty cycle; from its
+            naming to its node's exclusion, and to the first 3 s in which rank 0 steps at 90% or
+            more of a healthy two-node job's rate (measured alongside, the same way)
 
-  bench/stragglers.sh [--only overhead,named,noise] [--trials N] [--noise-seconds S]
+  bench/stragglers.sh [--only overhead,named,noise,exclude] [--trials N] [--noise-seconds S]
 """
 import argparse
 import json
@@ -70,7 +73,7 @@ def page_step(pid):
 class Job:
     """rdzvd (event log on stderr) and three launches of one worker each, run `id`."""
 
-    def __init__(self, id):
+    def __init__(self, id, nodes=3, nnodes="3", flags=("--watch_stragglers",), log_every=1000000):
         self.rdzvd = subprocess.Popen([RDZVD, "--listen", "127.0.0.1:0", "--event_log", "-"],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       start_new_session=True)
@@ -80,17 +83,17 @@ class Job:
                                       for _, l in self.events
                                       if "listening on port" in l), None), 30)
         self.agents, self.lines = [], []
-        for _ in range(3):
-            p = subprocess.Popen([LAUNCH, "--nnodes=3", "--nproc_per_node=1",
+        for _ in range(nodes):
+            p = subprocess.Popen([LAUNCH, "--nnodes=" + nnodes, "--nproc_per_node=1",
                                   "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + port,
-                                  "--rdzv_id=" + id, "--in_place", "--watch_stragglers", SCRIPT,
+                                  "--rdzv_id=" + id, "--in_place"] + list(flags) + [SCRIPT,
                                   "--steps", "1000000", "--step-sleep-ms", "20",
-                                  "--log-every", "1000000"],
+                                  "--log-every", str(log_every)],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV,
                                  start_new_session=True)
             self.agents.append(p)
             reader(p, self.lines)
-        found = wait_for(lambda: len(self.pids()) == 3 and self.pids(), 180)
+        found = wait_for(lambda: len(self.pids()) == nodes and self.pids(), 180)
         if not found:
             self.close()
             raise RuntimeError("the job did not start")
@@ -99,12 +102,17 @@ class Job:
         return {int(m.group(1)): int(m.group(2))
                 for _, l in list(self.lines) for m in [PID.search(l)] if m}
 
-    def named(self):
+    def named(self, event="straggler_named"):
         out = []
         for t, l in list(self.events):
-            if '"event":"straggler_named"' in l:
+            if '"event":"%s"' % event in l:
                 out.append((t, json.loads(l[l.index("{"):])))
         return out
+
+    def steps(self):
+        """Rank 0's logged steps: (when read, step)."""
+        return [(t, int(m.group(1))) for t, l in list(self.lines)
+                for m in [re.search(r"step (\d+): loss", l)] if m]
 
     def close(self):
         for p in self.agents:
@@ -204,9 +212,77 @@ def noise(a):
         job.close()
 
 
+def rate(steps, t0, t1):
+    """Steps per second between t0 and t1 from (time, step) samples."""
+    inside = [(t, s) for t, s in steps if t0 <= t <= t1]
+    if len(inside) < 2:
+        return 0.0
+    (ta, sa), (tb, sb) = inside[0], inside[-1]
+    return (sb - sa) / (tb - ta) if tb > ta else 0.0
+
+
+def exclude(a):
+    healthy = Job("healthy2", nodes=2, nnodes="2", log_every=10)
+    try:
+        time.sleep(5)
+        t = time.monotonic()
+        time.sleep(20)
+        ref = rate(healthy.steps(), t, time.monotonic())
+    finally:
+        healthy.close()
+    job = Job("exclude", nnodes="2:3", log_every=10,
+              flags=("--exclude_stragglers", "--straggler_cooldown=600"))
+    try:
+        time.sleep(3)
+        pid = job.pids()[2]
+        t_before = time.monotonic()
+        time.sleep(5)
+        before = rate(job.steps(), t_before, time.monotonic())
+        done = threading.Event()
+
+        def duty():
+            while not done.is_set():
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                    time.sleep(0.05)
+                    os.kill(pid, signal.SIGCONT)
+                    time.sleep(0.05)
+                except ProcessLookupError:
+                    return  # its node was excluded: the worker is gone
+        t0 = time.monotonic()
+        th = threading.Thread(target=duty)
+        th.start()
+        got = wait_for(lambda: job.named("straggler_excluded"), 90)
+        done.set()
+        th.join()
+        if not got:
+            return {"row": "exclude", "excluded": None, "named": [e for _, e in job.named()]}
+        tx, ex = got[0]
+        tn = job.named()[0][0]
+        time.sleep(30)
+        steps = job.steps()
+        slowed = rate(steps, t0, tx)
+        back = None
+        t = tx
+        while t + 3 <= time.monotonic():
+            if rate(steps, t, t + 3) >= 0.9 * ref:
+                back = t
+                break
+            t += 0.25
+        after = rate(steps, tx + 10, tx + 30)
+        return {"row": "exclude", "healthy2_steps_per_s": round(ref, 2),
+                "three_steps_per_s": round(before, 2), "slowed_steps_per_s": round(slowed, 2),
+                "slowdown": round(ex["slowdown"], 2), "named_s": round(tn - t0, 2),
+                "excluded_after_named_s": round(tx - tn, 2),
+                "back_to_90pct_after_named_s": None if back is None else round(back + 3 - tn, 2),
+                "after_steps_per_s": round(after, 2), "after_ratio": round(after / ref, 3)}
+    finally:
+        job.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="overhead,named,noise")
+    ap.add_argument("--only", default="overhead,named,noise,exclude")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--noise-seconds", type=float, default=120)
     a = ap.parse_args()
@@ -219,6 +295,9 @@ def main():
                 print("RESULT " + json.dumps(named(a, stop_ms)), flush=True)
     if "noise" in only:
         print("RESULT " + json.dumps(noise(a)), flush=True)
+    if "exclude" in only:
+        for _ in range(a.trials):
+            print("RESULT " + json.dumps(exclude(a)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The straggler watch: its cost, how soon it names a slowed rank, and no name under noise
 # (bench/README.md, "Stragglers"). Needs python3-torch. Builds launch and rdzvd into $BUILD.
-#   bench/stragglers.sh [--only overhead,named,noise] [--trials N] [--noise-seconds S]
+#   bench/stragglers.sh [--only overhead,named,noise,exclude] [--trials N] [--noise-seconds S]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 export BUILD=${BUILD:-/work/build-bench}

@@ -9,14 +9,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <fstream>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "muster/agent/failure.h"
 #include "muster/agent/file_timer.h"
 #include "muster/agent/line_splitter.h"
+#include "muster/agent/preflight.h"
 #include "muster/agent/worker_group.h"
 #include "muster/rendezvous/client.h"
 #include "muster/ops/host_id.h"
@@ -252,7 +255,17 @@ class Agent::Impl {
   }
   void carry_out(session::Send& s) { send_on(client_.get(), s.msg); }
   void carry_out(session::StartWorkers& s) {
-    WorkerGroup::Started started = group_.start(s.assignment, round_spec(s.assignment));
+    // --preflight: the first round's workers start once every node has measured the others.
+    if (opts_.preflight && !preflight_started_ && s.assignment.round() == 1 &&
+        s.assignment.group_world_size() > 1) {
+      preflight_started_ = true;
+      start_preflight(s.assignment);
+      return;
+    }
+    start_workers(s.assignment);
+  }
+  void start_workers(const v1::Assignment& a) {
+    WorkerGroup::Started started = group_.start(a, round_spec(a));
     if (started.failure) {
       apply(machine_.on_spawn_failed(*started.failure, now()));
     } else {
@@ -360,6 +373,72 @@ class Agent::Impl {
     return spec;
   }
 
+  // docs/stragglers.md, "Pre-flight": on a thread of its own, through the run's store; the
+  // verdict comes back to the loop. A node named leaves (exit 1, one line); the others wait
+  // for the round without it (its stream's end restarts them), or start their workers after
+  // preflight::kStoreWait if it never leaves. A pre-flight that cannot run names nobody.
+  void start_preflight(const v1::Assignment& a) {
+    const WorkerEnvSpec spec = round_spec(a);
+    rendezvous::GrpcStoreOptions store;
+    store.target = spec.store_addr;
+    store.run_id = opts_.run_id;
+    store.token = opts_.token;
+    store.tls = opts_.tls;
+    preflight::Options o;
+    o.node = a.group_rank();
+    o.nodes = a.group_world_size();
+    o.host = opts_.host;
+    spdlog::info("pre-flight: node {} of {}: measuring compute and the links to the others",
+                 o.node, o.nodes);
+    preflight_ = std::make_unique<preflight::Background>(
+        std::move(store), a.store_prefix(), o,
+        [this, a](absl::StatusOr<preflight::Verdict> v) {
+          asio::post(io_, [this, a, v = std::move(v)] { after_preflight(a, v); });
+        });
+  }
+  void after_preflight(const v1::Assignment& a, const absl::StatusOr<preflight::Verdict>& v) {
+    if (exiting_ || machine_.phase() != session::SessionMachine::Phase::kRunning ||
+        machine_.assignment().round() != a.round()) {
+      return;  // the round is over already: the machine has moved on
+    }
+    if (!v.ok()) {
+      spdlog::warn("pre-flight could not run ({}); the workers start",
+                   std::string(v.status().message()));
+      start_workers(a);
+      return;
+    }
+    const int me = a.group_rank();
+    spdlog::info("pre-flight: this node's link {:.1f} MB/s (median {:.1f}), compute {:.0f} "
+                 "(median {:.0f})",
+                 v->link[me], v->link_median, v->compute[me], v->compute_median);
+    if (v->named(me)) {
+      apply(machine_.on_preflight_failed(
+          absl::StrCat("pre-flight failed on ", opts_.host, ": ", v->why(me),
+                       "; this node leaves the run"),
+          now()));
+      return;
+    }
+    std::vector<std::string> named;
+    for (int i = 0; i < a.group_world_size(); ++i) {
+      if (v->named(i)) named.push_back(absl::StrCat("node ", i, " (", v->why(i), ")"));
+    }
+    if (named.empty()) {
+      start_workers(a);
+      return;
+    }
+    spdlog::warn("pre-flight: {} leaves the run; waiting for the round without it",
+                 absl::StrJoin(named, ", "));
+    preflight_wait_.expires_after(preflight::kStoreWait);
+    preflight_wait_.async_wait([this, a](const boost::system::error_code& ec) {
+      if (ec || exiting_ || machine_.phase() != session::SessionMachine::Phase::kRunning ||
+          machine_.assignment().round() != a.round()) {
+        return;
+      }
+      spdlog::warn("pre-flight: the named node did not leave; the workers start");
+      start_workers(a);
+    });
+  }
+
   // The loopback port of the round's TCPStore-protocol listener (store_relay.h), the relay
   // started with the first round that has one; 0: none (the workers host their own store).
   int relay_port(const v1::Assignment& a) const {
@@ -404,6 +483,10 @@ class Agent::Impl {
   std::unique_ptr<FileTimerServer> file_timers_;
   const std::string host_identity_ = ops::host_identity();
   mutable std::unique_ptr<rendezvous::StoreRelay> relay_;  // the workers' TCPStore, relayed
+  // --preflight: started once (the first round), its wait for a named node to leave.
+  bool preflight_started_ = false;
+  std::unique_ptr<preflight::Background> preflight_;
+  asio::steady_timer preflight_wait_{io_};
 };
 
 Agent::Agent(asio::io_context& io, AgentOptions options)

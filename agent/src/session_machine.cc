@@ -611,6 +611,14 @@ void SessionMachine::stop(Step& s, int sig) {
   s.add(StopWorkers{sig});
 }
 
+Actions SessionMachine::on_preflight_failed(const std::string& why, Time now) {
+  Step s(now);
+  if (phase_ == Phase::kExiting || after_ == After::kExit) return {};
+  s.log(Level::kError, why);
+  exit_with(s, 1);
+  return std::move(s.out);
+}
+
 // Stops the workers, then exits with `code`.
 void SessionMachine::exit_with(Step& s, int code) {
   exit_code_ = code;

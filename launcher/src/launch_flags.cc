@@ -78,6 +78,11 @@ void add_hang_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
                      "Seconds the health check may take (default 60, at most 3600)"),
       kHangs)
       ->check(not_empty());
+  pet(app.add_flag("--preflight", c.preflight,
+                   "Before the first round's workers start, measure every node's compute and "
+                   "its links to the others (pairwise probes around the ring); a node far "
+                   "slower than the others leaves with one line (docs/stragglers.md)"),
+      kHangs);
   pet(app.add_flag("--watch_stragglers,--watch-stragglers", c.watch_stragglers,
                    "Name a rank whose own work per step (data, compute: all but its wait in "
                    "collectives) is slower than the others' (docs/stragglers.md): status, "

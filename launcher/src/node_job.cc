@@ -271,6 +271,7 @@ void set_rendezvous(agent::AgentOptions& opts, const LaunchConfig& cfg, const Re
   opts.hang_timeout = cfg.hang_timeout;
   opts.watch_stragglers = cfg.watch_stragglers || cfg.exclude_stragglers;
   opts.exclude_stragglers = cfg.exclude_stragglers;
+  opts.preflight = cfg.preflight;
   opts.straggler_cooldown = cfg.straggler_cooldown;
   opts.in_place = cfg.in_place || cfg.rdzv_conf.in_place;
   opts.in_place_timeout = cfg.rdzv_conf.in_place_timeout;

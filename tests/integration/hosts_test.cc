@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <random>
 #include <regex>
 #include <set>
@@ -507,4 +508,63 @@ int main(int argc, char** argv) {
     }
   }
   return catch_exit(Catch::Session().run(argc, argv));
+}
+
+// launch --preflight (docs/stragglers.md, "Pre-flight"): three agents on hosts whose links are
+// capped by tbf on both ends of their veths. All at 400 Mbit/s: nobody is named and the
+// world is three. One of them at 80 Mbit/s (a fifth): that node is named in one line and
+// exits 1 before its workers start, the other two run their workers in a world of two.
+TEST_CASE("hosts: pre-flight probes name a host whose link is capped to a fifth of the others'",
+          "[hosts][preflight]") {
+  auto net = make_hosts(4);
+  HostRdzvd rdzvd(*net, 0);
+  for (int h : {1, 2, 3}) REQUIRE(net->rate_limit(h, 400'000).ok());
+  auto job = [&](const std::string& dir, const std::string& id) {
+    std::vector<std::unique_ptr<Proc>> agents;
+    for (int h : {1, 2, 3}) {
+      std::vector<std::string> argv{"env", "MUSTER_LOG_LEVEL=info"};
+      for (std::string& a : launch_args({"--nnodes=2:3", "--nproc_per_node=1",
+                                         "--rdzv_backend=c10d",
+                                         "--rdzv_endpoint=" + rdzvd.endpoint, "--rdzv_id=" + id,
+                                         "--preflight"},
+                                        {"env", dir})) {
+        argv.push_back(std::move(a));
+      }
+      agents.push_back(std::make_unique<Proc>(net->wrap(h, argv)));
+    }
+    return agents;
+  };
+  {
+    TempDir dir;
+    auto agents = job(dir.path(), "even");
+    for (auto& a : agents) {
+      CHECK(a->wait(60s) == 0);
+      INFO(a->err());
+      CHECK(a->err().find("pre-flight: this node's link") != std::string::npos);
+      CHECK(a->err().find("pre-flight failed") == std::string::npos);
+    }
+    for (int r = 0; r < 3; ++r) {
+      CHECK(read_env_file(dir.path() + "/env." + std::to_string(r))["WORLD_SIZE"] == "3");
+    }
+  }
+  REQUIRE(net->rate_limit(3, 80'000).ok());
+  {
+    TempDir dir;
+    auto agents = job(dir.path(), "capped");
+    Proc& slow = *agents[2];
+    CHECK(slow.wait(60s) == 1);
+    INFO(slow.err());
+    CHECK(slow.err().find("pre-flight failed on node3: its link moved") != std::string::npos);
+    CHECK(!std::filesystem::exists(dir.path() + "/env.2"));
+    for (int i : {0, 1}) {
+      CHECK(agents[i]->wait(60s) == 0);
+      INFO(agents[i]->err());
+      CHECK(agents[i]->err().find("leaves the run; waiting for the round without it") !=
+            std::string::npos);
+    }
+    for (int r = 0; r < 2; ++r) {
+      const auto env = read_env_file(dir.path() + "/env." + std::to_string(r));
+      CHECK(env.at("WORLD_SIZE") == "2");
+    }
+  }
 }

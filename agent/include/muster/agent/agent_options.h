@@ -54,6 +54,9 @@ struct AgentOptions {
   // Join; the server may take a straggler's node out of the world for the cool-down.
   bool exclude_stragglers = false;
   std::chrono::milliseconds straggler_cooldown{0};
+  // --preflight (docs/stragglers.md, "Pre-flight"): before the first round's workers start,
+  // every node's compute and links are measured; a node far slower leaves the run.
+  bool preflight = false;
   // gdb for a stalled native worker's stacks (found on PATH once, by the caller); empty: the
   // kernel's view only (/proc/PID/task/*/stack).
   std::string gdb_path;

@@ -270,6 +270,9 @@ class SessionMachine {
   Actions on_worker_declared(int local_rank, Time now);
   Actions on_worker_resumed(int local_rank, int round, Time now);
   Actions on_workers_reformed(int replaced, Time now);
+  // launch --preflight named this node (docs/stragglers.md, "Pre-flight"): it leaves the run
+  // with `why` (one line) and exit 1; its workers never started.
+  Actions on_preflight_failed(const std::string& why, Time now);
   // A signal launch received: the node leaves; a second one skips the grace.
   Actions on_signal(int sig, Time now);
 

@@ -163,6 +163,7 @@ struct LaunchConfig {
   bool watch_stragglers = false;  // --watch_stragglers (docs/stragglers.md)
   // --exclude_stragglers, --straggler_cooldown (docs/stragglers.md, "Exclusion").
   bool exclude_stragglers = false;
+  bool preflight = false;  // --preflight (docs/stragglers.md, "Pre-flight")
   std::chrono::milliseconds straggler_cooldown =
       muster::rendezvous::limits::kDefaultStragglerCooldown;
   // --health_check CMD, --health_check_timeout (docs/launch.md, "Health checks"): empty: none.
