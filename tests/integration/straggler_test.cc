@@ -258,3 +258,25 @@ TEST_CASE("stragglers: with --exclude_stragglers a slowed node leaves in place a
   CHECK(metrics.find("muster_restarts_total{cause=\"straggler_excluded\"} 1") !=
         std::string::npos);
 }
+
+TEST_CASE("stragglers: exclusion's flags are checked at the edge, one line each",
+          "[stragglers]") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--exclude_stragglers"},
+       "launch: error: --exclude_stragglers needs --in_place (the others keep their workers "
+       "when a straggler's node leaves)\n"},
+      {{"--in_place", "--exclude_stragglers", "--straggler_cooldown=0.5"},
+       "launch: error: --straggler_cooldown: must be at least 1 second\n"},
+      {{"--in_place", "--exclude_stragglers", "--straggler_cooldown=nan"},
+       "launch: error: --straggler_cooldown: must be at least 1 second\n"},
+  };
+  for (const auto& [flags, line] : cases) {
+    std::vector<std::string> argv{kLaunch, "--standalone", "--nproc_per_node=1"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back("/bin/true");
+    Proc bad(argv);
+    INFO(flags.back());
+    CHECK(bad.wait(30s) == 2);
+    CHECK(bad.err() == line);
+  }
+}
