@@ -19,6 +19,7 @@
 #include "muster/agent/failure.h"
 #include "muster/agent/file_timer.h"
 #include "muster/agent/line_splitter.h"
+#include "muster/agent/link_watch.h"
 #include "muster/agent/preflight.h"
 #include "muster/agent/worker_group.h"
 #include "muster/rendezvous/client.h"
@@ -143,7 +144,9 @@ class Agent::Impl {
                 [this] { apply(machine_.on_group_gone(group_.size(), now())); },
                 [this](const std::vector<rendezvous::RankProgress>& ranks,
                        rendezvous::StallClock::time_point at) {
-                  apply(machine_.on_progress(progress_message(ranks, at), now()));
+                  v1::AgentMsg msg = progress_message(ranks, at);
+                  if (machine_.assignment().watch_stragglers()) add_links(msg, ranks);
+                  apply(machine_.on_progress(std::move(msg), now()));
                 },
                 [this](int lr) { apply(machine_.on_worker_declared(lr, now())); },
                 [this](int lr, int round) {
@@ -373,6 +376,19 @@ class Agent::Impl {
     return spec;
   }
 
+  // docs/stragglers.md, "Slow links": how fast the workers' connections to other hosts took
+  // data since the last report, with the report.
+  void add_links(v1::AgentMsg& msg, const std::vector<rendezvous::RankProgress>& ranks) {
+    std::vector<pid_t> pids;
+    for (const rendezvous::RankProgress& r : ranks) {
+      if (r.pid > 0) pids.push_back(r.pid);
+    }
+    for (v1::LinkRate& l : links_.sample(pids)) {
+      if (msg.progress().links_size() >= rendezvous::limits::kMaxLinkReports) break;
+      *msg.mutable_progress()->add_links() = std::move(l);
+    }
+  }
+
   // docs/stragglers.md, "Pre-flight": on a thread of its own, through the run's store; the
   // verdict comes back to the loop. A node named leaves (exit 1, one line); the others wait
   // for the round without it (its stream's end restarts them), or start their workers after
@@ -483,6 +499,7 @@ class Agent::Impl {
   std::unique_ptr<FileTimerServer> file_timers_;
   const std::string host_identity_ = ops::host_identity();
   mutable std::unique_ptr<rendezvous::StoreRelay> relay_;  // the workers' TCPStore, relayed
+  LinkWatch links_;  // the straggler watch's link rates
   // --preflight: started once (the first round), its wait for a named node to leave.
   bool preflight_started_ = false;
   std::unique_ptr<preflight::Background> preflight_;

@@ -83,8 +83,10 @@ struct HostRdzvd {
   std::unique_ptr<Proc> proc;
   std::string port;
   std::string endpoint;
-  HostRdzvd(const HostNet& net, int host) {
-    proc = std::make_unique<Proc>(net.wrap(host, {kRdzvd, "--listen", "0.0.0.0:0"}));
+  HostRdzvd(const HostNet& net, int host, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv{kRdzvd, "--listen", "0.0.0.0:0"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    proc = std::make_unique<Proc>(net.wrap(host, argv));
     REQUIRE(proc->wait_output(
         [](const std::string& out, const std::string&) { return out.find('\n') != std::string::npos; },
         30s));
@@ -515,7 +517,7 @@ int main(int argc, char** argv) {
 // world is three. One of them at 80 Mbit/s (a fifth): that node is named in one line and
 // exits 1 before its workers start, the other two run their workers in a world of two.
 TEST_CASE("hosts: pre-flight probes name a host whose link is capped to a fifth of the others'",
-          "[hosts][preflight]") {
+          "[hosts][capped_link]") {
   auto net = make_hosts(4);
   HostRdzvd rdzvd(*net, 0);
   for (int h : {1, 2, 3}) REQUIRE(net->rate_limit(h, 400'000).ok());
@@ -567,4 +569,43 @@ TEST_CASE("hosts: pre-flight probes name a host whose link is capped to a fifth 
       CHECK(env.at("WORLD_SIZE") == "2");
     }
   }
+}
+
+// The straggler watch's slow links (docs/stragglers.md, "Slow links"): a PyTorch DDP job of
+// three hosts whose links tbf caps at 400 Mbit/s, one at 80 Mbit/s; the ranks' own work is
+// alike, their collectives wait alike, and the capped host is named with cause network from
+// its connections' rates.
+TEST_CASE("hosts: a host whose link is capped to a fifth of the others' is named as a network "
+          "straggler while the job runs",
+          "[hosts][capped_link]") {
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  auto net = make_hosts(4);
+  HostRdzvd rdzvd(*net, 0, {"--event_log", "-"});
+  for (int h : {1, 2}) REQUIRE(net->rate_limit(h, 400'000).ok());
+  REQUIRE(net->rate_limit(3, 80'000).ok());
+  const std::map<std::string, std::optional<std::string>> env{{"PYTHONPATH", std::nullopt}};
+  std::vector<std::unique_ptr<Proc>> agents;
+  for (int h : {1, 2, 3}) {
+    agents.push_back(std::make_unique<Proc>(
+        net->wrap(h, {kLaunch, "--nnodes=3", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                      "--rdzv_endpoint=" + rdzvd.endpoint, "--rdzv_id=links",
+                      "--watch_stragglers", kScripts + "/../../examples/python/ddp_in_place.py",
+                      "--steps", "1000000", "--hidden", "1024", "--log-every", "10"}),
+        env));
+  }
+  const bool named = rdzvd.proc->wait_output(
+      [](const std::string&, const std::string& err) {
+        return err.find("\"event\":\"straggler_named\"") != std::string::npos;
+      },
+      120s);
+  INFO("rdzvd's event log:\n" << rdzvd.proc->err());
+  for (auto& a : agents) ::kill(a->pid(), SIGTERM);
+  for (auto& a : agents) a->wait(60s);
+  REQUIRE(named);
+  const std::string log = rdzvd.proc->err();
+  const std::string line = log.substr(log.find("\"event\":\"straggler_named\""));
+  CHECK(line.find("\"host\":\"node3\"") != std::string::npos);
+  CHECK(line.find("\"cause\":\"network\"") != std::string::npos);
+  // Only that node.
+  CHECK(log.find("straggler_named", log.find("straggler_named") + 1) == std::string::npos);
 }

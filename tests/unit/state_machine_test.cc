@@ -1660,3 +1660,61 @@ TEST_CASE("exclusion: at MIN nodes with no spare the straggler is kept, and says
   CHECK_THAT(st[0].stragglers(0).kept(), Catch::Contains("at MIN nodes (2)"));
   CHECK(st[0].excluded_size() == 0);
 }
+
+TEST_CASE("stragglers: a node whose links are all slow is named with cause network, in events "
+          "and status, and a report beyond the link bound is refused",
+          "[state_machine][stragglers]") {
+  Harness h;
+  auto watching = [](v1::Join& j) {
+    j.set_watch_stragglers(true);
+    j.set_local_world_size(1);
+  };
+  h.join_with(1, "a", 3, 3, watching);
+  h.join_with(2, "b", 3, 3, watching);
+  h.join_with(3, "c", 3, 3, watching);
+  REQUIRE(h.last.size() == 3);
+  const int round = h.last[0].msg->assignment().round();
+  std::map<SessionId, int> rank;
+  for (const Outgoing& o : h.last) rank[o.session] = o.msg->assignment().rank_offset();
+  const std::map<SessionId, std::pair<std::string, std::string>> ring{
+      {1, {"10.0.0.1", "10.0.0.2"}}, {2, {"10.0.0.2", "10.0.0.3"}}, {3, {"10.0.0.3", "10.0.0.1"}}};
+  std::vector<RunEvent> events;
+  for (std::uint64_t step = 1; step <= 8; ++step) {
+    for (SessionId s : {1, 2, 3}) {
+      v1::AgentMsg m = progress_msg(round, {{rank[s], step, step, "forward", 0}});
+      v1::LinkRate* l = m.mutable_progress()->add_links();
+      l->set_local(ring.at(s).first);
+      l->set_remote(ring.at(s).second);
+      l->set_mbps(s == 1 ? 50 : 10);  // b -> c and c -> a go through c's capped link
+      Decision d = h.sm.on_message(s, m, h.now);
+      for (RunEvent& e : d.events) events.push_back(std::move(e));
+    }
+    h.now += 300ms;
+  }
+  std::vector<RunEvent> named;
+  for (const RunEvent& e : events) {
+    if (e.kind == RunEvent::Kind::kStragglerNamed) named.push_back(e);
+  }
+  REQUIRE(named.size() == 1);
+  CHECK(named[0].cause == "network");
+  CHECK(named[0].node_id == "c");
+  CHECK(named[0].rank == rank[3]);
+  CHECK(named[0].slowdown == Approx(5));
+  CHECK_THAT(named[0].reason, Catch::Contains("its node's link moved 10.0 MB/s, the nodes' "
+                                              "median 50.0 MB/s (network)"));
+  auto status = h.sm.status("run", h.now);
+  REQUIRE(status[0].stragglers_size() == 1);
+  CHECK(status[0].stragglers(0).cause() == "network");
+  CHECK(status[0].stragglers(0).node_id() == "c");
+
+  v1::AgentMsg many = progress_msg(round, {{rank[1], 9, 9, "forward", 0}});
+  for (int i = 0; i <= muster::rendezvous::limits::kMaxLinkReports; ++i) {
+    v1::LinkRate* l = many.mutable_progress()->add_links();
+    l->set_local("10.0.0.1");
+    l->set_remote("10.0.1." + std::to_string(i));
+    l->set_mbps(1);
+  }
+  h.send(1, many);
+  REQUIRE(h.close_of(1) != nullptr);
+  CHECK(h.close_of(1)->status.code() == absl::StatusCode::kInvalidArgument);
+}

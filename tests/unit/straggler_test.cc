@@ -273,3 +273,54 @@ TEST_CASE("exclusion: a straggler's node leaves only when leaving costs less tha
   x.slowdown = 2.5;
   CHECK(exclusion_kept(x).empty());
 }
+
+// Slow links (docs/stragglers.md, "Slow links"): nodes report their connections' rates; a node
+// whose every connection is slow, both ways, is named; its peers, each with one fast
+// connection, are not; two nodes name nobody; a node back to speed is cleared.
+TEST_CASE("links: a node whose connections are all slow is named with cause network, its peers "
+          "are not",
+          "[straggler]") {
+  using muster::rendezvous::LinkJudge;
+  LinkJudge j;
+  // A ring all-reduce of three: a -> b fast, b -> c and c -> a through c's capped link.
+  auto report = [&](double c_rate) {
+    j.update("a", {{"10.0.0.1", "10.0.0.2", 50}});
+    j.update("b", {{"10.0.0.2", "10.0.0.3", c_rate}});
+    j.update("c", {{"10.0.0.3", "10.0.0.1", c_rate}});
+  };
+  std::vector<std::string> named;
+  for (int i = 0; i < 5; ++i) {
+    report(10);
+    for (const auto& s : j.evaluate().named) named.push_back(s.node);
+  }
+  CHECK(named == std::vector<std::string>{"c"});
+  REQUIRE(j.named().count("c") == 1);
+  CHECK(j.named().at("c").mbps == Approx(10));
+  CHECK(j.named().at("c").median == Approx(50));
+  CHECK(j.named().at("c").slowdown() == Approx(5));
+  // Back to speed: cleared once most recent evaluations are fast, and reports age out.
+  std::vector<std::string> cleared;
+  for (int i = 0; i < 8; ++i) {
+    report(50);
+    for (const auto& s : j.evaluate().cleared) cleared.push_back(s.node);
+  }
+  CHECK(cleared == std::vector<std::string>{"c"});
+  CHECK(j.named().empty());
+
+  // Two nodes: one connection cannot say which end is slow.
+  LinkJudge two;
+  for (int i = 0; i < 5; ++i) {
+    two.update("a", {{"10.0.0.1", "10.0.0.2", 50}});
+    two.update("b", {{"10.0.0.2", "10.0.0.1", 10}});
+    CHECK(two.evaluate().named.empty());
+  }
+  // Noise within half of the median, and one slow report, name nobody.
+  LinkJudge noisy;
+  for (int i = 0; i < 20; ++i) {
+    const double dip = i == 7 ? 5 : 30;
+    noisy.update("a", {{"10.0.0.1", "10.0.0.2", 50}});
+    noisy.update("b", {{"10.0.0.2", "10.0.0.3", dip}});
+    noisy.update("c", {{"10.0.0.3", "10.0.0.1", 40}});
+    CHECK(noisy.evaluate().named.empty());
+  }
+}

@@ -35,7 +35,7 @@ std::int64_t ms_left(TimePoint until, TimePoint now) {
 
 bool StateMachine::consider_exclusion(Run& run, TimePoint now, std::vector<Outgoing>& out) {
   if (!run.exclude_stragglers || run.phase != Phase::kRunning ||
-      run.stragglers.named().empty()) {
+      (run.stragglers.named().empty() && run.links.named().empty())) {
     return false;
   }
   // Join.in_place says a node came back in place; on a first round nobody has. Each node that
@@ -49,7 +49,9 @@ bool StateMachine::consider_exclusion(Run& run, TimePoint now, std::vector<Outgo
           : limits::kDefaultReformCost;
   // The candidate: the slowest named rank whose node may leave now.
   const Straggler* pick = nullptr;
-  for (const auto& [rank, s] : run.stragglers.named()) {
+  const std::vector<Straggler> named = named_stragglers(run);
+  for (const Straggler& s : named) {
+    const int rank = s.rank;
     ExclusionCase c;
     c.nodes = static_cast<int>(run.members.size());
     c.min_nodes = run.min_nodes;

@@ -16,6 +16,26 @@ using namespace internal;
 
 namespace {
 
+// A node named for a slow link, as the straggler its first rank stands for.
+template <typename Run>
+Straggler as_straggler(const Run& run, const SlowLink& l) {
+  Straggler s;
+  s.cause = "network";
+  s.slowdown = l.slowdown();
+  int first = 0;
+  for (const auto& n : run.members) {
+    if (n.join.node_id() == l.node) {
+      s.rank = first;
+      s.node = n.join.host();
+      break;
+    }
+    first += n.join.local_world_size();
+  }
+  s.link_mbps = l.mbps;
+  s.link_median = l.median;
+  return s;
+}
+
 void fill(RunEvent& e, const Straggler& s) {
   e.rank = s.rank;
   e.host = s.node;
@@ -49,6 +69,11 @@ bool StateMachine::watch_stragglers(Run& run, SessionId session, const v1::Progr
     run.stragglers.update(r.rank(), node->join.host(), r.step(),
                           std::vector<std::uint64_t>(r.kind_ns().begin(), r.kind_ns().end()));
   }
+  if (p.links_size() > 0) {
+    std::vector<LinkJudge::Link> links;
+    for (const v1::LinkRate& l : p.links()) links.push_back({l.local(), l.remote(), l.mbps()});
+    run.links.update(node->join.node_id(), std::move(links));
+  }
   // Over every rank: at most once per sampling period, not on every node's report.
   if (run.next_straggler_check && now < *run.next_straggler_check) return false;
   run.next_straggler_check = after(now, limits::kStragglerSampling);
@@ -76,21 +101,48 @@ bool StateMachine::watch_stragglers(Run& run, SessionId session, const v1::Progr
     fill(e, s);
     e.node_id = node_of(s.rank);
   }
+  // Slow links: a node, named as its first rank with cause "network".
+  LinkJudge::Change links = run.links.evaluate();
+  for (const auto* list : {&links.named, &links.cleared}) {
+    for (const SlowLink& l : *list) {
+      const Straggler s = as_straggler(run, l);
+      const bool named = list == &links.named;
+      if (named) {
+        run.straggler_named_at[s.rank] = now;
+      } else {
+        run.straggler_named_at.erase(s.rank);
+        run.straggler_kept.erase(s.rank);
+      }
+      RunEvent& e =
+          emit(named ? RunEvent::Kind::kStragglerNamed : RunEvent::Kind::kStragglerCleared, run,
+               now);
+      fill(e, s);
+      e.node_id = l.node;
+    }
+  }
   return consider_exclusion(run, now, out);
 }
 
 void StateMachine::end_straggler_round(Run& run, TimePoint now) {
   // The ranks named in the round that ends are cleared with it: the next round's ranks are
   // scored afresh (a rank number may be another process, on another node, then).
-  for (const auto& [rank, s] : run.stragglers.named()) {
+  for (const Straggler& s : named_stragglers(run)) {
     RunEvent& e = emit(RunEvent::Kind::kStragglerCleared, run, now);
     fill(e, s);
     e.reason = s.describe() + "; the round ended";
   }
   run.stragglers.reset();
+  run.links.reset();
   run.straggler_named_at.clear();
   run.straggler_kept.clear();
   run.next_straggler_check.reset();
+}
+
+std::vector<Straggler> StateMachine::named_stragglers(const Run& run) const {
+  std::vector<Straggler> out;
+  for (const auto& [rank, s] : run.stragglers.named()) out.push_back(s);
+  for (const auto& [node, l] : run.links.named()) out.push_back(as_straggler(run, l));
+  return out;
 }
 
 void StateMachine::straggler_status(const Run& run, v1::RunStatus& s,
@@ -102,7 +154,8 @@ void StateMachine::straggler_status(const Run& run, v1::RunStatus& s,
     for (int r = 0; r < n.join.local_world_size(); ++r) node_ids[first + r] = n.join.node_id();
     first += n.join.local_world_size();
   }
-  for (const auto& [rank, named] : run.stragglers.named()) {
+  for (const Straggler& named : named_stragglers(run)) {
+    const int rank = named.rank;
     v1::StragglerStatus* x = s.add_stragglers();
     x->set_rank(rank);
     x->set_host(named.node);

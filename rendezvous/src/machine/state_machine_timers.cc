@@ -1,6 +1,7 @@
 // The state machine's clock-driven rules: progress and stalls, keep-alives and silence, the
 // join and last-call deadlines, held places, and when on_tick next has work.
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "muster/rendezvous/stall.h"
@@ -11,6 +12,30 @@ namespace muster::rendezvous {
 
 using namespace internal;
 using std::chrono::milliseconds;
+
+namespace {
+
+// A progress report's links (docs/stragglers.md, "Slow links"), at the edge.
+absl::Status check_links(const v1::Progress& p) {
+  if (p.links_size() > limits::kMaxLinkReports) {
+    return absl::InvalidArgumentError(absl::StrCat("progress: ", p.links_size(),
+                                                   " links (the limit is ",
+                                                   limits::kMaxLinkReports, ")"));
+  }
+  for (const v1::LinkRate& l : p.links()) {
+    if (l.local().size() > limits::kMaxLinkAddressBytes ||
+        l.remote().size() > limits::kMaxLinkAddressBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("progress: a link address longer than ",
+                                                     limits::kMaxLinkAddressBytes, " bytes"));
+    }
+    if (!(l.mbps() >= 0) || !std::isfinite(l.mbps())) {
+      return absl::InvalidArgumentError("progress: a link rate that is not a finite number >= 0");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 void StateMachine::on_progress(Run& run, SessionId session, const v1::Progress& p,
                                TimePoint now, std::vector<Outgoing>& out) {
@@ -45,6 +70,10 @@ void StateMachine::on_progress(Run& run, SessionId session, const v1::Progress& 
              now, out);
       return;
     }
+  }
+  if (absl::Status st = check_links(p); !st.ok()) {
+    refuse(session, st, now, out);
+    return;
   }
   for (const v1::RankProgress& r : p.ranks()) {
     if (r.reports() == 0) continue;

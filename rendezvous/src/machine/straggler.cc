@@ -21,6 +21,12 @@ double median(std::vector<double> v) {
 }  // namespace
 
 std::string Straggler::describe() const {
+  if (cause == "network") {
+    return absl::StrFormat(
+        "rank %d on host %s: its node's link moved %.1f MB/s, the nodes' median %.1f MB/s "
+        "(network)",
+        rank, node, link_mbps, link_median);
+  }
   return absl::StrFormat(
       "rank %d on host %s: %.1fx the others' own work per step (%s), named "
       "at step %d",
@@ -151,6 +157,75 @@ std::string exclusion_kept(const ExclusionCase& c) {
     return absl::StrFormat("it has cost %.1f s, a re-form costs %.1f s", lost_s, reform_s);
   }
   return "";
+}
+
+void LinkJudge::reset() {
+  reports_.clear();
+  slow_.clear();
+  named_.clear();
+}
+
+void LinkJudge::update(const std::string& node, std::vector<Link> links) {
+  if (links.empty()) return;
+  auto& q = reports_[node];
+  q.push_back(std::move(links));
+  while (static_cast<int>(q.size()) > limits::kLinkReports) q.pop_front();
+}
+
+void LinkJudge::forget(const std::string& node) {
+  reports_.erase(node);
+  slow_.erase(node);
+  named_.erase(node);
+}
+
+LinkJudge::Change LinkJudge::evaluate() {
+  Change change;
+  std::map<std::string, std::string> owner;  // address -> node
+  for (const auto& [node, q] : reports_) {
+    for (const auto& r : q) {
+      for (const Link& l : r) owner[l.local] = node;
+    }
+  }
+  std::map<std::string, double> best;
+  for (const auto& [node, q] : reports_) {
+    for (const auto& r : q) {
+      for (const Link& l : r) {
+        double& mine = best[node];
+        mine = std::max(mine, l.mbps);
+        if (auto o = owner.find(l.remote); o != owner.end()) {
+          double& theirs = best[o->second];
+          theirs = std::max(theirs, l.mbps);
+        }
+      }
+    }
+  }
+  std::vector<double> values;
+  for (const auto& [node, b] : best) {
+    if (b > 0) values.push_back(b);
+  }
+  if (values.size() < 3) return change;  // two cannot tell which end is slow
+  const double m = median(values);
+  const std::size_t keep = static_cast<std::size_t>(std::max(windows_, 1));
+  const std::size_t majority = keep / 2 + 1;
+  for (const auto& [node, b] : best) {
+    auto& q = slow_[node];
+    q.push_back(b > 0 && b < ratio_ * m);
+    while (q.size() > keep) q.pop_front();
+    const std::size_t slow = static_cast<std::size_t>(std::count(q.begin(), q.end(), true));
+    auto it = named_.find(node);
+    if (it == named_.end() && slow >= majority) {
+      SlowLink s{node, b, m};
+      named_[node] = s;
+      change.named.push_back(s);
+    } else if (it != named_.end() && slow <= 1) {
+      change.cleared.push_back(it->second);
+      named_.erase(it);
+    } else if (it != named_.end()) {
+      it->second.mbps = b;
+      it->second.median = m;
+    }
+  }
+  return change;
 }
 
 }  // namespace muster::rendezvous

@@ -74,7 +74,7 @@ struct ServerMetrics::Series {
                              .get()),
         stragglers_named(r.counter("muster_stragglers_named_total",
                                    "Ranks named as stragglers (docs/stragglers.md), by cause "
-                                   "(compute, data)",
+                                   "(compute, data, network)",
                                    {"cause"})),
         straggler_slowdown(r.gauge("muster_straggler_slowdown",
                                    "A rank named as a straggler: its own work per step over the "
@@ -102,7 +102,7 @@ struct ServerMetrics::Series {
     for (const char* c : {"succeeded", "budget_spent", "no_progress", "join_timeout"}) {
       runs_finished.with({c});
     }
-    for (const char* c : {"compute", "data"}) stragglers_named.with({c});
+    for (const char* c : {"compute", "data", "network"}) stragglers_named.with({c});
     stragglers_excluded.with({"compute"});
     set(ServerSample{});
   }

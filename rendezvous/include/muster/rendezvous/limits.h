@@ -228,6 +228,13 @@ inline constexpr int kStragglerWindowSteps = 6;
 inline constexpr int kStragglerWindows = 5;
 inline constexpr milliseconds kStragglerSampling = std::chrono::milliseconds(250);
 inline constexpr int kMaxPhaseKinds = 5;
+// Slow links (docs/stragglers.md, "Slow links"): a node's link is slow below this share of
+// the nodes' median; each node's last kLinkReports reports count. A progress report carries
+// at most kMaxLinkReports links, each address at most kMaxLinkAddressBytes.
+inline constexpr double kSlowLinkRatio = 0.5;
+inline constexpr int kLinkReports = 4;
+inline constexpr int kMaxLinkReports = 64;
+inline constexpr std::size_t kMaxLinkAddressBytes = 64;
 // launch --exclude_stragglers (docs/stragglers.md, "Exclusion"): how long an excluded node
 // stays out (--straggler_cooldown; doubled each time the same node is excluded again), by
 // default and at most; what a re-form is taken to cost until the run has measured one (its

@@ -350,6 +350,7 @@ class StateMachine {
     // limits::kStragglerSampling; when each named rank was named. Not durable.
     bool watch_stragglers = false;
     StragglerWatch stragglers;
+    LinkJudge links;  // slow links, by node id
     std::optional<TimePoint> next_straggler_check;
     std::map<int, TimePoint> straggler_named_at;
     // Exclusion (machine/state_machine_exclusion.cc), set by the first Join: the cool-down
@@ -407,6 +408,9 @@ class StateMachine {
   bool watch_stragglers(Run& run, SessionId session, const v1::Progress& p, TimePoint now,
                         std::vector<Outgoing>& out);
   void end_straggler_round(Run& run, TimePoint now);
+  // Every straggler named now: the ranks (StragglerWatch) and the nodes with a slow link
+  // (LinkJudge; as the node's first rank, cause "network").
+  std::vector<Straggler> named_stragglers(const Run& run) const;
   // Exclusion, machine/state_machine_exclusion.cc: after an evaluation, whether a named
   // straggler's node leaves the world (true: it was told, and the others restarted); a Join
   // from a node still in its cool-down (refused); the status's part.

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <vector>
@@ -34,11 +35,14 @@ struct StragglerOptions {
 struct Straggler {
   int rank = 0;
   std::string node;   // its node's host
-  std::string cause;  // "compute" or "data"
+  std::string cause;  // "compute", "data" or "network" (LinkJudge)
   double slowdown =
       0;  // own work per step over the others' median (the median of its slow windows)
   std::uint64_t step = 0;  // the step it stood at when named
-  // "rank 3 on host n2: 2.1x the others' own work per step (compute), named at step 40"
+  // cause "network" (a slow link, LinkJudge): its node's best rate and the nodes' median, MB/s.
+  double link_mbps = 0, link_median = 0;
+  // "rank 3 on host n2: 2.1x the others' own work per step (compute), named at step 40";
+  // "rank 4 on host n3: its node's link moved 10.2 MB/s, the nodes' median 51.6 MB/s (network)"
   std::string describe() const;
 };
 
@@ -79,6 +83,50 @@ class StragglerWatch {
   std::map<int, Rank> ranks_;
   std::map<int, Straggler> named_;
   int closed_ = 0;
+};
+
+// Slow links (docs/stragglers.md, "Slow links"): a synchronous job's ranks all wait alike for
+// a slow link, so per-rank phase times cannot name it; the links' own rates can. Each node
+// reports, per pair of addresses, how fast its workers' connections to other hosts took data
+// while they had data to send (agent/link_watch.h). A node's link is the best rate of any
+// connection that touches it: the ones it sends on, and the others' connections to its
+// addresses (a node's local addresses are those it reports from). A capped node's connections
+// are all slow, both ways; each of its peers has a fast connection with another peer. A node
+// is slow in an evaluation when its best over its last kLinkReports reports is below
+// `ratio` x the median of the nodes' bests (three nodes with rates at least); named when
+// slow in a majority of its last `windows` evaluations, cleared when slow in at most one.
+struct SlowLink {
+  std::string node;   // the reporting node's key (its node id)
+  double mbps = 0;    // its best rate
+  double median = 0;  // the nodes' median best
+  double slowdown() const { return mbps > 0 ? median / mbps : 0; }
+};
+
+class LinkJudge {
+ public:
+  struct Link {
+    std::string local, remote;
+    double mbps = 0;
+  };
+  struct Change {
+    std::vector<SlowLink> named, cleared;
+  };
+  explicit LinkJudge(double ratio = limits::kSlowLinkRatio, int windows = limits::kStragglerWindows)
+      : ratio_(ratio), windows_(windows) {}
+  void reset();
+  // Node `node`'s report (empty reports are not kept: a pause moved nothing).
+  void update(const std::string& node, std::vector<Link> links);
+  // A node that left: its reports go.
+  void forget(const std::string& node);
+  Change evaluate();
+  const std::map<std::string, SlowLink>& named() const { return named_; }
+
+ private:
+  double ratio_;
+  int windows_;
+  std::map<std::string, std::deque<std::vector<Link>>> reports_;
+  std::map<std::string, std::deque<bool>> slow_;
+  std::map<std::string, SlowLink> named_;
 };
 
 // Exclusion (launch --exclude_stragglers; docs/stragglers.md, "Exclusion"): whether a named
