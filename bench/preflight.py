@@ -8,9 +8,16 @@ agent host's link capped by tbf at --kbit (both directions), host 3's at a fifth
 capped runs. Each run: from starting the three launches to the last one's exit.
 
   bench/preflight.sh [--uncapped N] [--capped N] [--kbit K]
+  bench/preflight.sh --running [--trials N] [--seconds S]
+      the straggler watch's slow links while a job runs: three launches of
+      examples/python/ddp_in_place.py --hidden 1024 --step-sleep-ms 30 (gloo,
+      --watch_stragglers) on hosts 1-3;
+      capped as above: seconds and rank 0's steps from its first step to rdzvd's
+      straggler_named event; uncapped (all at --kbit): names in S seconds (should be none)
 """
 import argparse
 import json
+import re
 import os
 import statistics
 import subprocess
@@ -94,18 +101,112 @@ def inner(a):
         "sample_links": rows["capped"][0]["links_mbps"] if cap else []}), flush=True)
 
 
+DDP = os.path.join(ROOT, "examples", "python", "ddp_in_place.py")
+
+
+def running_job(endpoint, id, rd_lines, seconds, want_name):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    ps = [subprocess.Popen(wrap(h) + [LAUNCH, "--nnodes=3", "--nproc_per_node=1",
+                                      "--rdzv_backend=c10d", "--rdzv_endpoint=" + endpoint,
+                                      "--rdzv_id=" + id, "--watch_stragglers", DDP, "--steps",
+                                      "1000000", "--hidden", "1024", "--step-sleep-ms", "30",
+                                      "--log-every", "1"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+          for h in (1, 2, 3)]
+    steps = []  # (time, step) of rank 0
+    import threading
+
+    def read(p):
+        for line in p.stdout:
+            m = re.search(r"step (\d+): loss", line)
+            if m:
+                steps.append((time.monotonic(), int(m.group(1))))
+    ts = [threading.Thread(target=read, args=(p,), daemon=True) for p in ps]
+    for t in ts:
+        t.start()
+    start = len(rd_lines)
+    t_end = time.monotonic() + seconds
+    named = None
+    while time.monotonic() < t_end and named is None:
+        for t, l in list(rd_lines[start:]):
+            if '"event":"straggler_named"' in l and ('"run":"%s"' % id) in l:
+                named = (t, json.loads(l[l.index("{"):]))
+                break
+        if want_name is False and named is not None:
+            break
+        time.sleep(0.05)
+    for p in ps:
+        p.terminate()
+    for p in ps:
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    first = steps[0] if steps else None
+    out = {"steps_seen": len(steps)}
+    if named is not None:
+        t, e = named
+        before = [s for ts_, s in steps if ts_ <= t]
+        out.update({"host": e.get("host"), "cause": e.get("cause"), "slowdown": e.get("slowdown"),
+                    "seconds_from_first_step": round(t - first[0], 2) if first else None,
+                    "steps_from_first_step": (before[-1] - first[1]) if first and before else None})
+    else:
+        out["named"] = None
+    if steps:
+        out["steps_per_s"] = round((steps[-1][1] - steps[0][1]) / max(steps[-1][0] - steps[0][0], 1e-9), 2)
+    return out
+
+
+def running(a):
+    import threading
+    ctl = os.environ["HOSTNET_CTL"]
+    rd = subprocess.Popen(wrap(0) + [RDZVD, "--listen", "0.0.0.0:0", "--event_log", "-"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    port = None
+    while port is None:
+        line = rd.stdout.readline()
+        if "listening on port" in line:
+            port = line.split("listening on port ")[1].split()[0]
+
+    def read():
+        for line in rd.stdout:
+            lines.append((time.monotonic(), line))
+    threading.Thread(target=read, daemon=True).start()
+    endpoint = os.environ["HOSTNET_HOST_0"] + ":" + port
+    try:
+        for h in (1, 2, 3):
+            subprocess.run([ctl, "rate", os.environ["HOSTNET_NS_%d" % h], str(a.kbit)], check=True)
+        for i in range(a.trials):
+            r = running_job(endpoint, "even%d" % i, lines, a.seconds, False)
+            print("RESULT " + json.dumps(dict(r, row="running_uncapped", seconds=a.seconds)), flush=True)
+        subprocess.run([ctl, "rate", os.environ["HOSTNET_NS_3"], str(a.kbit // 5)], check=True)
+        for i in range(a.trials):
+            r = running_job(endpoint, "capped%d" % i, lines, 120, True)
+            print("RESULT " + json.dumps(dict(r, row="running_capped")), flush=True)
+    finally:
+        rd.terminate()
+        rd.wait()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--inner", action="store_true")
     ap.add_argument("--uncapped", type=int, default=50)
     ap.add_argument("--capped", type=int, default=10)
     ap.add_argument("--kbit", type=int, default=400000)
+    ap.add_argument("--running", action="store_true")
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=60)
     a = ap.parse_args()
     if a.inner:
-        return inner(a)
+        return running(a) if a.running else inner(a)
+    extra = ["--running", "--trials", str(a.trials), "--seconds", str(a.seconds)] if a.running else []
     return subprocess.call([HOSTNET, "run", "4", "--", sys.executable, os.path.abspath(__file__),
                             "--inner", "--uncapped", str(a.uncapped), "--capped", str(a.capped),
-                            "--kbit", str(a.kbit)])
+                            "--kbit", str(a.kbit)] + extra)
 
 
 if __name__ == "__main__":
