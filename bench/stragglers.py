@@ -285,12 +285,14 @@ def main():
     ap.add_argument("--only", default="overhead,named,noise,exclude")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--noise-seconds", type=float, default=120)
+    ap.add_argument("--stop-ms", type=int, nargs="+", default=[50, 33],
+                    help="named: the duty cycles to run (ms stopped of every 100)")
     a = ap.parse_args()
     only = a.only.split(",")
     if "overhead" in only:
         overhead(a)
     if "named" in only:
-        for stop_ms in (50, 33):
+        for stop_ms in a.stop_ms:
             for _ in range(a.trials):
                 print("RESULT " + json.dumps(named(a, stop_ms)), flush=True)
     if "noise" in only:
