@@ -1718,3 +1718,31 @@ TEST_CASE("stragglers: a node whose links are all slow is named with cause netwo
   REQUIRE(h.close_of(1) != nullptr);
   CHECK(h.close_of(1)->status.code() == absl::StatusCode::kInvalidArgument);
 }
+
+TEST_CASE("exclusion: at MIN with a spare waiting beyond MAX, the straggler's node leaves and the "
+          "spare takes its place",
+          "[state_machine][stragglers]") {
+  StragglerJob job;
+  job.join(1, "a", 3, 3);
+  job.join(2, "b", 3, 3);
+  job.join(3, "c", 3, 3);
+  REQUIRE(job.round == 1);
+  job.join(4, "d", 3, 3);  // beyond MAX: it waits
+  CHECK(job.h.to(4, kAssign).empty());
+  bool restarted = false;
+  for (std::uint64_t n = 1; n <= 80 && !restarted; ++n) restarted = job.step(n, {1, 2, 3}, 3);
+  REQUIRE(restarted);
+  REQUIRE(job.count(RunEvent::Kind::kStragglerExcluded) == 1);
+  auto to_c = job.h.to(3, kRestart);
+  REQUIRE(to_c.size() == 1);
+  CHECK(to_c[0].restart().excluded_ms() > 0);
+  job.join(1, "a", 3, 3);
+  job.join(2, "b", 3, 3);
+  REQUIRE(job.round == 2);
+  auto st = job.h.sm.status("run", job.h.now);
+  REQUIRE(st[0].members_size() == 3);
+  std::set<std::string> members;
+  for (const auto& m : st[0].members()) members.insert(m);
+  CHECK(members == std::set<std::string>{"a", "b", "d"});
+  CHECK(job.h.sm.check_invariants().ok());
+}
