@@ -76,6 +76,19 @@ class Slower {
   std::thread t_;
 };
 
+// The fault: `pid` stopped 50 ms in every 100 ms (SIGSTOP/SIGCONT from outside) until done.
+std::function<void(std::atomic<bool>&)> duty_cycle(pid_t pid) {
+  return [pid](std::atomic<bool>& done) {
+    while (!done) {
+      ::kill(pid, SIGSTOP);
+      std::this_thread::sleep_for(50ms);
+      ::kill(pid, SIGCONT);
+      std::this_thread::sleep_for(50ms);
+    }
+    ::kill(pid, SIGCONT);
+  };
+}
+
 std::string run_status_json(const RdzvdProc& server, const std::string& id) {
   Proc status({kRdzvd, "status", "--endpoint", server.endpoint, "--run", id, "--json"});
   REQUIRE(status.wait(30s) == 0);
@@ -95,15 +108,7 @@ TEST_CASE(
   const int slow = 2;
   const pid_t pid = job.pid_of.at(slow);
   {
-    Slower duty([pid](std::atomic<bool>& done) {
-      while (!done) {  // the fault itself: 50 ms stopped in every 100 ms
-        ::kill(pid, SIGSTOP);
-        std::this_thread::sleep_for(50ms);
-        ::kill(pid, SIGCONT);
-        std::this_thread::sleep_for(50ms);
-      }
-      ::kill(pid, SIGCONT);
-    });
+    Slower duty(duty_cycle(pid));  // the fault itself
     const auto t0 = std::chrono::steady_clock::now();
     const bool named = server.proc->wait_output(
         [](const std::string&, const std::string& err) {
@@ -191,15 +196,7 @@ TEST_CASE("stragglers: with --exclude_stragglers a slowed node leaves in place a
   const int slow = 2;
   const pid_t pid = job.pid_of.at(slow);
   {
-    Slower duty([pid](std::atomic<bool>& done) {
-      while (!done) {  // 50 ms stopped in every 100 ms
-        ::kill(pid, SIGSTOP);
-        std::this_thread::sleep_for(50ms);
-        ::kill(pid, SIGCONT);
-        std::this_thread::sleep_for(50ms);
-      }
-      ::kill(pid, SIGCONT);
-    });
+    Slower duty(duty_cycle(pid));
     const bool excluded = server.proc->wait_output(
         [](const std::string&, const std::string& err) {
           return err.find("\"event\":\"straggler_excluded\"") != std::string::npos;

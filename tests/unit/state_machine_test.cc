@@ -1397,18 +1397,28 @@ TEST_CASE("budget: a round with a step resets the count in a row, long progress 
 // The straggler watch (docs/stragglers.md): each node's pages with their time per phase kind,
 // scored over every rank of the round; a name is an event and part of the status, and a new
 // round clears it.
-TEST_CASE("stragglers: the server names a rank whose own work per step is twice the others', "
-          "in events and status, and clears it with the round",
-          "[state_machine][stragglers]") {
-  Harness h;
-  auto watching = [](v1::Join& j) {
-    j.set_watch_stragglers(true);
-    j.set_local_world_size(1);
-  };
+namespace {
+
+void watching(v1::Join& j) {
+  j.set_watch_stragglers(true);
+  j.set_local_world_size(1);
+}
+
+// Nodes a, b and c (sessions 1-3, one rank each) in a watched round of three.
+void three_watched(Harness& h) {
   h.join_with(1, "a", 3, 3, watching);
   h.join_with(2, "b", 3, 3, watching);
   h.join_with(3, "c", 3, 3, watching);
   REQUIRE(h.last.size() == 3);
+}
+
+}  // namespace
+
+TEST_CASE("stragglers: the server names a rank whose own work per step is twice the others', "
+          "in events and status, and clears it with the round",
+          "[state_machine][stragglers]") {
+  Harness h;
+  three_watched(h);
   for (const Outgoing& o : h.last) {
     CHECK(o.msg->assignment().watch_stragglers());
     CHECK(o.msg->assignment().wants_progress());
@@ -1665,14 +1675,7 @@ TEST_CASE("stragglers: a node whose links are all slow is named with cause netwo
           "and status, and a report beyond the link bound is refused",
           "[state_machine][stragglers]") {
   Harness h;
-  auto watching = [](v1::Join& j) {
-    j.set_watch_stragglers(true);
-    j.set_local_world_size(1);
-  };
-  h.join_with(1, "a", 3, 3, watching);
-  h.join_with(2, "b", 3, 3, watching);
-  h.join_with(3, "c", 3, 3, watching);
-  REQUIRE(h.last.size() == 3);
+  three_watched(h);
   const int round = h.last[0].msg->assignment().round();
   std::map<SessionId, int> rank;
   for (const Outgoing& o : h.last) rank[o.session] = o.msg->assignment().rank_offset();
