@@ -308,8 +308,9 @@ void ProbeServer::serve() {
     if (!(pfds[0].revents & POLLIN)) continue;
     const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (c < 0) continue;
-    if (busy->load() >= kMaxProbeConnections) {
-      ::close(c);  // more than a round can ask: refused
+    if (busy->load() >= kMaxProbeConnections ||
+        static_cast<int>(conns.size()) >= kMaxProbeConnectionsServed) {
+      ::close(c);  // more than the pre-flight can ask: refused
       continue;
     }
     ++*busy;

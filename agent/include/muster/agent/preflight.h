@@ -42,8 +42,10 @@ inline constexpr double kSlowRatio = 0.5;
 // pre-flight of a round of N nodes takes about 2-3 x (2 x kProbeTime) plus the barriers.
 inline constexpr std::chrono::milliseconds kStoreWait{std::chrono::seconds(30)};
 // The probe listener serves at most this many connections at once (a round gives each node at
-// most one), and each for at most kConnectionLimit.
+// most one), at most kMaxProbeConnectionsServed in all (each node is probed once), and each
+// for at most kConnectionLimit.
 inline constexpr int kMaxProbeConnections = 4;
+inline constexpr int kMaxProbeConnectionsServed = 64;
 inline constexpr std::chrono::milliseconds kConnectionLimit{std::chrono::seconds(10)};
 
 // One probe: node `from` connects to node `to`'s listener.
