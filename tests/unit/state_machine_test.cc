@@ -1560,6 +1560,13 @@ struct StragglerJob {
     h.now += 140ms;
     return false;
   }
+  // Nodes a, b and c (sessions 1-3) in a round of nnodes=min:max.
+  void three(int min, int max) {
+    join(1, "a", min, max);
+    join(2, "b", min, max);
+    join(3, "c", min, max);
+    REQUIRE(round == 1);
+  }
   int count(RunEvent::Kind kind) const {
     return static_cast<int>(std::count_if(events.begin(), events.end(),
                                           [kind](const RunEvent& e) { return e.kind == kind; }));
@@ -1572,10 +1579,7 @@ TEST_CASE("exclusion: a straggler's node leaves in place, is kept out for its co
           "the next exclusion doubles it",
           "[state_machine][stragglers]") {
   StragglerJob job;
-  job.join(1, "a", 2, 3);
-  job.join(2, "b", 2, 3);
-  job.join(3, "c", 2, 3);
-  REQUIRE(job.round == 1);
+  job.three(2, 3);
   std::uint64_t n = 1;
   bool restarted = false;
   for (; n <= 80 && !restarted; ++n) restarted = job.step(n, {1, 2, 3}, 3);
@@ -1726,10 +1730,7 @@ TEST_CASE("exclusion: at MIN with a spare waiting beyond MAX, the straggler's no
           "spare takes its place",
           "[state_machine][stragglers]") {
   StragglerJob job;
-  job.join(1, "a", 3, 3);
-  job.join(2, "b", 3, 3);
-  job.join(3, "c", 3, 3);
-  REQUIRE(job.round == 1);
+  job.three(3, 3);
   job.join(4, "d", 3, 3);  // beyond MAX: it waits
   CHECK(job.h.to(4, kAssign).empty());
   bool restarted = false;

@@ -172,12 +172,6 @@ void LinkJudge::update(const std::string& node, std::vector<Link> links) {
   while (static_cast<int>(q.size()) > limits::kLinkReports) q.pop_front();
 }
 
-void LinkJudge::forget(const std::string& node) {
-  reports_.erase(node);
-  slow_.erase(node);
-  named_.erase(node);
-}
-
 LinkJudge::Change LinkJudge::evaluate() {
   Change change;
   std::map<std::string, std::string> owner;  // address -> node

@@ -116,8 +116,6 @@ class LinkJudge {
   void reset();
   // Node `node`'s report (empty reports are not kept: a pause moved nothing).
   void update(const std::string& node, std::vector<Link> links);
-  // A node that left: its reports go.
-  void forget(const std::string& node);
   Change evaluate();
   const std::map<std::string, SlowLink>& named() const { return named_; }
 
