@@ -480,6 +480,8 @@ WorkerGroup::Started WorkerGroup::reform(const v1::Assignment& a, const WorkerEn
   for (int lr : dead) {
     if (take_spare(lr, a, round, watch_progress)) continue;
     if (auto f = spawn_one(lr, a, round, watch_progress)) return {size(), std::move(f)};
+    spdlog::info("in place: local rank {} (rank {}) starts in a new process (pid {})", lr,
+                 workers_.back()->rank, workers_.back()->pid);
   }
   top_up_spares();
   std::sort(workers_.begin(), workers_.end(),

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <regex>
@@ -142,6 +143,49 @@ TEST_CASE("torch in place: a second worker lost while the first is being recover
   CHECK(rank2.size() == 2);  // the first, and its replacement
   CHECK(count_lines_with(p.out(), "final loss") == 3);
   CHECK(distinct(all_of(p.out(), R"(final loss \S+ steps 120 params (\S+))")).size() == 1);
+}
+
+TEST_CASE("torch in place: a replacement killed while it starts is replaced again, and the "
+          "survivors keep their processes and finish with the same parameters",
+          "[torch][in_place]") {
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  auto env = kEnv;
+  env["MUSTER_LOG_LEVEL"] = "info";  // the replacement's start
+  Proc p(standalone(3, {"--in_place", "--max_restarts=3"},
+                    {"--steps", "200", "--log-every", "50", "--fail-at-step", "60", "--fail-rank", "1"}),
+         env);
+  // Rank 1 exits; the agent starts its replacement, which imports torch (over a second)
+  // while the survivors wait in the new group: it is killed there.
+  static const std::string kNew = R"(local rank 1 \(rank 1\) starts in a new process \(pid (\d+)\))";
+  REQUIRE(p.wait_output([](const std::string&, const std::string& err) {
+    return !all_of(err, kNew).empty();
+  }, 180s));
+  const std::string starting = all_of(p.err(), kNew).front();
+  const auto first = started(p.out());
+  REQUIRE(first.size() == 3);
+  ::kill(std::stoi(starting), SIGKILL);
+  const auto rc = p.wait(180s);
+  INFO(p.out() << p.err());
+  REQUIRE(rc == 0);
+  const auto pids = started(p.out());
+  // It never reached its round (killed while it started); another process holds rank 1.
+  for (const auto& [key, pid] : pids) CHECK(pid != starting);
+  std::set<std::string> rank1;
+  for (const auto& [key, pid] : pids) {
+    if (key.second == 1) rank1.insert(pid);
+  }
+  CHECK(rank1.size() == 2);  // the first, and the replacement that started
+  CHECK(rank1.count(first.at({1, 1})) == 1);
+  // The survivors kept their processes through both re-forms.
+  for (int r : {0, 2}) {
+    std::set<std::string> mine;
+    for (const auto& [key, pid] : pids) {
+      if (key.second == r) mine.insert(pid);
+    }
+    CHECK(mine == std::set<std::string>{first.at({1, r})});
+  }
+  CHECK(count_lines_with(p.out(), "final loss") == 3);
+  CHECK(distinct(all_of(p.out(), R"(final loss \S+ steps 200 params (\S+))")).size() == 1);
 }
 
 TEST_CASE("torch in place: kill -9 of a node: the survivors go on in their own processes in a "
@@ -387,4 +431,70 @@ TEST_CASE("torch in place with --spares: a newcomer within MIN:MAX joins only on
   }
   // The survivors agree on the state the newcomer received.
   CHECK(distinct(all_of(a->out() + b->out(), R"(round 2 params (\S+))")).size() == 1);
+}
+
+TEST_CASE("torch in place with --spares: a node lost while it joins leaves the others training in "
+          "their own processes in the world they had",
+          "[torch][in_place][spares]") {
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  RdzvdProc server;
+  auto env = kEnv;
+  env["MUSTER_LOG_LEVEL"] = "info";
+  auto agent = [&] {
+    std::vector<std::string> argv = c10d(server.endpoint, "2:3", 1, "tjoin",
+                                         {"--rdzv_conf=last_call_timeout=0.5", "--in_place",
+                                          "--spares=1", "--max_restarts=2"});
+    argv.insert(argv.begin(), kLaunch);
+    for (const std::string& a : script({"--steps", "1000000", "--log-every", "100", "--step-sleep-ms", "10"})) {
+      argv.push_back(a);
+    }
+    return std::make_unique<Proc>(argv, env);
+  };
+  auto a = agent(), b = agent();
+  for (auto* p : {a.get(), b.get()}) REQUIRE(p->wait_output(out_has("in place, round 1"), 120s));
+  REQUIRE(rank0_said({a.get(), b.get()}, "step 100: loss"));
+  // The newcomer's round forms: its warm worker is taken for its rank and is joining the
+  // others' group when its node dies.
+  auto c = agent();
+  REQUIRE(c->wait_output([](const std::string&, const std::string& err) {
+    return err.find("takes local rank 0") != std::string::npos;
+  }, 120s));
+  ::kill(c->pid(), SIGKILL);
+  REQUIRE(c->wait() == 128 + SIGKILL);
+  // The two go on in a world of two, each in its own process, with the same parameters, and
+  // train on (rank 0 logs a step of a round after the newcomer's).
+  for (Proc* p : {a.get(), b.get()}) {
+    const bool ok = p->wait_output(
+        [](const std::string& out, const std::string&) {
+          static const std::regex again(R"(re-formed in place as rank \d of 2, round (\d+))");
+          std::smatch m;
+          return std::regex_search(out, m, again) && std::stoi(m[1]) >= 3;
+        },
+        120s);
+    INFO(p->out() << p->err());
+    REQUIRE(ok);
+  }
+  auto largest = [](const std::vector<std::string>& v) {
+    int m = -1;
+    for (const std::string& x : v) m = std::max(m, std::stoi(x));
+    return m;
+  };
+  const std::string both_before = a->out() + b->out();
+  const std::string round =
+      std::to_string(largest(all_of(both_before, R"(re-formed in place as rank \d of 2, round (\d+))")));
+  const int after = largest(all_of(both_before, R"(step (\d+): loss)")) + 200;
+  REQUIRE(rank0_said({a.get(), b.get()}, "step " + std::to_string(after - after % 100) + ": loss"));
+  for (Proc* p : {a.get(), b.get()}) ::kill(p->pid(), SIGTERM);
+  for (Proc* p : {a.get(), b.get()}) {
+    const auto rc = p->wait(60s);
+    INFO(p->out() << p->err());
+    CHECK(rc == 143);
+    const auto pids = started(p->out());
+    REQUIRE(pids.size() == 1);  // nothing new started on a survivor
+    CHECK(distinct(all_of(p->out(), R"(: pid (\d+) re-formed in place as rank)")) ==
+          std::set<std::string>{pids.begin()->second});
+  }
+  const auto params = all_of(a->out() + b->out(), "round " + round + R"( params (\S+))");
+  CHECK(params.size() == 2);
+  CHECK(distinct(params).size() == 1);
 }
