@@ -12,6 +12,11 @@ step. Side by side, one after another on this machine:
   full       launch (every worker restarted, from the checkpoint every 50 steps)
   torchrun   ../shared/peer/torchrun311 --monitor_interval=0.1 (the same, as torchrun does it)
 
+After the minute every rank ends 100 steps on (the example's --stop-file) and prints its
+parameters' digest: `params_agree` says whether all agree. `lost_s`: each failure's cost
+within its run (rank 0's steps in the half-period after the kill against its rate in the
+half-period before), free of the machine's noise between runs.
+
   bench/goodput.sh [--trials N] [--only spares,in_place,...] [--seconds S] [--every S]
 """
 import argparse
@@ -33,6 +38,7 @@ LAUNCH = os.path.join(BUILD, "launcher/launch")
 TORCHRUN = os.environ.get("TORCHRUN", os.path.join(ROOT, "..", "shared", "peer", "torchrun311"))
 SCRIPT = os.path.join(ROOT, "examples", "python", "ddp_in_place.py")
 STEP = re.compile(r"(?:^|\]:)step (\d+): loss")
+FINAL = re.compile(r"final loss \S+ steps (\d+) params (\S+)")
 PID = re.compile(r"pid (\d+) (?:in place|re-formed in place)")
 WAYS = ["none", "none_spares", "spares", "in_place", "full", "torchrun"]
 
@@ -81,12 +87,41 @@ def workers_of(agent, ranked):
     return found
 
 
+def lost_per_failure(steps, kill_times, window):
+    """Seconds of progress each failure cost, measured within the run: rank 0's step rate in
+    the `window` seconds before the kill against the steps it made in the window after it
+    (so the run-to-run noise of this machine's rate does not enter)."""
+    lost = []
+    for k in kill_times:
+        before = sum(1 for t, _ in steps if k - window <= t < k)
+        after = sum(1 for t, _ in steps if k <= t < k + window)
+        if before:
+            lost.append(round(window * (1.0 - after / before), 2))
+    return lost
+
+
+def end_and_check(p, finals, stop_file, last_step, timeout=120):
+    """Every rank ends 100 steps after the last step seen (the example's --stop-file) and says
+    its parameters' digest: whether they agree, and how many said it."""
+    with open(stop_file + ".tmp", "w") as f:
+        f.write(str(last_step + 100))
+    os.replace(stop_file + ".tmp", stop_file)
+    try:
+        p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return {"ended": False}
+    return {"ended": p.returncode == 0, "finals": len(finals),
+            "params_agree": len(set(finals)) == 1 and len(finals) > 0}
+
+
 def run(way, a, tmp):
     ck = os.path.join(tmp, "ck.pt")
-    if os.path.exists(ck):
-        os.remove(ck)
+    stop_file = os.path.join(tmp, "stop")
+    for f in (ck, stop_file):
+        if os.path.exists(f):
+            os.remove(f)
     script = [SCRIPT, "--steps", "1000000", "--log-every", "1", "--step-sleep-ms", str(a.step_ms),
-              "--checkpoint", ck, "--checkpoint-every", "50"]
+              "--checkpoint", ck, "--checkpoint-every", "50", "--stop-file", stop_file]
     if way == "torchrun":
         argv = [TORCHRUN, "--standalone", "--nproc_per_node=4", "--monitor_interval=0.1",
                 "--max_restarts=100"] + script
@@ -106,6 +141,7 @@ def run(way, a, tmp):
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=env,
                          start_new_session=True)
     steps = []  # (monotonic, step)
+    finals = []  # each rank's digest at the end
     ranked = set()
     first = threading.Event()
 
@@ -119,9 +155,13 @@ def run(way, a, tmp):
             if m:
                 steps.append((time.monotonic(), int(m.group(1))))
                 first.set()
+            f = FINAL.search(text)
+            if f:
+                finals.append(f.group(2))
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     kills = 0
+    kill_times = []
     try:
         if not first.wait(120):
             raise RuntimeError("%s: no first step within 120 s" % way)
@@ -135,20 +175,25 @@ def run(way, a, tmp):
                 if ws:
                     os.kill(rng.choice(sorted(ws)), signal.SIGKILL)
                     kills += 1
+                    kill_times.append(time.monotonic())
                 next_kill += a.every
         end = t0 + a.seconds
         done = [(t, s) for t, s in steps if t <= end]
         # The pauses of rank 0's steps longer than 0.2 s: what each failure stalled the job.
         stalls = [round(done[i][0] - done[i - 1][0], 2) for i in range(1, len(done))
                   if done[i][0] - done[i - 1][0] > 0.2]
-        return {"way": way, "step": done[-1][1] if done else 0, "kills": kills, "stalls": stalls}
+        res = {"way": way, "step": done[-1][1] if done else 0, "kills": kills, "stalls": stalls,
+               "lost_s": lost_per_failure(steps, kill_times, a.every / 2)}
+        res.update(end_and_check(p, finals, stop_file, max(s for _, s in steps)))
+        return res
     finally:
-        os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        if p.poll() is None:  # it did not end by itself (an error above)
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
 
 
 def main():
@@ -172,7 +217,8 @@ def main():
                 results[w].append(r)
                 print(json.dumps(dict(r, trial=t)), flush=True)
     ref = statistics.median(r["step"] for r in results["none"])
-    print("\n%-10s %8s %8s %10s %14s" % ("way", "step", "kills", "progress", "lost/failure"))
+    print("\n%-10s %8s %8s %10s %14s %16s %s" % ("way", "step", "kills", "progress", "lost/failure",
+                                               "lost (in run)", "params agree"))
     for w in ways:
         step = statistics.median(r["step"] for r in results[w])
         kills = statistics.median(r["kills"] for r in results[w])
@@ -185,7 +231,11 @@ def main():
         if w == "spares" and results.get("none_spares"):  # against the same job unkilled
             own = "  (%.1f%% of none_spares)" % (
                 100.0 * step / statistics.median(r["step"] for r in results["none_spares"]))
-        print("%-10s %8d %8d %9.1f%% %14s%s" % (w, step, kills, 100.0 * step / ref, per, own))
+        inrun = [x for r in results[w] for x in r.get("lost_s", [])]
+        inrun = "%.2f s" % statistics.median(inrun) if inrun else ""
+        agree = "%d of %d" % (sum(1 for r in results[w] if r.get("params_agree")), len(results[w]))
+        print("%-10s %8d %8d %9.1f%% %14s %16s %s%s" % (w, step, kills, 100.0 * step / ref, per, inrun,
+                                                    agree, own))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ against the same job without kills. Side by side, one after another:
   full       launch (every worker restarted, from the checkpoint)
   torchrun   ../shared/peer/torchrun311 (c10d hosted by host 1's agent, --monitor_interval=0.1)
 
+The end is checked and each failure's cost measured within its run as in bench/goodput.py
+(`params_agree`, `lost_s`).
+
   bench/goodput_nodes.sh [--trials N] [--only spares,in_place,full,torchrun] [--seconds S]
 """
 import argparse
@@ -27,6 +30,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from goodput import lost_per_failure  # noqa: E402
 from hostproc import BUILD, ROOT, TORCHRUN, Proc, wait_until, wrap  # noqa: E402
 
 HOSTNET = os.path.join(BUILD, "tests/hostnet")
@@ -34,13 +38,14 @@ LAUNCH = os.path.join(BUILD, "launcher/launch")
 RDZVD = os.path.join(BUILD, "rendezvous/rdzvd")
 SCRIPT = os.path.join(ROOT, "examples", "python", "ddp_in_place.py")
 STEP = r"(?:^|\]:)step (\d+): loss"
+FINAL = r"final loss \S+ steps (\d+) params (\S+)"
 WAYS = ["none", "none_spares", "spares", "in_place", "full", "torchrun"]
 
 
 def agent(a, way, host, tmp, n):
     script = [SCRIPT, "--steps", "1000000", "--log-every", "1", "--checkpoint",
               os.path.join(tmp, "ck.pt"), "--checkpoint-every", "50", "--step-sleep-ms",
-              str(a.step_ms)]
+              str(a.step_ms), "--stop-file", os.path.join(tmp, "stop")]
     if way == "torchrun":
         endpoint = f"{os.environ['HOSTNET_HOST_1']}:29500"
         argv = wrap(host) + [TORCHRUN, "--nnodes=2:3", "--nproc_per_node=1", "--rdzv_backend=c10d",
@@ -91,7 +96,7 @@ def inner(a):
                 # The node dies (its agent and everything in its session) and comes back.
                 os.killpg(agents[2].p.pid, signal.SIGKILL)
                 agents[2].p.wait()
-                kill_times.append(time.monotonic() - t0)
+                kill_times.append(time.monotonic())
                 kills += 1
                 agents[2] = agent(a, a.way, 2, tmp, kills)
                 procs.append(agents[2])
@@ -103,6 +108,18 @@ def inner(a):
         res["kills"] = kills
         res["stalls"] = [round(steps[i][0] - steps[i - 1][0], 2) for i in range(1, len(steps))
                          if steps[i][0] - steps[i - 1][0] > 0.2]
+        res["lost_s"] = lost_per_failure(steps, kill_times, a.every / 2)
+        # Every rank ends 100 steps after the last one seen and says its parameters' digest.
+        stop = os.path.join(tmp, "stop")
+        with open(stop + ".tmp", "w") as f:
+            f.write(str(max(s for _, s in steps) + 100))
+        os.replace(stop + ".tmp", stop)
+        live = [agents[h] for h in agents]
+        ended = wait_until(lambda: all(p.p.poll() is not None for p in live), 120)
+        finals = [m.group(2) for p in everyone() for _, m in p.all(FINAL)]
+        res["ended"] = bool(ended) and all(p.p.returncode == 0 for p in live)
+        res["finals"] = len(finals)
+        res["params_agree"] = len(set(finals)) == 1
         if a.detail:  # steps per second, second by second
             per = [0] * int(a.seconds)
             for t, _ in steps:
@@ -110,7 +127,7 @@ def inner(a):
                 if 0 <= k < len(per):
                     per[k] += 1
             res["per_second"] = per
-            res["kill_times"] = [round(k, 2) for k in kill_times]
+            res["kill_times"] = [round(k - t0, 2) for k in kill_times]
     except Exception as e:  # noqa: BLE001 (the result says what went wrong)
         res["error"] = str(e)
     finally:
@@ -136,11 +153,12 @@ def outer(a):
             rows.setdefault(way, []).append(res)
     ok = lambda w: [r for r in rows.get(w, []) if "step" in r]  # noqa: E731
     ref = statistics.median(r["step"] for r in ok("none")) if ok("none") else None
-    print(f"\n| a node killed every {a.every:g} s and back, {a.seconds:g} s | step | kills | progress |")
-    print("|---|---|---|---|")
+    print(f"\n| a node killed every {a.every:g} s and back, {a.seconds:g} s | step | kills | progress "
+          "| lost per failure (in the run) | params agree at the end |")
+    print("|---|---|---|---|---|---|")
     for w in ways:
         if not ok(w) or not ref:
-            print(f"| {w} | - | - | - |")
+            print(f"| {w} | - | - | - | - | - |")
             continue
         step = statistics.median(r["step"] for r in ok(w))
         kills = statistics.median(r["kills"] for r in ok(w))
@@ -148,7 +166,10 @@ def outer(a):
         if w == "spares" and ok("none_spares"):  # against the same job (its spares) unkilled
             own = " (%.1f%% of none_spares)" % (
                 100.0 * step / statistics.median(r["step"] for r in ok("none_spares")))
-        print(f"| {w} | {step:.0f} | {kills:.0f} | {100.0 * step / ref:.1f}%{own} |")
+        inrun = [x for r in ok(w) for x in r.get("lost_s", [])]
+        inrun = "%.2f s (median of %d)" % (statistics.median(inrun), len(inrun)) if inrun else ""
+        agree = "%d of %d" % (sum(1 for r in ok(w) if r.get("params_agree")), len(ok(w)))
+        print(f"| {w} | {step:.0f} | {kills:.0f} | {100.0 * step / ref:.1f}%{own} | {inrun} | {agree} |")
 
 
 def main():

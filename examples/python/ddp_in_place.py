@@ -41,6 +41,8 @@ def args_of(argv):
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     p.add_argument("--step-sleep-ms", type=float, default=0, help="bench: a step's extra time")
+    p.add_argument("--stop-file", default="",
+                   help="bench: once this file holds a step, every rank ends after that step")
     p.add_argument("--pg-timeout", type=float, default=60,
                    help="seconds a collective waits for a silent peer (gloo cannot be aborted)")
     return p.parse_args(argv)
@@ -98,6 +100,7 @@ def main(argv):
     loss = torch.zeros(())
     seen_round = job.round
     first = True
+    steps_done, stop_at = a.steps, None
     for step in job.steps(a.steps):  # in place: steps given again after a recovery
         if first and job.rank == 0:
             print("rank 0: starting at step %d (%d ranks)" % (step, job.world_size), flush=True)
@@ -134,7 +137,13 @@ def main(argv):
                         "scheduler": scheduler.state_dict(),
                         "scaler": scaler.state_dict() if scaler is not None else None, "step": step}, tmp)
             os.replace(tmp, a.checkpoint)
-    print("rank %d: final loss %.6f steps %d params %s" % (job.rank, loss.item(), a.steps, params_digest(model)),
+        if a.stop_file and stop_at is None and os.path.exists(a.stop_file):
+            with open(a.stop_file) as f:
+                stop_at = int(f.read())
+        if stop_at is not None and step >= stop_at:
+            steps_done = step + 1
+            break
+    print("rank %d: final loss %.6f steps %d params %s" % (job.rank, loss.item(), steps_done, params_digest(model)),
           flush=True)
     torch.distributed.destroy_process_group()
 
