@@ -306,6 +306,33 @@ std::vector<std::string> ready_extra_spares(const std::string& err) {
   return out;
 }
 
+// A launch of the script with --in_place --spares=1 (2:3 nodes of one worker, info logs) on
+// `server`'s run `run`, training until the test ends it.
+std::unique_ptr<Proc> spare_agent(const RdzvdProc& server, const std::string& run, int max_restarts) {
+  auto env = kEnv;
+  env["MUSTER_LOG_LEVEL"] = "info";
+  std::vector<std::string> argv =
+      c10d(server.endpoint, "2:3", 1, run,
+           {"--rdzv_conf=last_call_timeout=0.5", "--in_place", "--spares=1",
+            "--max_restarts=" + std::to_string(max_restarts)});
+  argv.insert(argv.begin(), kLaunch);
+  // Long enough for a newcomer's warm-up on a loaded machine (the test ends it).
+  for (const std::string& a : script({"--steps", "1000000", "--log-every", "100", "--step-sleep-ms", "10"})) {
+    argv.push_back(a);
+  }
+  return std::make_unique<Proc>(argv, env);
+}
+
+// Two such agents, in their first round and past rank 0's step 100.
+std::pair<std::unique_ptr<Proc>, std::unique_ptr<Proc>> two_training(const RdzvdProc& server,
+                                                                      const std::string& run,
+                                                                      int max_restarts) {
+  auto a = spare_agent(server, run, max_restarts), b = spare_agent(server, run, max_restarts);
+  for (auto* p : {a.get(), b.get()}) REQUIRE(p->wait_output(out_has("in place, round 1"), 120s));
+  REQUIRE(rank0_said({a.get(), b.get()}, "step 100: loss"));
+  return {std::move(a), std::move(b)};
+}
+
 }  // namespace
 
 TEST_CASE("torch in place with --spares: a spare that dies while it waits is started again, and "
@@ -387,23 +414,8 @@ TEST_CASE("torch in place with --spares: a newcomer within MIN:MAX joins only on
           "[torch][in_place][spares]") {
   if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
   RdzvdProc server;
-  auto env = kEnv;
-  env["MUSTER_LOG_LEVEL"] = "info";
-  auto agent = [&] {
-    std::vector<std::string> argv = c10d(server.endpoint, "2:3", 1, "tspare",
-                                         {"--rdzv_conf=last_call_timeout=0.5", "--in_place",
-                                          "--spares=1", "--max_restarts=1"});
-    argv.insert(argv.begin(), kLaunch);
-    // Long enough for the newcomer's warm-up on a loaded machine (the test ends it).
-    for (const std::string& a : script({"--steps", "1000000", "--log-every", "100", "--step-sleep-ms", "10"})) {
-      argv.push_back(a);
-    }
-    return std::make_unique<Proc>(argv, env);
-  };
-  auto a = agent(), b = agent();
-  for (auto* p : {a.get(), b.get()}) REQUIRE(p->wait_output(out_has("in place, round 1"), 120s));
-  REQUIRE(rank0_said({a.get(), b.get()}, "step 100: loss"));
-  auto c = agent();
+  auto [a, b] = two_training(server, "tspare", 1);
+  auto c = spare_agent(server, "tspare", 1);
   REQUIRE(c->wait_output(out_has("in place, round"), 120s));
   for (Proc* p : {a.get(), b.get()}) {
     const bool ok = p->wait_output(out_has("round 2 params"), 60s);
@@ -438,24 +450,10 @@ TEST_CASE("torch in place with --spares: a node lost while it joins leaves the o
           "[torch][in_place][spares]") {
   if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
   RdzvdProc server;
-  auto env = kEnv;
-  env["MUSTER_LOG_LEVEL"] = "info";
-  auto agent = [&] {
-    std::vector<std::string> argv = c10d(server.endpoint, "2:3", 1, "tjoin",
-                                         {"--rdzv_conf=last_call_timeout=0.5", "--in_place",
-                                          "--spares=1", "--max_restarts=2"});
-    argv.insert(argv.begin(), kLaunch);
-    for (const std::string& a : script({"--steps", "1000000", "--log-every", "100", "--step-sleep-ms", "10"})) {
-      argv.push_back(a);
-    }
-    return std::make_unique<Proc>(argv, env);
-  };
-  auto a = agent(), b = agent();
-  for (auto* p : {a.get(), b.get()}) REQUIRE(p->wait_output(out_has("in place, round 1"), 120s));
-  REQUIRE(rank0_said({a.get(), b.get()}, "step 100: loss"));
+  auto [a, b] = two_training(server, "tjoin", 2);
   // The newcomer's round forms: its warm worker is taken for its rank and is joining the
   // others' group when its node dies.
-  auto c = agent();
+  auto c = spare_agent(server, "tjoin", 2);
   REQUIRE(c->wait_output([](const std::string&, const std::string& err) {
     return err.find("takes local rank 0") != std::string::npos;
   }, 120s));
