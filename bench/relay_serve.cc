@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "../tests/support/held_run.h"
+#include "absl/synchronization/mutex.h"
 #include "muster/rendezvous/store_relay.h"
 
 int main(int argc, char** argv) {
@@ -26,6 +27,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: relay_serve ENDPOINT RUN [N [ROUND]]\n");
     return 2;
   }
+  // As launch does: Debian's abseil would check every absl::Mutex for lock-order cycles.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const std::string endpoint = argv[1], run = argv[2];
   const int n = argc > 3 ? std::atoi(argv[3]) : 1;
   rlimit nofile{};
