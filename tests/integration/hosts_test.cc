@@ -501,6 +501,90 @@ TEST_CASE("hosts: PyTorch, a host cut off silently: the other two train on in a 
   stop(*t.hosts[2]);
 }
 
+TEST_CASE("hosts: PyTorch in place with --spares, a joining host cut off silently: the other two "
+          "train on in their own processes in a world of 2",
+          "[hosts][torch_leave]") {
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  auto net = make_hosts(4);
+  HostRdzvd rdzvd(*net, 0);
+  const std::map<std::string, std::optional<std::string>> env{{"PYTHONPATH", std::nullopt},
+                                                              {"MUSTER_LOG_LEVEL", "info"}};
+  auto agent = [&](int h) {
+    std::vector<std::string> argv{kLaunch};
+    for (const std::string& f : c10d(rdzvd.endpoint, "2:3", 1,
+                                     {"--rdzv_conf=last_call_timeout=0.5", "--in_place", "--spares=1",
+                                      "--max_restarts=2"})) {
+      argv.push_back(f);
+    }
+    argv.insert(argv.end(), {kScripts + "/../../examples/python/ddp_in_place.py", "--steps", "1000000",
+                             "--log-every", "100", "--step-sleep-ms", "10"});
+    return std::make_unique<Proc>(net->wrap(h, argv), env);
+  };
+  auto a = agent(1), b = agent(2);
+  auto said = [](const std::string& what) {
+    return [what](const std::string& out, const std::string&) { return out.find(what) != std::string::npos; };
+  };
+  for (Proc* p : {a.get(), b.get()}) REQUIRE(p->wait_output(said("in place, round 1"), 120s));
+  // Host 3 joins; once its warm worker is given its rank (the round with it formed, the
+  // worker joining the others' group), every packet to and from it is dropped.
+  auto c = agent(3);
+  REQUIRE(c->wait_output([](const std::string&, const std::string& err) {
+    return err.find("takes local rank 0") != std::string::npos;
+  }, 120s));
+  REQUIRE(net->cut(3).ok());
+  static const std::regex again(R"(: pid (\d+) re-formed in place as rank \d of 2, round (\d+))");
+  for (Proc* p : {a.get(), b.get()}) {
+    const bool ok = p->wait_output(
+        [](const std::string& out, const std::string&) {
+          for (auto it = std::sregex_iterator(out.begin(), out.end(), again); it != std::sregex_iterator(); ++it) {
+            if (std::stoi((*it)[2]) >= 3) return true;
+          }
+          return false;
+        },
+        120s);
+    INFO(p->out() << p->err());
+    REQUIRE(ok);
+  }
+  // They train on: rank 0 of the world of 2 logs a step 200 beyond the last logged before.
+  Proc* rank0 = a->out().find("as rank 0 of 2") != std::string::npos ? a.get() : b.get();
+  static const std::regex step(R"(step (\d+): loss)");
+  int last = -1;
+  const std::string both = a->out() + b->out();
+  for (auto it = std::sregex_iterator(both.begin(), both.end(), step); it != std::sregex_iterator(); ++it) {
+    last = std::max(last, std::stoi((*it)[1]));
+  }
+  REQUIRE(rank0->wait_output(said("step " + std::to_string(last + 200 - (last + 200) % 100) + ": loss"), 120s));
+  REQUIRE(net->heal(3).ok());
+  for (Proc* p : {a.get(), b.get(), c.get()}) ::kill(p->pid(), SIGTERM);
+  std::set<std::string> params;
+  for (Proc* p : {a.get(), b.get()}) {
+    const auto rc = p->wait(60s);
+    INFO(p->out() << p->err());
+    CHECK(rc == 128 + SIGTERM);
+    // One process all along: the pid of every re-form is the one that started.
+    std::set<std::string> pids;
+    const std::string out = p->out();
+    static const std::regex pid(R"(: pid (\d+) (?:in place|re-formed))");
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), pid); it != std::sregex_iterator(); ++it) {
+      pids.insert((*it)[1]);
+    }
+    CHECK(pids.size() == 1);
+    std::string digest;
+    static const std::regex round_params(R"(round (\d+) params (\S+))");
+    int best = -1;
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), round_params); it != std::sregex_iterator(); ++it) {
+      if (std::stoi((*it)[1]) > best) {
+        best = std::stoi((*it)[1]);
+        digest = (*it)[2];
+      }
+    }
+    params.insert(std::to_string(best) + " " + digest);
+  }
+  c->wait(60s);
+  // Both survivors hold the same parameters after their last re-form.
+  CHECK(params.size() == 1);
+}
+
 int main(int argc, char** argv) {
   {
     auto probe = HostNet::create(1);
