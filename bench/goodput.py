@@ -87,12 +87,15 @@ def workers_of(agent, ranked):
     return found
 
 
-def lost_per_failure(steps, kill_times, window):
+def lost_per_failure(steps, kill_times, window, end):
     """Seconds of progress each failure cost, measured within the run: rank 0's step rate in
     the `window` seconds before the kill against the steps it made in the window after it
-    (so the run-to-run noise of this machine's rate does not enter)."""
+    (so the run-to-run noise of this machine's rate does not enter). A kill whose window after
+    goes past the measured `end` is not counted."""
     lost = []
     for k in kill_times:
+        if k + window > end:
+            continue
         before = sum(1 for t, _ in steps if k - window <= t < k)
         after = sum(1 for t, _ in steps if k <= t < k + window)
         if before:
@@ -100,16 +103,22 @@ def lost_per_failure(steps, kill_times, window):
     return lost
 
 
-def end_and_check(p, finals, stop_file, last_step, timeout=120):
-    """Every rank ends 100 steps after the last step seen (the example's --stop-file) and says
-    its parameters' digest: whether they agree, and how many said it."""
+def write_stop(stop_file, last_step):
+    """Every rank ends 100 steps after the last step seen (the example's --stop-file)."""
     with open(stop_file + ".tmp", "w") as f:
         f.write(str(last_step + 100))
     os.replace(stop_file + ".tmp", stop_file)
+
+
+def end_and_check(p, reader, finals, stop_file, last_step, timeout=120):
+    """The job ends (write_stop) and every rank says its parameters' digest: whether they
+    agree, and how many said it."""
+    write_stop(stop_file, last_step)
     try:
         p.wait(timeout)
     except subprocess.TimeoutExpired:
         return {"ended": False}
+    reader.join(30)  # the last lines read
     return {"ended": p.returncode == 0, "finals": len(finals),
             "params_agree": len(set(finals)) == 1 and len(finals) > 0}
 
@@ -183,8 +192,8 @@ def run(way, a, tmp):
         stalls = [round(done[i][0] - done[i - 1][0], 2) for i in range(1, len(done))
                   if done[i][0] - done[i - 1][0] > 0.2]
         res = {"way": way, "step": done[-1][1] if done else 0, "kills": kills, "stalls": stalls,
-               "lost_s": lost_per_failure(steps, kill_times, a.every / 2)}
-        res.update(end_and_check(p, finals, stop_file, max(s for _, s in steps)))
+               "lost_s": lost_per_failure(steps, kill_times, a.every / 2, end)}
+        res.update(end_and_check(p, reader, finals, stop_file, max(s for _, s in steps)))
         return res
     finally:
         if p.poll() is None:  # it did not end by itself (an error above)

@@ -30,7 +30,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from goodput import lost_per_failure  # noqa: E402
+from goodput import lost_per_failure, write_stop  # noqa: E402
 from hostproc import BUILD, ROOT, TORCHRUN, Proc, wait_until, wrap  # noqa: E402
 
 HOSTNET = os.path.join(BUILD, "tests/hostnet")
@@ -108,14 +108,13 @@ def inner(a):
         res["kills"] = kills
         res["stalls"] = [round(steps[i][0] - steps[i - 1][0], 2) for i in range(1, len(steps))
                          if steps[i][0] - steps[i - 1][0] > 0.2]
-        res["lost_s"] = lost_per_failure(steps, kill_times, a.every / 2)
+        res["lost_s"] = lost_per_failure(steps, kill_times, a.every / 2, end)
         # Every rank ends 100 steps after the last one seen and says its parameters' digest.
-        stop = os.path.join(tmp, "stop")
-        with open(stop + ".tmp", "w") as f:
-            f.write(str(max(s for _, s in steps) + 100))
-        os.replace(stop + ".tmp", stop)
+        write_stop(os.path.join(tmp, "stop"), max(s for _, s in steps))
         live = [agents[h] for h in agents]
         ended = wait_until(lambda: all(p.p.poll() is not None for p in live), 120)
+        for p in live:
+            p.reader.join(30)  # the last lines read
         finals = [m.group(2) for p in everyone() for _, m in p.all(FINAL)]
         res["ended"] = bool(ended) and all(p.p.returncode == 0 for p in live)
         res["finals"] = len(finals)
