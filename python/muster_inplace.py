@@ -69,6 +69,16 @@ _PREFIX = "muster_inplace"
 # the script (the exception is raised as it was): the agent hears of a lost peer within one
 # round trip of the server's decision, far less than this.
 DEFAULT_FAILURE_WAIT = datetime.timedelta(seconds=20)
+# How long the collectives of a step (or of a re-form) may stay blocked after the agent's abort
+# before the process is taken for stuck and exits, so that its agent starts the rank anew
+# (_StuckWatch). gloo (torch 1.13's and later) never fails a send it queued on a connection
+# its peer had just reset: a collective can stay blocked for the whole process-group timeout
+# (torch's default: 30 minutes) after the group's sockets were shut. The wait is this, or three
+# times the longest of the last steps when that is longer (a long step's compute is not a
+# stuck collective).
+DEFAULT_STUCK_WAIT = datetime.timedelta(seconds=3)
+STUCK_STEP_FACTOR = 3
+STUCK_EXIT_CODE = 75  # the process's exit status when it gives up a stuck collective
 # How long a rank waits for the next world after an abort. The agent bounds the whole
 # recovery anyway (rdzv_conf in_place_timeout) and falls back to the full restart.
 DEFAULT_WORLD_WAIT = datetime.timedelta(minutes=5)
@@ -139,7 +149,8 @@ class _Channel:
     """The worker's end of the control channel: a reader thread blocked in recv()."""
 
     def __init__(self, fd, on_abort=None):
-        self._on_abort = on_abort  # called on the reader thread when an abort comes
+        # called on the reader thread when an abort or world comes, with the epoch it made
+        self._on_abort = on_abort
         self._sock = socket.socket(fileno=fd)
         self._cv = threading.Condition()
         self._epoch = 0  # counts abort and world messages
@@ -172,7 +183,7 @@ class _Channel:
 
     def _take(self, data):
         """One packet (b"": the channel closed); False once closed."""
-        aborted = False
+        aborted = None
         with self._cv:
             if not data:
                 self._closed = True
@@ -190,10 +201,10 @@ class _Channel:
                 self._world_epoch = self._epoch
             else:
                 return True
-            aborted = True
+            aborted = self._epoch
             self._cv.notify_all()
-        if aborted and self._on_abort is not None:
-            self._on_abort()
+        if aborted is not None and self._on_abort is not None:
+            self._on_abort(aborted)
         return True
 
     def epoch(self):
@@ -225,6 +236,68 @@ class _Channel:
             self._sock.send(("resumed round=%d" % round_).encode())
         except OSError:
             pass  # the agent is gone: it stops this process anyway
+
+
+class _StuckWatch:
+    """Whether the main thread leaves a blocking region (a step's body, a re-form's
+    collectives on the group it formed) after the agent's abort. A region belongs to a world
+    (the control channel's epoch when the world was adopted); a later message while it is open
+    arms a timer, and if the same region is still open when the timer fires, `on_stuck` is
+    called (on the timer's thread) with the seconds waited. A join is no such region: it waits
+    for peers that may still be starting, and an abort ends it by shutting its sockets. The wait: `minimum`, or STUCK_STEP_FACTOR times the
+    longest of the last steps' durations when that is longer."""
+
+    _KEPT = 16  # the steps whose durations set the wait
+
+    def __init__(self, minimum, on_stuck, clock=time.monotonic):
+        self._minimum = minimum
+        self._on_stuck = on_stuck
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._region = 0  # counts entries: a region's identity
+        self._open = False
+        self._epoch = 0  # the open region's world
+        self._entered = 0.0
+        self._steps = []  # the last steps' durations (seconds)
+
+    def enter(self, epoch):
+        with self._lock:
+            self._region += 1
+            self._open = True
+            self._epoch = epoch
+            self._entered = self._clock()
+
+    def leave(self, step_done=False):
+        """The region ended; `step_done`: it was a step that completed (its time counts)."""
+        with self._lock:
+            self._open = False
+            if step_done:
+                self._steps.append(self._clock() - self._entered)
+                del self._steps[:-self._KEPT]
+
+    def wait(self):
+        with self._lock:
+            longest = max(self._steps, default=0.0)
+        return max(self._minimum, STUCK_STEP_FACTOR * longest)
+
+    def aborted(self, epoch):
+        """On the reader thread, at an abort or world that moved the channel to `epoch`: arms
+        the timer if a region of an earlier world is open. The timer."""
+        with self._lock:
+            if not self._open or self._epoch >= epoch:
+                return None
+            region = self._region
+        wait = self.wait()
+        timer = threading.Timer(wait, self._check, args=(region, wait))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _check(self, region, wait):
+        with self._lock:
+            stuck = self._open and self._region == region
+        if stuck:
+            self._on_stuck(wait)
 
 
 def _socket_fds():
@@ -259,13 +332,15 @@ class Job:
     for nccl, cpu for gloo). ddp_kwargs go to DistributedDataParallel. timeout: the process
     group's and the store client's, the bound on what no abort reaches (a group that forms
     with a silent member, a store that does not answer); in place, a collective blocked on a
-    lost peer returns at the agent's abort instead. log: where the module says what it did
-    (None: quiet)."""
+    lost peer returns at the agent's abort instead. stuck_wait: how long a step's collectives
+    may stay blocked after the agent's abort before this process gives up and exits (status
+    STUCK_EXIT_CODE) for its agent to start the rank anew (at least; see DEFAULT_STUCK_WAIT).
+    log: where the module says what it did (None: quiet)."""
 
     def __init__(self, model, optimizer=None, scheduler=None, scaler=None, start_step=0,
                  backend="gloo", device=None, ddp_kwargs=None,
                  timeout=datetime.timedelta(seconds=60), failure_wait=DEFAULT_FAILURE_WAIT,
-                 world_wait=DEFAULT_WORLD_WAIT, log=sys.stdout):
+                 world_wait=DEFAULT_WORLD_WAIT, stuck_wait=DEFAULT_STUCK_WAIT, log=sys.stdout):
         import torch
         import torch.distributed as dist
 
@@ -299,7 +374,13 @@ class Job:
         # silent (no FIN, no RST) return now, not after the group's timeout (_abort_group).
         self._group_sockets = set()  # the inodes of the current group's sockets (and store's)
         self._join_before = None  # during a join: the inodes that were open before it
-        self._channel = _Channel(int(fd), self._abort_group) if self.in_place else None
+        # The world (the channel's epoch it came with) that the join under way, or the group
+        # formed, belongs to: a message of that world or older must not shut their sockets
+        # (the world message itself arrives on the reader thread as the main thread, woken by
+        # it, may already be joining it).
+        self._sockets_epoch = 0
+        self._watch = _StuckWatch(stuck_wait.total_seconds(), self._give_up)
+        self._channel = _Channel(int(fd), self._on_abort) if self.in_place else None
         self._seen = self._channel.epoch() if self._channel else 0
         if self.in_place:
             addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT", 0)
@@ -366,8 +447,12 @@ class Job:
             seen = self._seen
             try:
                 self._join(addr, port)
-                step = self._agree()
-                self._wrap()
+                self._watch.enter(seen)
+                try:
+                    step = self._agree()
+                    self._wrap()
+                finally:
+                    self._watch.leave()
                 return step
             except Exception as e:
                 self._leave()
@@ -387,12 +472,35 @@ class Job:
         self.lost = [int(r) for r in lost.split(",")] if lost else []
         return world["master_addr"], int(world["master_port"])
 
-    def _abort_group(self):
+    def _on_abort(self, epoch):
+        """On the reader thread, at the agent's abort (or world) that made `epoch`."""
+        self._abort_group(epoch)
+        self._watch.aborted(epoch)
+
+    def _give_up(self, waited):
+        """On the watch's timer: a collective still blocked `waited` s after the abort, which
+        nothing in this process can end (_StuckWatch). The process exits; its agent starts the
+        rank anew, and the others re-form with it."""
+        print("rank %d: pid %d still blocked %.1f s after the agent's abort (a collective the "
+              "abort did not end: gloo never fails a send it queued on a connection its peer "
+              "reset); exiting %d so that the agent starts this rank anew"
+              % (self.rank, os.getpid(), waited, STUCK_EXIT_CODE),
+              file=sys.stderr, flush=True)
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        if frame is not None:  # where: the call that blocks is the last line
+            import traceback
+            print("rank %d: where it was blocked:\n%s" % (self.rank, "".join(
+                traceback.format_stack(frame)).rstrip()), file=sys.stderr, flush=True)
+        os._exit(STUCK_EXIT_CODE)
+
+    def _abort_group(self, epoch):
         """On the reader thread, at the agent's abort. gloo (which torch cannot abort): shut
         down the group's own sockets, so that a blocked recv or send returns at once and the
         collective raises; the group is destroyed at the step's end anyway. NCCL: torch's
         _abort_process_group where it has it (torch >= 2.6)."""
         joining = self._join_before  # a join under way: every socket it opened so far
+        if self._sockets_epoch >= epoch:
+            return  # they belong to this message's world (or a later one)
         if self.backend == "nccl" and joining is None:
             abort = getattr(self._dist.distributed_c10d, "_abort_process_group", None)
             if abort is not None and self._dist.is_initialized():
@@ -435,6 +543,7 @@ class Job:
         before = set(_socket_fds().values())
         # From here an abort ends the join: it shuts every socket the join opened (the store
         # client's, the group's so far), so a join blocked on a world that moved on returns.
+        self._sockets_epoch = self._seen
         self._join_before = before
         try:
             if self._channel.epoch() != self._seen:
@@ -508,10 +617,12 @@ class _StepGuard:
         self._job = job
 
     def __enter__(self):
+        self._job._watch.enter(self._job._seen)
         return self
 
     def __exit__(self, kind, value, tb):
         job = self._job
+        job._watch.leave(step_done=kind is None)
         if kind is None or not job.in_place or not issubclass(kind, Exception) or \
                 isinstance(value, RecoveryError):
             return False

@@ -503,11 +503,7 @@ TEST_CASE("hosts: PyTorch, a host cut off silently: the other two train on in a 
 
 TEST_CASE("hosts: PyTorch in place with --spares, a joining host cut off silently: the other two "
           "train on in their own processes in a world of 2",
-          "[hosts][.silent_join]") {
-  // Hidden (not in the suite): it shows an open bug. In about 1 run of 4 under the full suite's
-  // load the two survivors' join of the world of 2 hangs until in_place_timeout (30 s) and the
-  // run falls back to a full restart (docs/in_place_torch.md, "Failures while a world forms").
-  // Run it with: hosts_tests "[silent_join]".
+          "[hosts][torch_leave][silent_join]") {
   if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
   auto net = make_hosts(4);
   HostRdzvd rdzvd(*net, 0);
@@ -520,7 +516,7 @@ TEST_CASE("hosts: PyTorch in place with --spares, a joining host cut off silentl
                                       "--max_restarts=2"})) {
       argv.push_back(f);
     }
-    argv.insert(argv.end(), {kScripts + "/../../examples/python/ddp_in_place.py", "--steps", "1000000",
+    argv.insert(argv.end(), {"/usr/bin/python3", kScripts + "/../../examples/python/ddp_in_place.py", "--steps", "1000000",
                              "--log-every", "100", "--step-sleep-ms", "10"});
     return std::make_unique<Proc>(net->wrap(h, argv), env);
   };
@@ -528,7 +524,11 @@ TEST_CASE("hosts: PyTorch in place with --spares, a joining host cut off silentl
   auto said = [](const std::string& what) {
     return [what](const std::string& out, const std::string&) { return out.find(what) != std::string::npos; };
   };
-  for (Proc* p : {a.get(), b.get()}) REQUIRE(p->wait_output(said("in place, round 1"), 120s));
+  for (Proc* p : {a.get(), b.get()}) {
+    const bool formed = p->wait_output(said("in place, round 1"), 120s);
+    INFO(p->out() << p->err());
+    REQUIRE(formed);
+  }
   // Host 3 joins; once its warm worker is given its rank (the round with it formed, the
   // worker joining the others' group), every packet to and from it is dropped.
   auto c = agent(3);
@@ -536,21 +536,31 @@ TEST_CASE("hosts: PyTorch in place with --spares, a joining host cut off silentl
     return err.find("takes local rank 0") != std::string::npos;
   }, 120s));
   REQUIRE(net->cut(3).ok());
-  static const std::regex again(R"(: pid (\d+) re-formed in place as rank \d of 2, round (\d+))");
+  // Each survivor re-forms into a world of 2 in a round after the one with host 3; or, where
+  // gloo left its collective blocked after the abort (docs/in_place_torch.md, "A collective
+  // the abort cannot end"), it says it gave up and its rank starts anew in such a round.
+  static const std::regex again(
+      R"((?:: pid \d+ re-formed in place as rank (\d) of 2, round (\d+))|(?:rank (\d): pid \d+ in place, round (\d+)))");
+  // The rank a survivor's process holds now, once it is in a world of 2 (-1 before).
+  auto rank_in_2 = [](const std::string& out, const std::string& err) {
+    int rank = -1;
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), again); it != std::sregex_iterator(); ++it) {
+      const bool reformed = (*it)[1].matched;
+      const int round = std::stoi((*it)[reformed ? 2 : 4]);
+      if (round < 3) continue;
+      if (!reformed && (out + err).find("still blocked") == std::string::npos) continue;
+      rank = std::stoi((*it)[reformed ? 1 : 3]);
+    }
+    return rank;
+  };
   for (Proc* p : {a.get(), b.get()}) {
     const bool ok = p->wait_output(
-        [](const std::string& out, const std::string&) {
-          for (auto it = std::sregex_iterator(out.begin(), out.end(), again); it != std::sregex_iterator(); ++it) {
-            if (std::stoi((*it)[2]) >= 3) return true;
-          }
-          return false;
-        },
-        120s);
+        [&](const std::string& out, const std::string& err) { return rank_in_2(out, err) >= 0; }, 120s);
     INFO(p->out() << p->err());
     REQUIRE(ok);
   }
   // They train on: rank 0 of the world of 2 logs a step 200 beyond the last logged before.
-  Proc* rank0 = a->out().find("as rank 0 of 2") != std::string::npos ? a.get() : b.get();
+  Proc* rank0 = rank_in_2(a->out(), a->err()) == 0 ? a.get() : b.get();
   static const std::regex step(R"(step (\d+): loss)");
   int last = -1;
   const std::string both = a->out() + b->out();
@@ -572,7 +582,11 @@ TEST_CASE("hosts: PyTorch in place with --spares, a joining host cut off silentl
     for (auto it = std::sregex_iterator(out.begin(), out.end(), pid); it != std::sregex_iterator(); ++it) {
       pids.insert((*it)[1]);
     }
-    CHECK(pids.size() == 1);
+    // (two: it gave up a blocked collective, said so, and its rank started anew; the new
+    // process took the other's state, and has no re-form of its own to print a digest at)
+    const bool gave_up = (out + p->err()).find("still blocked") != std::string::npos;
+    CHECK(pids.size() == (gave_up ? 2u : 1u));
+    if (gave_up) continue;
     std::string digest;
     static const std::regex round_params(R"(round (\d+) params (\S+))");
     int best = -1;

@@ -255,21 +255,46 @@ TEST_CASE("torch in place: a newcomer within MIN:MAX receives the survivors' sta
     INFO(p->out() << p->err());
     CHECK(rc == 0);
   }
+  bool gave_up = false;
   for (Proc* p : {a.get(), b.get()}) {
     INFO(p->out() << p->err());  // a second start on a survivor: its agent says why
-    // and what the newcomer did meanwhile (a rare fallback under the full suite's load, where
-    // a survivor did not report resumed within 30 s, was seen twice without it)
     INFO("the newcomer:\n" << c->out() << c->err());
     const auto pids = started(p->out());
+    // gloo may leave a survivor's collective blocked after the abort (a send it queued on a
+    // connection its peer had just reset, which it never fails): that survivor gives up after
+    // the stuck wait, says so, and its agent starts the rank anew (docs/in_place_torch.md,
+    // "A collective the abort cannot end"). Only then does it have a second process.
+    if ((p->out() + p->err()).find("still blocked") != std::string::npos) {
+      gave_up = true;
+      CHECK(pids.size() == 2);
+      continue;
+    }
     REQUIRE(pids.size() == 1);
-    CHECK(all_of(p->out(), R"(: pid (\d+) re-formed in place as rank \d of 3, round 2)") ==
-          std::vector<std::string>{pids.begin()->second});
+    CHECK(all_of(p->out(), R"(: pid (\d+) re-formed in place as rank \d of 3, round \d)").size() >= 1);
+    for (const std::string& pid : all_of(p->out(), R"(: pid (\d+) re-formed in place)")) {
+      CHECK(pid == pids.begin()->second);
+    }
   }
-  CHECK_THAT(c->out(), Catch::Contains("in place, round 2"));
-  // The survivors agree on their state at the re-form; the newcomer took it (the end is the
+  if (!gave_up) {
+    for (Proc* p : {a.get(), b.get()}) {
+      CHECK(all_of(p->out(), R"(: pid \d+ re-formed in place as rank \d of 3, round (\d+))") ==
+            std::vector<std::string>{"2"});
+    }
+    CHECK_THAT(c->out(), Catch::Contains("in place, round 2"));
+  }
+  // At every re-form the ranks agree on their state; the newcomer took it (the end is the
   // same on all three).
   const std::string all = a->out() + b->out() + c->out();
-  CHECK(distinct(all_of(all, R"(round 2 params (\S+))")).size() == 1);
+  std::map<std::string, std::set<std::string>> by_round;
+  static const std::regex round_params(R"(round (\d+) params (\S+))");
+  for (auto it = std::sregex_iterator(all.begin(), all.end(), round_params); it != std::sregex_iterator(); ++it) {
+    by_round[(*it)[1].str()].insert((*it)[2].str());
+  }
+  CHECK(!by_round.empty());
+  for (const auto& [round, digests] : by_round) {
+    INFO("round " << round);
+    CHECK(digests.size() == 1);
+  }
   CHECK(all_of(all, R"(final loss \S+ steps 400 params (\S+))").size() == 3);
   CHECK(distinct(all_of(all, R"(final loss \S+ steps 400 params (\S+))")).size() == 1);
 }

@@ -3,7 +3,8 @@ the agent (ops/control_channel.h is the contract). The hello goes out first; abo
 messages move the epoch and wake a waiter at once; malformed messages are refused and change
 nothing; a world for an older round is not the one awaited; `resumed` is answered; a closed
 channel ends the wait with RecoveryError; await_rank() declares spares and a spare takes its
-rank's variables from `take`. Exit 0 when every check holds.
+rank's variables from `take`; the stuck watch reports a step still open after the wait that
+follows an abort, and nothing else. Exit 0 when every check holds.
 
   python3 tests/scripts/muster_inplace_test.py PYTHON_DIR
 """
@@ -99,14 +100,53 @@ a2.close()
 # The abort hook (NCCL's group abort) runs on the reader thread when an abort comes.
 a3, w3 = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 hooked = threading.Event()
-ch3 = mi._Channel(os.dup(w3.fileno()), on_abort=hooked.set)
+hook_epochs = []
+ch3 = mi._Channel(os.dup(w3.fileno()), on_abort=lambda epoch: (hook_epochs.append(epoch), hooked.set()))
 w3.close()
 a3.send(b"abort round=5")
 check(hooked.wait(10), "an abort calls the abort hook")
 hooked.clear()
 a3.send(b"world round=5 rank=0 world_size=1 master_addr=h master_port=1")
 check(hooked.wait(10), "a world message calls it too (it ends the world before, as an abort)")
+check(hook_epochs == [1, 2], "the hook is given the epoch each message made (%s)" % hook_epochs)
 a3.close()
+
+# Job._abort_group shuts the sockets of a group (or join) only for a message newer than the
+# world they belong to: the world message of the world being joined, which reaches the reader
+# thread as the main thread (woken by it) may already be joining, leaves them open.
+class _FakeJob:
+    backend = "gloo"
+    _join_before = None
+
+
+def _is_shut(sock):
+    try:
+        return sock.recv(1, socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+
+
+mine, peer = socket.socketpair()
+fake = _FakeJob()
+fake._group_sockets = {os.readlink("/proc/self/fd/%d" % mine.fileno())[8:-1]}
+fake._sockets_epoch = 4
+mi.Job._abort_group(fake, 4)
+check(not _is_shut(mine), "abort_group: the message of the group's own world leaves its sockets open")
+mi.Job._abort_group(fake, 5)
+check(_is_shut(mine), "abort_group: a newer message shuts them")
+mine.close()
+peer.close()
+joining_sock, peer2 = socket.socketpair()
+fake._group_sockets = set()
+joining_inode = os.readlink("/proc/self/fd/%d" % joining_sock.fileno())[8:-1]
+fake._join_before = set(mi._socket_fds().values()) - {joining_inode}  # opened before the join
+fake._sockets_epoch = 6
+mi.Job._abort_group(fake, 6)
+check(not _is_shut(joining_sock), "abort_group: the world's own message leaves its join's sockets open")
+mi.Job._abort_group(fake, 7)
+check(_is_shut(joining_sock), "abort_group: a newer message shuts the join's sockets")
+joining_sock.close()
+peer2.close()
 
 # The agent goes: a waiter ends with RecoveryError, not a hang.
 agent.close()
@@ -142,6 +182,45 @@ check(a4.recv(2048) == b"still open", "the channel's descriptor is still open fo
 a4.close()
 w4.close()
 del os.environ["MUSTER_CONTROL_FD"]
+
+# _StuckWatch: a region (a step's body) still open when the wait after an abort ends is
+# reported stuck, once; a region left in time, or an abort outside any region, is not. The
+# wait is the minimum, or STUCK_STEP_FACTOR times the longest recent step (a fake clock).
+now = [100.0]
+stuck = []
+fired = threading.Event()
+watch = mi._StuckWatch(0.2, lambda waited: (stuck.append(waited), fired.set()), clock=lambda: now[0])
+check(watch.aborted(1) is None, "stuck watch: an abort outside a step arms nothing")
+watch.enter(1)
+check(watch.aborted(1) is None, "stuck watch: the message of the step's own world arms nothing")
+t1 = watch.aborted(2)
+watch.leave()
+t1.join(5)
+check(not stuck, "stuck watch: a step left before the wait is not stuck")
+watch.enter(2)
+t2 = watch.aborted(3)
+check(fired.wait(5) and stuck == [0.2], "stuck watch: a step still open after the wait is stuck "
+      "(%s)" % stuck)
+t2.join(5)
+watch.leave()
+fired.clear()
+watch.enter(3)
+t3 = watch.aborted(4)
+watch.leave()
+watch.enter(4)  # a new step began before the timer fired: the old region is not this one
+t3.join(5)
+watch.leave()
+check(len(stuck) == 1, "stuck watch: a step begun after the aborted one ended is not taken for it")
+for d in (0.05, 0.4, 0.1):  # steps of these durations, on the fake clock
+    watch.enter(4)
+    now[0] += d
+    watch.leave(step_done=True)
+watch.enter(4)
+now[0] += 30  # a failed step does not count
+watch.leave()
+check(abs(watch.wait() - mi.STUCK_STEP_FACTOR * 0.4) < 1e-9,
+      "stuck watch: the wait is %d times the longest completed step (%.2f s)"
+      % (mi.STUCK_STEP_FACTOR, watch.wait()))
 
 print("%d failure(s)" % len(failures))
 sys.exit(1 if failures else 0)
