@@ -126,27 +126,30 @@ def _is_shut(sock):
         return False
 
 
-mine, peer = socket.socketpair()
-fake = _FakeJob()
-fake._group_sockets = {os.readlink("/proc/self/fd/%d" % mine.fileno())[8:-1]}
-fake._sockets_epoch = 4
-mi.Job._abort_group(fake, 4)
-check(not _is_shut(mine), "abort_group: the message of the group's own world leaves its sockets open")
-mi.Job._abort_group(fake, 5)
-check(_is_shut(mine), "abort_group: a newer message shuts them")
-mine.close()
-peer.close()
-joining_sock, peer2 = socket.socketpair()
-fake._group_sockets = set()
-joining_inode = os.readlink("/proc/self/fd/%d" % joining_sock.fileno())[8:-1]
-fake._join_before = set(mi._socket_fds().values()) - {joining_inode}  # opened before the join
-fake._sockets_epoch = 6
-mi.Job._abort_group(fake, 6)
-check(not _is_shut(joining_sock), "abort_group: the world's own message leaves its join's sockets open")
-mi.Job._abort_group(fake, 7)
-check(_is_shut(joining_sock), "abort_group: a newer message shuts the join's sockets")
-joining_sock.close()
-peer2.close()
+def check_epoch_gate(what, place):
+    """`place(fake, inode)` makes the socket's inode one of the group's or of a join's."""
+    sock, other = socket.socketpair()
+    fake = _FakeJob()
+    place(fake, os.readlink("/proc/self/fd/%d" % sock.fileno())[8:-1])
+    fake._sockets_epoch = 4
+    mi.Job._abort_group(fake, 4)
+    check(not _is_shut(sock), "abort_group: the message of their own world leaves the %s open" % what)
+    mi.Job._abort_group(fake, 5)
+    check(_is_shut(sock), "abort_group: a newer message shuts the %s" % what)
+    sock.close()
+    other.close()
+
+
+def _in_group(fake, inode):
+    fake._group_sockets, fake._join_before = {inode}, None
+
+
+def _in_join(fake, inode):  # every other socket was open before the join
+    fake._group_sockets, fake._join_before = set(), set(mi._socket_fds().values()) - {inode}
+
+
+check_epoch_gate("group's sockets", _in_group)
+check_epoch_gate("join's sockets", _in_join)
 
 # The agent goes: a waiter ends with RecoveryError, not a hang.
 agent.close()
