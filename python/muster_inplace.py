@@ -244,8 +244,9 @@ class _StuckWatch:
     (the control channel's epoch when the world was adopted); a later message while it is open
     arms a timer, and if the same region is still open when the timer fires, `on_stuck` is
     called (on the timer's thread) with the seconds waited. A join is no such region: it waits
-    for peers that may still be starting, and an abort ends it by shutting its sockets. The wait: `minimum`, or STUCK_STEP_FACTOR times the
-    longest of the last steps' durations when that is longer."""
+    for peers that may still be starting, and an abort ends it by shutting its sockets. The
+    wait: `minimum`, or STUCK_STEP_FACTOR times the longest of the last steps' durations when
+    that is longer."""
 
     _KEPT = 16  # the steps whose durations set the wait
 
@@ -481,10 +482,11 @@ class Job:
         """On the watch's timer: a collective still blocked `waited` s after the abort, which
         nothing in this process can end (_StuckWatch). The process exits; its agent starts the
         rank anew, and the others re-form with it."""
-        print("rank %d: pid %d still blocked %.1f s after the agent's abort (a collective the "
-              "abort did not end: gloo never fails a send it queued on a connection its peer "
-              "reset); exiting %d so that the agent starts this rank anew"
-              % (self.rank, os.getpid(), waited, STUCK_EXIT_CODE),
+        why = ("gloo never fails a send it queued on a connection its peer reset"
+               if self.backend == "gloo" else "the process group's abort did not end it")
+        print("rank %d: pid %d still blocked %.1f s after the agent's abort (a collective: %s); "
+              "exiting %d so that the agent starts this rank anew"
+              % (self.rank, os.getpid(), waited, why, STUCK_EXIT_CODE),
               file=sys.stderr, flush=True)
         frame = sys._current_frames().get(threading.main_thread().ident)
         if frame is not None:  # where: the call that blocks is the last line
@@ -497,7 +499,8 @@ class Job:
         """On the reader thread, at the agent's abort. gloo (which torch cannot abort): shut
         down the group's own sockets, so that a blocked recv or send returns at once and the
         collective raises; the group is destroyed at the step's end anyway. NCCL: torch's
-        _abort_process_group where it has it (torch >= 2.6)."""
+        _abort_process_group where it has it (torch >= 2.6). Only for a message (`epoch`) newer
+        than the world the join or group belongs to."""
         joining = self._join_before  # a join under way: every socket it opened so far
         if self._sockets_epoch >= epoch:
             return  # they belong to this message's world (or a later one)

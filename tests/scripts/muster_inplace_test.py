@@ -101,7 +101,8 @@ a2.close()
 a3, w3 = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 hooked = threading.Event()
 hook_epochs = []
-ch3 = mi._Channel(os.dup(w3.fileno()), on_abort=lambda epoch: (hook_epochs.append(epoch), hooked.set()))
+ch3 = mi._Channel(os.dup(w3.fileno()),
+                  on_abort=lambda epoch: (hook_epochs.append(epoch), hooked.set()))
 w3.close()
 a3.send(b"abort round=5")
 check(hooked.wait(10), "an abort calls the abort hook")
@@ -133,7 +134,8 @@ def check_epoch_gate(what, place):
     place(fake, os.readlink("/proc/self/fd/%d" % sock.fileno())[8:-1])
     fake._sockets_epoch = 4
     mi.Job._abort_group(fake, 4)
-    check(not _is_shut(sock), "abort_group: the message of their own world leaves the %s open" % what)
+    check(not _is_shut(sock),
+          "abort_group: the message of their own world leaves the %s open" % what)
     mi.Job._abort_group(fake, 5)
     check(_is_shut(sock), "abort_group: a newer message shuts the %s" % what)
     sock.close()
@@ -192,7 +194,8 @@ del os.environ["MUSTER_CONTROL_FD"]
 now = [100.0]
 stuck = []
 fired = threading.Event()
-watch = mi._StuckWatch(0.2, lambda waited: (stuck.append(waited), fired.set()), clock=lambda: now[0])
+watch = mi._StuckWatch(0.2, lambda waited: (stuck.append(waited), fired.set()),
+                       clock=lambda: now[0])
 check(watch.aborted(1) is None, "stuck watch: an abort outside a step arms nothing")
 watch.enter(1)
 check(watch.aborted(1) is None, "stuck watch: the message of the step's own world arms nothing")
