@@ -641,9 +641,11 @@ void WorkerGroup::on_exit(Worker& w, int status) {
   }
   if (all_reaped()) {
     // Whatever is left in the workers' process groups (and, with a job cgroup, whatever they
-    // started anywhere) must not outlive them.
+    // started anywhere) must not outlive them. The job cgroup holds the node's spares too: while
+    // one lives (it may be about to take a dead worker's rank, --spares), the cgroup is left
+    // alone, and what a worker started outside its process group goes when the job ends.
     signal_groups(SIGKILL);
-    if (opts_.supervisor != nullptr) opts_.supervisor->kill_cgroup();
+    if (opts_.supervisor != nullptr && live_spares() == 0) opts_.supervisor->kill_cgroup();
     arm_drain_timer();
   }
   check_gone();  // last: it may release the group (and this worker)
@@ -675,6 +677,12 @@ void WorkerGroup::check_gone() {
 int WorkerGroup::ready_spares() const {
   int n = 0;
   for (const auto& s : spares_) n += s->spare_ready && !s->reaped;
+  return n;
+}
+
+int WorkerGroup::live_spares() const {
+  int n = 0;
+  for (const auto& s : spares_) n += s->pid > 0 && !s->reaped;
   return n;
 }
 

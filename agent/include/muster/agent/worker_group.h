@@ -103,6 +103,8 @@ class WorkerGroup {
   // failure: it is started again, up to limits::kMaxSpareFailures in a row. stop() and end()
   // kill them; the next start() starts them again.
   int ready_spares() const;
+  // Spares started and not yet reaped, ready or not.
+  int live_spares() const;
   // Before the first round (with --spares): nproc_per_node spares started with `spec`'s
   // environment; `done` once every one is ready, or once the program showed it cannot wait
   // as one (a spare exited first, or limits::kSpareWarmTimeout passed: they are killed).
