@@ -158,6 +158,30 @@ TEST_CASE("store relay: each round of a run has a store of its own, the two newe
   CHECK(stale.closed_by_server());
 }
 
+TEST_CASE("store relay: a run that goes with many connections open ends every one of them with "
+          "one log line on the server, not one per connection",
+          "[store_relay]") {
+  RdzvdProc server;
+  auto run = std::make_unique<HeldRun>(server.endpoint, "job");
+  auto a = relay({server.endpoint}, "job");
+  const int p1 = world(*a, 1);
+  std::vector<std::unique_ptr<TcpStoreClient>> clients;
+  for (int i = 0; i < 40; ++i) {
+    clients.push_back(std::make_unique<TcpStoreClient>(p1, Dialect::kTorch2));
+    REQUIRE(clients.back()->add("n", 1) == i + 1);  // each is on the server's table
+  }
+  run.reset();
+  for (auto& c : clients) CHECK(c->closed_by_server());
+  // 100,000 ranks would otherwise be 100,000 lines, each a write the store's thread waits on.
+  const bool said = server.proc->wait_output(
+      out_has("store relay: closed 40 connection(s) of run 'job', round 1: its world (round 1) "
+              "was closed"),
+      10s);
+  INFO(server.proc->out());
+  CHECK(said);
+  CHECK(count_lines_with(server.proc->out(), "store relay: closed") == 1);
+}
+
 TEST_CASE("store relay: a token that does not open the run ends the workers' connections, "
           "with one line",
           "[store_relay]") {

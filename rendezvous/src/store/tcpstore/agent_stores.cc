@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "muster/rendezvous/tcpstore_server.h"
 
 namespace muster::rendezvous {
@@ -78,10 +80,18 @@ std::size_t AgentStores::worlds(const std::string& run) const {
 void AgentStores::close(std::shared_ptr<TcpStoreWorld> w) {
   boost::asio::post(loop_->io(), [w = std::move(w)] {
     w->closed = true;
+    // One line for them all: a world of 100,000 ranks must not write 100,000 (on a console or
+    // a pipe nobody reads, the loop would wait on each write).
+    const std::size_t open = w->conns.size();
+    const std::string why = "its world (round " + std::to_string(w->round) + ") was closed";
     for (const auto& c : std::vector<tcpstore::ConnPtr>(w->conns.begin(), w->conns.end())) {
-      c->fail("its world (round " + std::to_string(w->round) + ") was closed");
+      c->end(why);
     }
     w->conns.clear();
+    if (open > 0) {
+      spdlog::info("store relay: closed {} connection(s) of run '{}', round {}: {}", open, w->run,
+                   w->round, why);
+    }
   });
 }
 

@@ -28,6 +28,7 @@ struct Relayed final : tcpstore::Conn {
       : stream(std::move(s)), id(id), world(std::move(w)) {}
   void flush() override;
   void fail(const std::string& why) override;
+  void end(const std::string& why) override;
   // Out of its table and its stream, with nothing sent (the agent closed it, or the stream went).
   void leave();
 
@@ -330,6 +331,12 @@ void Relayed::fail(const std::string& why) {
   auto s = stream.lock();
   spdlog::warn("store relay: closed connection {} of {} (run '{}', round {}): {}", id,
                s ? s->peer() : std::string("?"), world->run, world->round, why);
+  end(why);
+}
+
+void Relayed::end(const std::string& why) {
+  if (closed) return;
+  auto s = stream.lock();
   leave();
   if (!s) return;
   v1::RelayFrame f;

@@ -30,6 +30,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // Closes the connection for something it did (a limit, a bad query), with the log line the
   // protocol cannot send it.
   virtual void fail(const std::string& why) = 0;
+  // Closes the connection for something that ends many at once (its world closed), telling
+  // the client `why` where the protocol can; the caller logs one line for all of them.
+  virtual void end(const std::string& why) { fail(why); }
 
   Dialect dialect = Dialect::kUnknown;
   std::string out;  // replies not yet handed on
