@@ -379,6 +379,36 @@ TEST_CASE("store relay: the agent's listener is bounded as the server's: lengths
   CHECK(good.get("k") == "v");  // the others are served as before
 }
 
+TEST_CASE("store relay: an agent that stopped reading its workers while its stream was full "
+          "reads on once the stream has taken what waited",
+          "[store_relay][limits]") {
+  RdzvdProc server;
+  HeldRun run(server.endpoint, "job");
+  StoreRelayOptions o;
+  o.max_queued_up_bytes = 64 << 10;  // a few of the writes below fill it
+  auto a = relay({server.endpoint}, "job", "", o);
+  const int port = world(*a, 1);
+  std::vector<std::unique_ptr<TcpStoreClient>> clients;
+  for (int i = 0; i < 16; ++i) {
+    clients.push_back(std::make_unique<TcpStoreClient>(port, Dialect::kTorch2));
+    REQUIRE(clients.back()->ok());
+  }
+  for (int round = 0; round < 3; ++round) {
+    // All at once: the agent reads them faster than one gRPC write takes them up.
+    for (int i = 0; i < 16; ++i) {
+      REQUIRE(clients[i]->set("k" + std::to_string(i), std::string(60 << 10, static_cast<char>('a' + round))));
+    }
+    for (int i = 0; i < 16; ++i) {
+      INFO("round " << round << ", client " << i);
+      const auto got = clients[i]->get("k" + std::to_string(i));
+      REQUIRE(got.has_value());
+      CHECK(*got == std::string(60 << 10, static_cast<char>('a' + round)));
+    }
+  }
+  CHECK(a->stats().streams == 1);  // read on in the same stream, not after a new one
+  CHECK(a->stats().closed_for_errors == 0);
+}
+
 TEST_CASE("store relay: rdzvd --state_dir restarted on its port: the keys are written again, a "
           "parked WAIT answered",
           "[store_relay]") {

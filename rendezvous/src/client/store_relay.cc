@@ -118,9 +118,13 @@ class RelayUpstream final : public grpc::ClientBidiReactor<v1::RelayUp, v1::Rela
     }
     if (start) StartWrite(&sending_);
   }
-  std::size_t pending_bytes() {
+  // Whether more than `bound` bytes wait for the stream; if so, the loop is told (drained())
+  // once the stream has taken them down to half of it.
+  bool full(std::size_t bound) {
     absl::MutexLock lock(&mu_);
-    return pending_bytes_;
+    if (pending_bytes_ <= bound) return false;
+    wake_below_ = bound / 2;
+    return true;
   }
   // The loop is done with it: the call is cancelled and the object goes with OnDone.
   void abandon() {
@@ -171,6 +175,7 @@ class RelayUpstream final : public grpc::ClientBidiReactor<v1::RelayUp, v1::Rela
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool first_sent_ ABSL_GUARDED_BY(mu_) = false;
   bool abandoned_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<std::size_t> wake_below_ ABSL_GUARDED_BY(mu_);  // full() said yes
 };
 
 class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
@@ -221,6 +226,12 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   }
 
   // --- the upstream's, handed over to the loop -----------------------------------------------
+
+  // The stream has taken what made read() pause: the paused connections are read on.
+  void drained(RelayUpstream* up) {
+    if (up != up_ || !ready_) return;
+    for (const LocalPtr& c : std::exchange(paused_, {})) read(c);
+  }
 
   void on_down(RelayUpstream* up, v1::RelayDown& msg) {
     if (up != up_) return;
@@ -507,7 +518,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
 
   void read(const LocalPtr& c) {
     if (c->closed || c->reading) return;
-    if (!ready_ || (up_ != nullptr && up_->pending_bytes() > limits::kMaxRelayUnsentBytes)) {
+    if (!ready_ || (up_ != nullptr && up_->full(opts_.max_queued_up_bytes))) {
       paused_.push_back(c);  // read on when the stream is there and takes more
       return;
     }
@@ -745,7 +756,7 @@ void RelayUpstream::OnReadDone(bool ok) {
 }
 
 void RelayUpstream::OnWriteDone(bool ok) {
-  bool start = false;
+  bool start = false, wake = false;
   {
     absl::MutexLock lock(&mu_);
     if (ok && !abandoned_ && !pending_.empty()) {
@@ -754,8 +765,14 @@ void RelayUpstream::OnWriteDone(bool ok) {
     } else {
       writing_ = false;
     }
+    if (wake_below_ && pending_bytes_ <= *wake_below_ && !abandoned_) {
+      wake_below_.reset();
+      wake = true;
+    }
   }
   if (start) StartWrite(&sending_);
+  // Before OnDone's post, so `this` is still there when it runs.
+  if (wake) asio::post(io_, [this] { impl_->drained(this); });
 }
 
 void RelayUpstream::OnDone(const grpc::Status& s) {

@@ -188,6 +188,9 @@ inline constexpr std::size_t kMaxRelayMessageBytes = kMaxTcpStoreUnsentBytes + (
 // Replies the server has for one agent's stream that the agent has not read yet; beyond it
 // the stream is ended (RESOURCE_EXHAUSTED) and the agent reconnects.
 inline constexpr std::size_t kMaxRelayUnsentBytes = 64 << 20;
+// Queries an agent has for its stream that gRPC has not taken yet; beyond it the agent stops
+// reading its workers' sockets, and reads on once the stream has taken half of them.
+inline constexpr std::size_t kMaxRelayQueuedUpBytes = 64 << 20;
 // How long an agent waits before it opens its stream again after losing it.
 inline constexpr milliseconds kRelayReconnectInterval = std::chrono::milliseconds(100);
 // The agent pings its stream's connection this often while nothing comes back, and takes it

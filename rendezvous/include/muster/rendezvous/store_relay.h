@@ -49,6 +49,7 @@ struct StoreRelayOptions {
   std::size_t max_frame_bytes = limits::kMaxTcpStoreFrameBytes;
   std::size_t max_connections = limits::kMaxTcpStoreConnections;  // per world
   std::size_t max_unsent_bytes = limits::kMaxTcpStoreUnsentBytes;
+  std::size_t max_queued_up_bytes = limits::kMaxRelayQueuedUpBytes;  // for the stream
   std::chrono::milliseconds partial_frame_timeout = limits::kTcpStorePartialFrameTimeout;
   std::size_t worlds_kept = limits::kTcpStoreWorldsKept;
   // Refuse connections from sockets of other users (false: tests of the check itself).
