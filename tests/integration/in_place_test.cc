@@ -269,6 +269,10 @@ TEST_CASE("in place: a newcomer within MIN:MAX joins the running group, which ke
   agents.push_back(one());
   agents.push_back(one());
   for (auto& p : agents) REQUIRE(p->wait_output(out_has("in place, round 1"), 60s));
+  // Round 1 has trained a step before the newcomer comes (else the state it receives may be
+  // step 0's, which the check below tells from a restart's).
+  Proc& first_rank0 = agents[0]->out().find("]:rank 0: pid") != std::string::npos ? *agents[0] : *agents[1];
+  REQUIRE(first_rank0.wait_output(out_has("step 1 loss"), 60s));
   agents.push_back(one());
   Proc& newcomer = *agents[2];
   REQUIRE(newcomer.wait_output(out_has("in place, round 2"), 60s));

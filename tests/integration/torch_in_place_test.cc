@@ -53,6 +53,20 @@ bool gave_up(const std::string& out, const std::string& err) {
 
 std::set<std::string> distinct(const std::vector<std::string>& v) { return {v.begin(), v.end()}; }
 
+// Every "round N params D" line in `all` names one digest per round, and there is one.
+void check_rounds_agree(const std::string& all) {
+  std::map<std::string, std::set<std::string>> by_round;
+  static const std::regex round_params(R"(round (\d+) params (\S+))");
+  for (auto it = std::sregex_iterator(all.begin(), all.end(), round_params); it != std::sregex_iterator(); ++it) {
+    by_round[(*it)[1].str()].insert((*it)[2].str());
+  }
+  CHECK(!by_round.empty());
+  for (const auto& [round, digests] : by_round) {
+    INFO("round " << round);
+    CHECK(digests.size() == 1);
+  }
+}
+
 std::vector<std::string> script(const std::vector<std::string>& flags) {
   std::vector<std::string> argv{kPython, kScript};
   argv.insert(argv.end(), flags.begin(), flags.end());
@@ -289,16 +303,7 @@ TEST_CASE("torch in place: a newcomer within MIN:MAX receives the survivors' sta
   // At every re-form the ranks agree on their state; the newcomer took it (the end is the
   // same on all three).
   const std::string all = a->out() + b->out() + c->out();
-  std::map<std::string, std::set<std::string>> by_round;
-  static const std::regex round_params(R"(round (\d+) params (\S+))");
-  for (auto it = std::sregex_iterator(all.begin(), all.end(), round_params); it != std::sregex_iterator(); ++it) {
-    by_round[(*it)[1].str()].insert((*it)[2].str());
-  }
-  CHECK(!by_round.empty());
-  for (const auto& [round, digests] : by_round) {
-    INFO("round " << round);
-    CHECK(digests.size() == 1);
-  }
+  check_rounds_agree(all);
   CHECK(all_of(all, R"(final loss \S+ steps 400 params (\S+))").size() == 3);
   CHECK(distinct(all_of(all, R"(final loss \S+ steps 400 params (\S+))")).size() == 1);
 }
@@ -493,16 +498,7 @@ TEST_CASE("torch in place with --spares: a newcomer within MIN:MAX joins only on
   }
   // At every re-form the ranks agree on their state (the newcomer received it).
   const std::string all = a->out() + b->out() + c->out();
-  std::map<std::string, std::set<std::string>> by_round;
-  static const std::regex round_params(R"(round (\d+) params (\S+))");
-  for (auto it = std::sregex_iterator(all.begin(), all.end(), round_params); it != std::sregex_iterator(); ++it) {
-    by_round[(*it)[1].str()].insert((*it)[2].str());
-  }
-  CHECK(!by_round.empty());
-  for (const auto& [round, digests] : by_round) {
-    INFO("round " << round);
-    CHECK(digests.size() == 1);
-  }
+  check_rounds_agree(all);
 }
 
 TEST_CASE("torch in place with --spares: the only worker of a node crashes and the node's spare "
