@@ -388,6 +388,9 @@ class Job:
             if self._seen != 0:  # the world moved on before this process joined it
                 addr, port = self._adopt(self._channel.await_world(self.round, self._world_wait))
             self._next = self._form(addr, port)
+            # A new process (a replacement, a taken spare, a newcomer) answers for its first
+            # round too: its agent waits for every worker's answer after a re-form.
+            self._resume_due = True
             self.say("rank %d: pid %d in place, round %d" % (self.rank, os.getpid(), self.round))
         else:
             dist.init_process_group(backend, init_method="env://", timeout=timeout)
@@ -410,7 +413,9 @@ class Job:
                 step = self._recover("a collective failed")
                 continue
             self._done = step
-            if self._resume_due:
+            # Not for a world the agent has left already (it would take an answer for an old
+            # round as a failed recovery): the next world's recovery answers for that one.
+            if self._resume_due and self._channel.epoch() == self._seen:
                 self._resume_due = False
                 self._channel.resumed(self.round)
             step += 1

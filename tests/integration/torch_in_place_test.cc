@@ -526,7 +526,14 @@ TEST_CASE("torch in place with --spares: the only worker of a node crashes and t
   const std::string spare = ready_extra_spares(hit.err()).front();
   ::kill(std::stoi(victim), SIGKILL);
   {
-    const bool took = hit.wait_output(out_has("pid " + spare + " in place, round"), 120s);
+    // The spare took the rank and answered for its first round: the node's recovery is done
+    // (not left to fall back to a full restart after the in-place timeout).
+    const bool took = hit.wait_output(
+        [&](const std::string& out, const std::string& err) {
+          return out.find("pid " + spare + " in place, round") != std::string::npos &&
+                 err.find("in-place recovery done") != std::string::npos;
+        },
+        120s);
     INFO(hit.out() << hit.err());
     REQUIRE(took);
   }
@@ -552,6 +559,53 @@ TEST_CASE("torch in place with --spares: the only worker of a node crashes and t
     const auto reformed = all_of(other.out(), R"(: pid (\d+) re-formed in place as rank 0 of 2)");
     CHECK(!reformed.empty());
     CHECK(distinct(reformed) == std::set<std::string>{pids.begin()->second});
+  }
+}
+
+TEST_CASE("torch in place with --spares: a spare killed as it takes a dead worker's rank is "
+          "replaced by a new process, which answers for its first round: the node's recovery "
+          "completes",
+          "[torch][in_place][spares]") {
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  RdzvdProc server;
+  // Three restarts: the crash, the spare's death, one should gloo leave the survivor blocked.
+  auto [a, b] = two_training(server, "tnew", 3);
+  for (Proc* p : {a.get(), b.get()}) {
+    const bool ready = p->wait_output(
+        [](const std::string&, const std::string& err) { return !ready_extra_spares(err).empty(); },
+        120s);
+    INFO(p->out() << p->err());
+    REQUIRE(ready);
+  }
+  Proc& hit = a->out().find("rank 1: pid") != std::string::npos ? *a : *b;
+  const std::string spare = ready_extra_spares(hit.err()).front();
+  ::kill(std::stoi(started(hit.out()).at({1, 1})), SIGKILL);
+  REQUIRE(hit.wait_output(
+      [&](const std::string&, const std::string& err) {
+        return err.find("spare pid " + spare + " takes local rank 0") != std::string::npos;
+      },
+      120s));
+  ::kill(std::stoi(spare), SIGKILL);
+  // No spare is ready at once (the next one is still importing torch): a new process takes the
+  // rank, and once it has stepped, the node says its recovery is done.
+  const bool done = hit.wait_output(
+      [](const std::string&, const std::string& err) {
+        const auto at = err.find("starts in a new process");
+        return at != std::string::npos &&
+               err.find("in-place recovery done", at) != std::string::npos;
+      },
+      120s);
+  INFO(hit.out() << hit.err());
+  REQUIRE(done);
+  CHECK_THAT(hit.err(), !Catch::Contains("falling back"));
+  const auto pid = all_of(hit.err(), R"(starts in a new process \(pid (\d+)\))");
+  REQUIRE(pid.size() == 1);
+  CHECK_THAT(hit.out(), Catch::Contains("rank 1: pid " + pid.front() + " in place, round"));
+  for (Proc* p : {a.get(), b.get()}) ::kill(p->pid(), SIGTERM);
+  for (Proc* p : {a.get(), b.get()}) {
+    const auto rc = p->wait(60s);
+    INFO(p->out() << p->err());
+    CHECK(rc == 143);
   }
 }
 
