@@ -372,6 +372,15 @@ std::pair<std::unique_ptr<Proc>, std::unique_ptr<Proc>> two_training(const Rdzvd
   return {std::move(a), std::move(b)};
 }
 
+// Until `p`'s agent has a spare ready beside its running worker.
+void wait_extra_spare(Proc& p) {
+  const bool ready = p.wait_output(
+      [](const std::string&, const std::string& err) { return !ready_extra_spares(err).empty(); },
+      120s);
+  INFO(p.out() << p.err());
+  REQUIRE(ready);
+}
+
 }  // namespace
 
 TEST_CASE("torch in place with --spares: a spare that dies while it waits is started again, and "
@@ -509,13 +518,7 @@ TEST_CASE("torch in place with --spares: the only worker of a node crashes and t
   RdzvdProc server;
   // Two restarts: one for the crash, one should gloo leave the survivor blocked (it says so).
   auto [a, b] = two_training(server, "tonly", 2);
-  for (Proc* p : {a.get(), b.get()}) {
-    const bool ready = p->wait_output(
-        [](const std::string&, const std::string& err) { return !ready_extra_spares(err).empty(); },
-        120s);
-    INFO(p->out() << p->err());
-    REQUIRE(ready);
-  }
+  for (Proc* p : {a.get(), b.get()}) wait_extra_spare(*p);
   // The node of rank 1 loses its one worker; rank 0's node logs the steps on.
   const bool a_has_1 = a->out().find("rank 1: pid") != std::string::npos;
   Proc& hit = a_has_1 ? *a : *b;
@@ -570,13 +573,7 @@ TEST_CASE("torch in place with --spares: a spare killed as it takes a dead worke
   RdzvdProc server;
   // Three restarts: the crash, the spare's death, one should gloo leave the survivor blocked.
   auto [a, b] = two_training(server, "tnew", 3);
-  for (Proc* p : {a.get(), b.get()}) {
-    const bool ready = p->wait_output(
-        [](const std::string&, const std::string& err) { return !ready_extra_spares(err).empty(); },
-        120s);
-    INFO(p->out() << p->err());
-    REQUIRE(ready);
-  }
+  for (Proc* p : {a.get(), b.get()}) wait_extra_spare(*p);
   Proc& hit = a->out().find("rank 1: pid") != std::string::npos ? *a : *b;
   const std::string spare = ready_extra_spares(hit.err()).front();
   ::kill(std::stoi(started(hit.out()).at({1, 1})), SIGKILL);
