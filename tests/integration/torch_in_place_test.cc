@@ -372,13 +372,18 @@ std::pair<std::unique_ptr<Proc>, std::unique_ptr<Proc>> two_training(const Rdzvd
   return {std::move(a), std::move(b)};
 }
 
-// Until `p`'s agent has a spare ready beside its running worker.
-void wait_extra_spare(Proc& p) {
-  const bool ready = p.wait_output(
-      [](const std::string&, const std::string& err) { return !ready_extra_spares(err).empty(); },
-      120s);
-  INFO(p.out() << p.err());
-  REQUIRE(ready);
+// two_training's two agents, once each has a spare ready beside its running worker.
+std::pair<std::unique_ptr<Proc>, std::unique_ptr<Proc>> two_training_with_spares(
+    const RdzvdProc& server, const std::string& run, int max_restarts) {
+  auto both = two_training(server, run, max_restarts);
+  for (Proc* p : {both.first.get(), both.second.get()}) {
+    const bool ready = p->wait_output(
+        [](const std::string&, const std::string& err) { return !ready_extra_spares(err).empty(); },
+        120s);
+    INFO(p->out() << p->err());
+    REQUIRE(ready);
+  }
+  return both;
 }
 
 }  // namespace
@@ -517,8 +522,7 @@ TEST_CASE("torch in place with --spares: the only worker of a node crashes and t
   if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
   RdzvdProc server;
   // Two restarts: one for the crash, one should gloo leave the survivor blocked (it says so).
-  auto [a, b] = two_training(server, "tonly", 2);
-  for (Proc* p : {a.get(), b.get()}) wait_extra_spare(*p);
+  auto [a, b] = two_training_with_spares(server, "tonly", 2);
   // The node of rank 1 loses its one worker; rank 0's node logs the steps on.
   const bool a_has_1 = a->out().find("rank 1: pid") != std::string::npos;
   Proc& hit = a_has_1 ? *a : *b;
@@ -572,8 +576,7 @@ TEST_CASE("torch in place with --spares: a spare killed as it takes a dead worke
   if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
   RdzvdProc server;
   // Three restarts: the crash, the spare's death, one should gloo leave the survivor blocked.
-  auto [a, b] = two_training(server, "tnew", 3);
-  for (Proc* p : {a.get(), b.get()}) wait_extra_spare(*p);
+  auto [a, b] = two_training_with_spares(server, "tnew", 3);
   Proc& hit = a->out().find("rank 1: pid") != std::string::npos ? *a : *b;
   const std::string spare = ready_extra_spares(hit.err()).front();
   ::kill(std::stoi(started(hit.out()).at({1, 1})), SIGKILL);
