@@ -4,8 +4,9 @@
 // agents of one process) and opens the round's world on each. Prints "ports P1,P2,..." once
 // listening, then serves until SIGTERM or SIGINT. With ROUND, the run is not held: another
 // relay_serve holds it (one process may hold only so many descriptors), this one serves round
-// ROUND's world of it.
-//   relay_serve ENDPOINT RUN [N [ROUND]]
+// ROUND's world of it. --no-cache: the relays answer no read from what their node set (every
+// read goes to rdzvd, as a read of a key another node set does).
+//   relay_serve [--no-cache] ENDPOINT RUN [N [ROUND]]
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -23,8 +24,13 @@
 #include "muster/rendezvous/store_relay.h"
 
 int main(int argc, char** argv) {
+  const bool cache = !(argc > 1 && std::string(argv[1]) == "--no-cache");
+  if (!cache) {
+    --argc;
+    ++argv;
+  }
   if (argc < 3) {
-    std::fprintf(stderr, "usage: relay_serve ENDPOINT RUN [N [ROUND]]\n");
+    std::fprintf(stderr, "usage: relay_serve [--no-cache] ENDPOINT RUN [N [ROUND]]\n");
     return 2;
   }
   // As launch does: Debian's abseil would check every absl::Mutex for lock-order cycles.
@@ -59,6 +65,7 @@ int main(int argc, char** argv) {
     muster::rendezvous::StoreRelayOptions o;
     o.targets = {endpoint};
     o.run_id = run;
+    o.cache = cache;
     auto r = muster::rendezvous::StoreRelay::start(o, loop);
     if (!r.ok()) {
       std::fprintf(stderr, "relay_serve: %s\n", std::string(r.status().message()).c_str());

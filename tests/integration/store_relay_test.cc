@@ -108,16 +108,88 @@ TEST_CASE("store relay: two nodes' agents share a world's table, and torch's get
   CHECK(b->stats().gets_answered_here == 1);
   // A GET that does not follow its WAIT goes to the server (a later write is seen).
   REQUIRE(on_a.set("/worker/0", "moved"));
+  CHECK(on_a.add("n", 2) == 2);  // the SET has reached the table (it has no answer of its own)
   REQUIRE(wait_for(on_b, "/worker/0"));
-  CHECK(on_b.add("n", 1) == 1);  // a query between: the value held is dropped
+  CHECK(on_b.add("n", 1) == 3);  // a query between: the value held is dropped
   CHECK(on_b.get("/worker/0") == "moved");
-  CHECK(on_a.add("n", 2) == 3);
   // A WAIT parked through one agent is answered by a write through the other.
   REQUIRE(on_b.send(TcpStoreClient::req(Op::kWait, {"late"})));
   REQUIRE(on_a.set("late", "here"));
   CHECK(on_b.read_u8(10s) == muster::rendezvous::tcpstore::kStopWaiting);
   CHECK(a->stats().streams == 1);
   CHECK(a->stats().closed_for_errors == 0);
+}
+
+TEST_CASE("store relay: an agent answers reads of what its node set; another node's write "
+          "reaches it before anything that follows from that write",
+          "[store_relay]") {
+  RdzvdProc server;
+  HeldRun run(server.endpoint, "job");
+  auto a = relay({server.endpoint}, "job");
+  auto b = relay({server.endpoint}, "job");
+  TcpStoreClient a1(world(*a, 1), Dialect::kTorch2);
+  TcpStoreClient a2(world(*a, 1), Dialect::kTorch1);
+  TcpStoreClient b1(world(*b, 1), Dialect::kTorch2);
+  REQUIRE((a1.ok() && a2.ok() && b1.ok()));
+  REQUIRE(a1.set("k", "1"));
+  // torch's get() on the node that set it, by the setter and by another worker of the node.
+  REQUIRE(wait_for(a1, "k"));
+  CHECK(a1.get("k") == "1");
+  REQUIRE(wait_for(a2, "k"));
+  CHECK(a2.get("k") == "1");
+  CHECK(a2.check({"k"}) == true);
+  CHECK(a->stats().reads_answered_here == 5);
+  // Another node reads it from the server.
+  REQUIRE(wait_for(b1, "k"));
+  CHECK(b1.get("k") == "1");
+  CHECK(b->stats().reads_answered_here == 0);
+
+  // b writes the key, then a key a waits on: once a sees the second, it reads b's value.
+  REQUIRE(b1.set("k", "2"));
+  REQUIRE(b1.set("done", "yes"));
+  REQUIRE(wait_for(a2, "done"));
+  CHECK(a2.get("done") == "yes");
+  CHECK(a1.get("k") == "2");
+  CHECK(a->stats().reads_answered_here == 5);
+  // a writes it again and holds it again. A SET has no reply: what orders it before another
+  // node's read is the store (here an ADD through each node after it), as with torch's own.
+  REQUIRE(a1.set("k", "3"));
+  CHECK(a2.get("k") == "3");
+  CHECK(a->stats().reads_answered_here == 6);
+  REQUIRE(a1.add("sync", 1) == 1);
+  REQUIRE(b1.add("sync", 1) == 2);
+  CHECK(b1.get("k") == "3");
+  CHECK(b->stats().reads_answered_here == 0);
+
+  // A write whose value a cannot know forgets the key at once: a read after it is the server's.
+  REQUIRE(a1.set("n", "5"));
+  CHECK(a2.add("n", 1) == 6);
+  CHECK(a1.get("n") == "6");
+  // Another node deletes what a set: a's WAIT then parks until the key comes back.
+  REQUIRE(a1.set("gone", "x"));
+  REQUIRE(a1.add("sync", 1) == 3);
+  REQUIRE(b1.send(TcpStoreClient::req(Op::kDelete, {"gone"})));
+  REQUIRE(b1.read_value<std::int64_t>() == 1);
+  REQUIRE(b1.set("after", "1"));
+  REQUIRE(wait_for(a2, "after"));
+  CHECK(a2.check({"gone"}) == false);
+  CHECK(a->stats().reads_answered_here == 6);
+  CHECK(a->stats().closed_for_errors == 0);
+  CHECK(b->stats().closed_for_errors == 0);
+}
+
+TEST_CASE("store relay: with the cache off, every read of a node's own keys goes to the server",
+          "[store_relay]") {
+  RdzvdProc server;
+  HeldRun run(server.endpoint, "job");
+  StoreRelayOptions o;
+  o.cache = false;
+  auto a = relay({server.endpoint}, "job", "", o);
+  TcpStoreClient a1(world(*a, 1), Dialect::kTorch2);
+  REQUIRE(a1.set("k", "1"));
+  CHECK(a1.get("k") == "1");
+  CHECK(a1.check({"k"}) == true);
+  CHECK(a->stats().reads_answered_here == 0);
 }
 
 // Issue 38: a world formed after a node left or joined has the restart count of the one
@@ -240,12 +312,16 @@ TEST_CASE("store relay: a lost server: keys written again to the next one, a par
   REQUIRE(writer.add("count", 2) == 2);
   REQUIRE(writer.add("count", 3) == 5);
   REQUIRE(waiter.send(TcpStoreClient::req(Op::kWait, {"go"})));
-  REQUIRE(writer.get("addr/0") == "10.0.0.1");  // everything before has been served
+  REQUIRE(writer.add("count", 0) == 5);  // everything before has been served
   first.kill9();
-  // On the second server: what this node wrote, and the WAIT still parked.
+  // On the second server: what this node wrote (another node reads it there), and the WAIT
+  // still parked.
+  REQUIRE(eventually(*a, [](const StoreRelay::Stats& s) { return s.replayed_writes == 2; }));
+  auto b = relay({second.endpoint}, "job");
+  TcpStoreClient on_b(world(*b, 1), Dialect::kTorch1);
+  CHECK(on_b.get("addr/0") == "10.0.0.1");
   CHECK(writer.get("addr/0") == "10.0.0.1");
   CHECK(writer.add("count", 0) == 5);
-  CHECK(eventually(*a, [](const StoreRelay::Stats& s) { return s.replayed_writes == 2; }));
   REQUIRE(writer.set("go", "1"));
   CHECK(waiter.read_u8(10s) == muster::rendezvous::tcpstore::kStopWaiting);
   CHECK(a->stats().streams >= 2);

@@ -89,6 +89,14 @@ struct World {
   std::unordered_set<LocalPtr> conns;
   tcpstore::ReplayLog log;
   bool log_warned = false;
+  // What this node's workers SET in this world and nobody has written since, as far as the
+  // server has said (RelayFrame.dropped): reads of these keys are answered here.
+  std::unordered_map<std::string, std::string> cache;
+  std::size_t cache_bytes = 0;
+  void forget_all() {
+    cache.clear();
+    cache_bytes = 0;
+  }
 };
 
 }  // namespace
@@ -103,20 +111,34 @@ class RelayUpstream final : public grpc::ClientBidiReactor<v1::RelayUp, v1::Rela
 
   void begin(v1::StoreRelay::Stub* stub);
   // Frames up (the loop's thread). The first message carries the run and the token.
-  void send(v1::RelayFrame frame) {
+  // `later`: a write nobody waits on (a SET), sent with the next frame that is not, or by
+  // kick() (the relay's write-behind timer).
+  void send(v1::RelayFrame frame, bool later = false) {
     bool start = false;
     {
       absl::MutexLock lock(&mu_);
       if (abandoned_) return;
       pending_bytes_ += frame.ByteSizeLong();
       pending_.push_back(std::move(frame));
-      if (!writing_ && started_) {
+      if (!later && !writing_ && started_) {
         writing_ = true;
         take_batch();
         start = true;
       }
     }
     if (start) StartWrite(&sending_);
+  }
+  // Sends what waits (frames sent `later`).
+  void kick() {
+    bool start = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (abandoned_ || writing_ || !started_ || pending_.empty()) return;
+      writing_ = true;
+      take_batch();
+      start = true;
+    }
+    StartWrite(&sending_);
   }
   // Whether more than `bound` bytes wait for the stream; if so, the loop is told (drained())
   // once the stream has taken them down to half of it.
@@ -187,6 +209,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
                opts_.limits.max_keys_per_request, opts_.max_frame_bytes},
         reconnect_(io),
         ready_timer_(io),
+        behind_(io),
         buf_(kReadChunk) {}
 
   // --- any thread ---------------------------------------------------------------------------
@@ -222,6 +245,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     s.streams = n_streams_.load();
     s.gets_answered_here = n_gets_here_.load();
     s.replayed_writes = n_replayed_.load();
+    s.reads_answered_here = n_reads_here_.load();
     return s;
   }
 
@@ -236,8 +260,14 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   void on_down(RelayUpstream* up, v1::RelayDown& msg) {
     if (up != up_) return;
     for (v1::RelayFrame& f : *msg.mutable_frames()) {
+      if (f.conn() == 0 && f.dropped_size() > 0) {
+        auto w = worlds_.find(f.round());
+        if (w == worlds_.end()) continue;
+        for (const std::string& key : f.dropped()) keep(*w->second, key, nullptr);
+        continue;
+      }
       if (f.conn() == 0) {
-        on_ready();
+        on_ready(f.caches());
         continue;
       }
       auto it = by_id_.find(f.conn());
@@ -247,6 +277,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
         ++n_closed_;
         spdlog::warn("store relay: the server closed the connection from {}: {}", c->peer,
                      f.error());
+        c->world->forget_all();  // a write of it may have been refused
         drop(c, false);
         continue;
       }
@@ -268,6 +299,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     if (up != up_ || stopping_) return;
     up_ = nullptr;
     up->abandon();
+    forget_all();
     // The next target: a lost leader's standby leads next (one target: the same, restarted).
     ready_ = false;
     target_ = (target_ + 1) % opts_.targets.size();
@@ -406,8 +438,11 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     up_ = up;
     ++n_streams_;
     replaying_ = 0;
+    // A new server (a failover, a restart) knows nothing of what this node holds.
+    forget_all();
     up->first_.set_run_id(opts_.run_id);
     up->first_.set_token(opts_.token);
+    up->first_.set_caches(opts_.cache);
     for (auto& [round, w] : worlds_) replay(*w);
     for (auto& [id, c] : std::map<std::uint64_t, LocalPtr>(by_id_.begin(), by_id_.end())) {
       carry_over(c);
@@ -506,8 +541,9 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     }
   }
 
-  void on_ready() {
+  void on_ready(bool caches) {
     ready_ = true;
+    caches_ = opts_.cache && caches;
     ready_timer_.cancel();
     n_replayed_ += std::exchange(replaying_, 0);
     last_end_.clear();
@@ -540,6 +576,11 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     if (ec || n == 0) return drop(c, true);
     c->in.append(buf_.data(), n);
     std::size_t pos = 0, sent = 0;  // [sent, pos): frames parsed, not yet handed up
+    bool asks = false;              // one of them has an answer to wait for
+    auto hand_up = [&](std::size_t end) {
+      up_frame(c, c->in.substr(sent, end - sent), nullptr, !asks);
+      asks = false;
+    };
     Request req;
     while (!c->closed && pos < c->in.size()) {
       const auto r = tcpstore::parse(c->dialect, c->in.data() + pos, c->in.size() - pos, frame_,
@@ -551,7 +592,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       if (c->stash && req.op == Op::kGet && req.keys.size() == 1 &&
           req.keys[0] == c->stash->first) {
         // torch's get(): the WAIT brought the value.
-        up_frame(c, c->in.substr(sent, start - sent), nullptr);
+        hand_up(start);
         tcpstore::put_bytes(c->out, c->stash->second);
         c->stash.reset();
         ++n_gets_here_;
@@ -559,19 +600,28 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
         continue;
       }
       c->stash.reset();
+      if (answer_here(*c, req)) {
+        hand_up(start);
+        ++n_reads_here_;
+        sent = pos;
+        continue;
+      }
       if (!note(*c, req, c->in.data() + start, r.consumed)) {
         return fail(c, "over " + std::to_string(opts_.max_unsent_bytes) +
                            " bytes of queries unanswered");
       }
       if (req.op == Op::kWait && req.keys.size() == 1) {
-        up_frame(c, c->in.substr(sent, start - sent), nullptr);
+        hand_up(start);
         c->wait_key = req.keys[0];
         up_frame(c, c->in.substr(start, r.consumed), &req.keys[0]);
         sent = pos;
+        continue;
       }
+      asks = asks || tcpstore::answers(req.op) || req.op == Op::kCancelWait;
     }
     if (c->closed) return;
-    up_frame(c, c->in.substr(sent, pos - sent), nullptr);
+    hand_up(pos);
+    send_behind(false);
     c->in.erase(0, pos);
     if (c->in.empty() && c->in.capacity() > 4096) std::string().swap(c->in);
     arm_partial(c, pos > 0);
@@ -584,6 +634,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   bool note(Local& c, const Request& req, const char* frame, std::size_t size) {
     World& w = *c.world;
     w.log.note(req);
+    remember(w, req);
     if (!w.log.complete() && !w.log_warned) {
       w.log_warned = true;
       spdlog::warn("store relay: round {}'s writes from this node passed {} bytes; they are no "
@@ -606,8 +657,74 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     return c.inflight_bytes <= opts_.max_unsent_bytes;
   }
 
+  // A read c's node set the keys of, answered here (c waits for no answer of the server: the
+  // replies stay in order). False: the server answers it.
+  bool answer_here(Local& c, const Request& req) {
+    if (!caches_ || !c.inflight.empty()) return false;
+    if (req.op != Op::kWait && req.op != Op::kCheck && req.op != Op::kGet &&
+        req.op != Op::kMultiGet) {
+      return false;
+    }
+    const auto& cache = c.world->cache;
+    for (const std::string& k : req.keys) {
+      if (cache.find(k) == cache.end()) return false;
+    }
+    switch (req.op) {
+      case Op::kWait:
+        tcpstore::put_u8(c.out, tcpstore::kStopWaiting);
+        break;
+      case Op::kCheck:
+        tcpstore::put_u8(c.out, tcpstore::kCheckReady);
+        break;
+      default:
+        for (const std::string& k : req.keys) tcpstore::put_bytes(c.out, cache.find(k)->second);
+    }
+    return true;
+  }
+
+  // What a write of this node does to its cache: a SET's value is kept (within the bound);
+  // any other write forgets the key (its value is the server's to say).
+  void remember(World& w, const Request& req) {
+    switch (req.op) {
+      case Op::kSet:
+      case Op::kMultiSet:
+        for (std::size_t i = 0; i < req.keys.size(); ++i) keep(w, req.keys[i], &req.values[i]);
+        return;
+      case Op::kAdd:
+      case Op::kAppend:
+      case Op::kCompareSet:
+      case Op::kDelete:
+        return keep(w, req.keys[0], nullptr);
+      default:
+        return;
+    }
+  }
+
+  // `key` is `value` (null: forgotten).
+  void keep(World& w, const std::string& key, const std::string* value) {
+    auto it = w.cache.find(key);
+    if (it != w.cache.end()) w.cache_bytes -= key.size() + it->second.size();
+    const bool fits = value != nullptr && caches_ &&
+                      w.cache_bytes + key.size() + value->size() <= opts_.max_cached_bytes;
+    if (!fits) {
+      if (it != w.cache.end()) w.cache.erase(it);
+      return;
+    }
+    if (it != w.cache.end()) {
+      it->second = *value;
+    } else {
+      w.cache.emplace(key, *value);
+    }
+    w.cache_bytes += key.size() + value->size();
+  }
+
+  void forget_all() {
+    for (auto& [round, w] : worlds_) w->forget_all();
+  }
+
   // Hands `data` (whole frames of c) to the stream; a WAIT's frame is kept to be asked again.
-  void up_frame(const LocalPtr& c, std::string data, const std::string* prefetch) {
+  void up_frame(const LocalPtr& c, std::string data, const std::string* prefetch,
+                bool later = false) {
     if (data.empty()) return;
     v1::RelayFrame f;
     f.set_conn(c->id);
@@ -620,7 +737,31 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       f.set_has_prefetch(true);
     }
     f.set_data(std::move(data));
-    up_->send(std::move(f));
+    up_->send(std::move(f), later);
+    if (!later) {
+      behind_since_.reset();  // they went with it
+    } else if (!behind_since_) {
+      behind_since_ = std::chrono::steady_clock::now();
+      if (!behind_armed_) {
+        behind_armed_ = true;
+        behind_.expires_after(limits::kRelayWriteBehind);
+        behind_.async_wait([this, self = shared_from_this()](const boost::system::error_code&) {
+          behind_armed_ = false;
+          send_behind(true);
+        });
+      }
+    }
+  }
+
+  // The writes held back go up once they have waited kRelayWriteBehind (`due`: the timer says
+  // so; otherwise checked as queries come, which spares the loop the timer's wake-up).
+  void send_behind(bool due) {
+    if (!behind_since_ || up_ == nullptr) return;
+    if (!due && std::chrono::steady_clock::now() - *behind_since_ < limits::kRelayWriteBehind) {
+      return;
+    }
+    behind_since_.reset();
+    up_->kick();
   }
 
   void arm_partial(const LocalPtr& c, bool progressed) {
@@ -699,12 +840,17 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   tcpstore::FrameLimits frame_;
   asio::steady_timer reconnect_;
   asio::steady_timer ready_timer_;
+  asio::steady_timer behind_;  // sends what waits in the stream's queue (write-behind)
+  bool behind_armed_ = false;
+  // Since when writes wait in the stream's queue for company (none: nothing waits).
+  std::optional<std::chrono::steady_clock::time_point> behind_since_;
   std::vector<char> buf_;
   PeerUid peer_uid_;
   std::vector<std::unique_ptr<v1::StoreRelay::Stub>> stubs_;
   std::size_t target_ = 0;
   RelayUpstream* up_ = nullptr;  // the stream now (the loop's)
   bool ready_ = false;           // the server said it serves the stream
+  bool caches_ = false;          // and tells this relay what its node set that others wrote
   std::string last_end_;  // the reason last logged for a stream's end
   bool stopping_ = false;
   std::map<int, std::unique_ptr<World>> worlds_;
@@ -716,7 +862,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   int live_upstreams_ ABSL_GUARDED_BY(live_mu_) = 0;
   std::atomic<std::size_t> n_conns_{0};
   std::atomic<std::uint64_t> n_other_user_{0}, n_refused_{0}, n_closed_{0}, n_streams_{0},
-      n_gets_here_{0}, n_replayed_{0};
+      n_gets_here_{0}, n_replayed_{0}, n_reads_here_{0};
 };
 
 void RelayUpstream::begin(v1::StoreRelay::Stub* stub) {

@@ -191,6 +191,12 @@ inline constexpr std::size_t kMaxRelayUnsentBytes = 64 << 20;
 // Queries an agent has for its stream that gRPC has not taken yet; beyond it the agent stops
 // reading its workers' sockets, and reads on once the stream has taken half of them.
 inline constexpr std::size_t kMaxRelayQueuedUpBytes = 64 << 20;
+// What an agent keeps of its node's SETs per world, keys and values, to answer their reads
+// itself (store_relay.h); a SET beyond it is not kept (its reads go to the server).
+inline constexpr std::size_t kRelayCachedBytes = 64 << 20;
+// A worker's SET (torch's protocol has no reply to it) waits at most this long in its agent
+// for other queries to go up with it in one message to the server.
+inline constexpr std::chrono::microseconds kRelayWriteBehind{500};
 // How long an agent waits before it opens its stream again after losing it.
 inline constexpr milliseconds kRelayReconnectInterval = std::chrono::milliseconds(100);
 // The agent pings its stream's connection this often while nothing comes back, and takes it

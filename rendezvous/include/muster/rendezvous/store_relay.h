@@ -14,6 +14,16 @@
 //   stream can take more (TCP's own flow control holds the rest), so nothing queues unbounded.
 // - torch's get() is a WAIT and then a GET of the same key: the relay asks the server to send
 //   the value with the WAIT's answer and answers that GET itself (one round trip, not two).
+// - Reads of what this node set are answered here: the relay keeps the values its workers SET
+//   (per world, within max_cached_bytes) and answers a WAIT, CHECK, GET or MULTI_GET of those
+//   keys itself when the connection waits for no answer of the server. The server tells the
+//   relay (RelayFrame.dropped) when another client writes such a key, on the same stream and
+//   before any reply that write could lead to, so a worker never reads a value older than one
+//   it could know of through the store; any other write of this node (ADD, APPEND,
+//   COMPARE_SET, DELETE) forgets the key at once; a new stream starts with nothing kept.
+// - Write-behind: queries with no answer to wait for (SET...) wait in the stream's queue at
+//   most limits::kRelayWriteBehind and go up with the next query that has one: a burst of
+//   SETs is one message to the server, not one each.
 // - Lost stream (a server gone, a failover): the connections stay open; the relay opens the
 //   stream again (the next target, round the list) every limits::kRelayReconnectInterval and
 //   carries them over: a connection idle or parked in a WAIT goes on (the WAIT asked again),
@@ -52,6 +62,12 @@ struct StoreRelayOptions {
   std::size_t max_queued_up_bytes = limits::kMaxRelayQueuedUpBytes;  // for the stream
   std::chrono::milliseconds partial_frame_timeout = limits::kTcpStorePartialFrameTimeout;
   std::size_t worlds_kept = limits::kTcpStoreWorldsKept;
+  // Answer reads (WAIT, CHECK, GET, MULTI_GET) of keys this node's workers SET, and nobody has
+  // written since, here: the server tells the relay when another client writes one. Off: every
+  // read goes to the server (tests, the benchmark's row without it).
+  bool cache = true;
+  // What the cache holds at most per world, keys and values (beyond it, a SET is not kept).
+  std::size_t max_cached_bytes = limits::kRelayCachedBytes;
   // Refuse connections from sockets of other users (false: tests of the check itself).
   bool same_user_only = true;
   // Open the stream with the first world, not with the first worker's connection: its
@@ -88,6 +104,7 @@ class StoreRelay {
     std::uint64_t streams = 0;              // streams opened
     std::uint64_t gets_answered_here = 0;   // torch's GET after a WAIT, from the prefetch
     std::uint64_t replayed_writes = 0;      // written again on a new stream
+    std::uint64_t reads_answered_here = 0;  // from what this node set (the cache)
   };
   Stats stats() const;
 

@@ -32,7 +32,7 @@ namespace muster::rendezvous {
 
 struct TcpStoreWorld {
   TcpStoreWorld(std::string run, int round, const StoreLimits& limits, std::size_t max_waits)
-      : run(std::move(run)), round(round), table(limits, max_waits) {}
+      : run(std::move(run)), round(round), table(limits, max_waits, round) {}
   const std::string run;
   const int round;
   // On the loop's thread:

@@ -66,7 +66,8 @@ class RelayService::Impl final : public v1::StoreRelay::CallbackService {
 // Every StartRead and Finish happens on the loop's thread; StartWrite on the loop's or in
 // OnWriteDone, never after Finish (the flags below decide, under mu).
 class RelayStream final : public grpc::ServerBidiReactor<v1::RelayUp, v1::RelayDown>,
-                     public std::enable_shared_from_this<RelayStream> {
+                          public tcpstore::KeyHolder,
+                          public std::enable_shared_from_this<RelayStream> {
  public:
   RelayStream(RelayService::Impl* service, std::string peer)
       : service_(service), io_(service->worlds_->io()), peer_(std::move(peer)) {}
@@ -94,6 +95,7 @@ class RelayStream final : public grpc::ServerBidiReactor<v1::RelayUp, v1::RelayD
                                         "store relay: unknown run '" + run + "'"));
       }
       run_ = run;
+      caches_ = up_.caches();
     }
     auto frames = std::make_shared<v1::RelayUp>();
     frames->Swap(&up_);
@@ -101,6 +103,7 @@ class RelayStream final : public grpc::ServerBidiReactor<v1::RelayUp, v1::RelayD
       if (first) {  // conn 0: the stream is served (the agent lets its workers' queries go)
         v1::RelayFrame ready;
         ready.set_conn(0);
+        ready.set_caches(caches_);
         send(std::move(ready));
       }
       serve(*frames);
@@ -172,6 +175,16 @@ class RelayStream final : public grpc::ServerBidiReactor<v1::RelayUp, v1::RelayD
       return post_finish(status_or_ok());
     }
     if (start) StartWrite(&sending_);
+  }
+
+  // A key this agent's node set was written by another client (the loop's thread, inside the
+  // table's serve: before any reply that write could lead to).
+  void dropped(int round, const std::string& key) override {
+    v1::RelayFrame f;
+    f.set_conn(0);
+    f.set_round(round);
+    f.add_dropped(key);
+    send(std::move(f));
   }
 
   // Ends the stream with `st` (after the write in flight). Any thread.
@@ -276,6 +289,7 @@ class RelayStream final : public grpc::ServerBidiReactor<v1::RelayUp, v1::RelayD
                     std::to_string(w->conns.size()) + " connections already");
     }
     auto c = std::make_shared<Relayed>(weak_from_this(), f.conn(), w);
+    if (caches_) c->holder = weak_from_this();
     w->conns.insert(c);
     return conns_.emplace(f.conn(), std::move(c)).first;
   }
@@ -291,6 +305,7 @@ class RelayStream final : public grpc::ServerBidiReactor<v1::RelayUp, v1::RelayD
   const std::string peer_;
   std::shared_ptr<RelayStream> self_;  // held from begin() until OnDone
   std::string run_;                // set by the first message (gRPC's thread, before any serve)
+  bool caches_ = false;            // likewise: the agent keeps what its node sets
   v1::RelayUp up_;
   // The loop's:
   std::unordered_map<std::uint64_t, std::shared_ptr<Relayed>> conns_;

@@ -13,8 +13,10 @@ void Table::serve(const ConnPtr& c, Request& r) {
     case Op::kPing:
       return put_u32(o, r.number);
     case Op::kSet:
+      wrote(*c, r.keys[0], true);
       return set(c, r.keys[0], std::move(r.values[0]), kWatchUpdated);
     case Op::kAppend: {
+      wrote(*c, r.keys[0], false);
       const std::string* v = table_.find(r.keys[0]);
       std::string joined = v != nullptr ? *v + r.values[0] : std::move(r.values[0]);
       return set(c, r.keys[0], std::move(joined), kWatchAppended);
@@ -37,11 +39,13 @@ void Table::serve(const ConnPtr& c, Request& r) {
     case Op::kNumKeys:
       return put_i64(o, static_cast<std::int64_t>(table_.size()));
     case Op::kDelete:
+      wrote(*c, r.keys[0], false);
       return erase(c, r.keys[0]);
     case Op::kWatchKey:
       watchers_[r.keys[0]].push_back(c);
       return put_u8(o, kWatchRegistered);
     case Op::kMultiSet:
+      for (const auto& k : r.keys) wrote(*c, k, true);
       if (absl::Status s = table_.multi_set(r.keys, r.values); !s.ok()) {
         return c->fail("MULTI_SET: " + std::string(s.message()));
       }
@@ -65,6 +69,7 @@ std::string Table::old_value(const std::string& key, const std::string* before) 
 
 void Table::compare_set(const ConnPtr& c, const Request& r) {
   const std::string& key = r.keys[0];
+  wrote(*c, key, false);
   const std::string &expected = r.values[0], &desired = r.values[1];
   const std::string* before = table_.find(key);
   const bool existed = before != nullptr;
@@ -82,6 +87,7 @@ void Table::compare_set(const ConnPtr& c, const Request& r) {
 
 void Table::add(const ConnPtr& c, const Request& r) {
   const std::string& key = r.keys[0];
+  wrote(*c, key, false);
   const std::string* before = table_.find(key);
   const bool existed = before != nullptr;
   const std::string old = old_value(key, before);
@@ -205,6 +211,24 @@ void Table::unpark(Conn& c) {
   c.wait_keys.clear();
   c.awaited = 0;
   --n_waits_;
+}
+
+void Table::wrote(const Conn& c, const std::string& key, bool keeps) {
+  std::shared_ptr<KeyHolder> mine = keeps ? c.holder.lock() : nullptr;
+  auto it = held_.find(key);
+  if (it == held_.end()) {
+    if (mine) held_.emplace(key, std::move(mine));
+    return;
+  }
+  // The writer's own agent needs no word: it forgets a key it cannot know the value of when it
+  // sends the query.
+  std::shared_ptr<KeyHolder> h = it->second.lock();
+  if (h && h != c.holder.lock()) h->dropped(round_, key);
+  if (mine) {
+    it->second = std::move(mine);
+  } else {
+    held_.erase(it);
+  }
 }
 
 // WATCH_KEY (torch 1.13's callback connection): the change, to every watcher of `key`.

@@ -20,6 +20,17 @@
 
 namespace muster::rendezvous::tcpstore {
 
+// A client that answers reads of the keys its own connections SET itself (an agent's relay
+// for its node's workers, store_relay.h): the table tells it when another connection writes
+// such a key, before any reply that could follow from that write (the caller keeps the order).
+class KeyHolder {
+ public:
+  virtual ~KeyHolder() = default;
+  // `key` of the world `round` was written by another client (or deleted, or written by a
+  // query whose result the holder cannot know): its copy is no longer the table's value.
+  virtual void dropped(int round, const std::string& key) = 0;
+};
+
 // A client connection as the table sees it.
 class Conn : public std::enable_shared_from_this<Conn> {
  public:
@@ -46,13 +57,16 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::optional<std::string> prefetched;  // set with that STOP_WAITING
   // Queries answered (a WATCH_KEY's later updates are not answers): a relay tells its agent.
   std::uint32_t replies = 0;
+  // Relayed connections of an agent that keeps what its node SETs (null: none does).
+  std::weak_ptr<KeyHolder> holder;
 };
 using ConnPtr = std::shared_ptr<Conn>;
 
 class Table {
  public:
-  Table(const StoreLimits& limits, std::size_t max_waits) : limits_(limits), table_(limits),
-                                                              max_waits_(max_waits) {}
+  // `round`: the world's, for what it tells a KeyHolder.
+  Table(const StoreLimits& limits, std::size_t max_waits, int round = 0)
+      : limits_(limits), table_(limits), max_waits_(max_waits), round_(round) {}
 
   // One query of `c`, answered into c->out (nothing for the SET-like queries). The caller
   // sends c->out afterwards; a query that breaks a limit calls c->fail().
@@ -62,6 +76,7 @@ class Table {
 
   std::size_t keys() const { return table_.size(); }
   std::size_t parked_waits() const { return n_waits_; }
+  std::size_t held_keys() const { return held_.size(); }
 
  private:
   std::string old_value(const std::string& key, const std::string* before) const;
@@ -74,12 +89,19 @@ class Table {
   void wait(const ConnPtr& c, const std::vector<std::string>& keys);
   void stop_waiting(Conn& c);
   void wake(const std::string& key, bool one);
+  // c writes `key`: the key's holder (another client's agent) is told; c's agent holds it next
+  // when `keeps` (a SET: its agent knows the value) and it keeps what it sets.
+  void wrote(const Conn& c, const std::string& key, bool keeps);
   void changed(const std::string& key, std::uint8_t kind, const std::string& old,
                const std::string& now);
 
   StoreLimits limits_;
   KvTable table_;
   std::size_t max_waits_;
+  int round_;
+  // Per key, the agent whose node set it last and answers reads of it (KeyHolder). One holder
+  // a key: another node's read goes to the table.
+  std::unordered_map<std::string, std::weak_ptr<KeyHolder>> held_;
   std::unordered_map<std::string, std::deque<std::weak_ptr<Conn>>> waiters_;
   std::unordered_map<std::string, std::vector<std::weak_ptr<Conn>>> watchers_;
   std::unordered_map<std::string, std::deque<std::string>> queues_;
