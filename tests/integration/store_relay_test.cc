@@ -120,7 +120,7 @@ TEST_CASE("store relay: two nodes' agents share a world's table, and torch's get
   CHECK(a->stats().closed_for_errors == 0);
 }
 
-TEST_CASE("store relay: an agent answers reads of what its node set; another node's write "
+TEST_CASE("store relay: an agent answers reads of what its node set and another node's write "
           "reaches it before anything that follows from that write",
           "[store_relay]") {
   RdzvdProc server;
@@ -176,6 +176,26 @@ TEST_CASE("store relay: an agent answers reads of what its node set; another nod
   CHECK(a->stats().reads_answered_here == 6);
   CHECK(a->stats().closed_for_errors == 0);
   CHECK(b->stats().closed_for_errors == 0);
+}
+
+// torch's own client through an agent that answers its node's reads itself: the conformance
+// script that torch's own server passes (tcpstore_test.cc) passes here too.
+TEST_CASE("store relay: torch 1.13's own TCPStore client passes the conformance script through "
+          "an agent",
+          "[store_relay][interop]") {
+  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (python3-torch)");
+  RdzvdProc server;
+  HeldRun run(server.endpoint, "job");
+  auto a = relay({server.endpoint}, "job");
+  Proc py({"/usr/bin/python3", std::string(INTEROP_SCRIPTS_DIR) + "/tcpstore_conformance.py",
+           "127.0.0.1", std::to_string(world(*a, 1))});
+  const auto rc = py.wait(120s);
+  INFO(py.out() << py.err());
+  REQUIRE(rc == 0);
+  CHECK_THAT(py.out(), Catch::Contains("conformance: ok"));
+  CHECK(a->stats().reads_answered_here > 0);
+  // The one ADD to a non-integer closed that client's connection; nothing else did.
+  CHECK(a->stats().closed_for_errors == 1);
 }
 
 TEST_CASE("store relay: with the cache off, every read of a node's own keys goes to the server",

@@ -88,7 +88,7 @@ TEST_CASE("tcpstore table: the agent whose node set a key is told when another n
 }
 
 TEST_CASE("tcpstore table: a write whose value the writer's agent cannot know leaves the key "
-          "held by nobody; a connection without an agent that keeps holds nothing",
+          "held by nobody and a connection without an agent that keeps holds nothing",
           "[tcpstore_table]") {
   Fixture f;
   auto a1 = f.conn("a1", f.a), b1 = f.conn("b1", f.b);
