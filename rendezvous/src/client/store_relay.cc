@@ -739,15 +739,15 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     f.set_data(std::move(data));
     up_->send(std::move(f), later);
     if (!later) {
-      behind_since_.reset();  // they went with it
+      went_behind();  // they went with it
     } else if (!behind_since_) {
       behind_since_ = std::chrono::steady_clock::now();
       if (!behind_armed_) {
         behind_armed_ = true;
         behind_.expires_after(limits::kRelayWriteBehind);
-        behind_.async_wait([this, self = shared_from_this()](const boost::system::error_code&) {
+        behind_.async_wait([this, self = shared_from_this()](const boost::system::error_code& ec) {
           behind_armed_ = false;
-          send_behind(true);
+          if (!ec) send_behind(true);
         });
       }
     }
@@ -760,8 +760,14 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     if (!due && std::chrono::steady_clock::now() - *behind_since_ < limits::kRelayWriteBehind) {
       return;
     }
-    behind_since_.reset();
+    went_behind();
     up_->kick();
+  }
+
+  // Nothing waits behind any more: the timer is called off (no wake-up for nothing).
+  void went_behind() {
+    behind_since_.reset();
+    if (behind_armed_) behind_.cancel();
   }
 
   void arm_partial(const LocalPtr& c, bool progressed) {
