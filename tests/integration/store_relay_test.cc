@@ -198,6 +198,33 @@ TEST_CASE("store relay: torch 1.13's own TCPStore client passes the conformance 
   CHECK(a->stats().closed_for_errors == 1);
 }
 
+// A SET waits in the agent for company (write-behind) at most limits::kRelayWriteBehind; a
+// query that goes up meanwhile takes it along and calls the timer off. A SET of another
+// connection that comes in the same turn of the agent's loop still needs the timer.
+TEST_CASE("store relay: a lone SET reaches the other nodes though another connection's query "
+          "called the write-behind timer off just before it",
+          "[store_relay]") {
+  RdzvdProc server;
+  HeldRun run(server.endpoint, "job");
+  auto a = relay({server.endpoint}, "job");
+  auto b = relay({server.endpoint}, "job");
+  TcpStoreClient reader(world(*a, 1), Dialect::kTorch2), writer(world(*a, 1), Dialect::kTorch2);
+  TcpStoreClient other(world(*b, 1), Dialect::kTorch2);
+  for (int i = 0; i < 30; ++i) {
+    const std::string k = "k" + std::to_string(i);
+    REQUIRE(writer.set("held" + std::to_string(i), "x"));  // held back: the timer is armed
+    // Both in one turn of the loop, as far as the test can make it: the GET goes up at once
+    // (with the held SET), the SET after it is held back again.
+    REQUIRE(reader.send(TcpStoreClient::req(Op::kGet, {"nobody's"})));
+    REQUIRE(writer.set(k, "v"));
+    REQUIRE(reader.read_bytes() == "");
+    // Nothing more from node a: the SET must go up on its own.
+    REQUIRE(other.send(TcpStoreClient::req(Op::kWait, {k})));
+    INFO("round " << i);
+    REQUIRE(other.read_u8(2s) == muster::rendezvous::tcpstore::kStopWaiting);
+  }
+}
+
 TEST_CASE("store relay: with the cache off, every read of a node's own keys goes to the server",
           "[store_relay]") {
   RdzvdProc server;

@@ -226,6 +226,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       stopping_ = true;
       reconnect_.cancel();
       ready_timer_.cancel();
+      behind_.cancel();
       while (!worlds_.empty()) close_world(worlds_.begin());
       if (up_ != nullptr) std::exchange(up_, nullptr)->abandon();
       done.set_value();
@@ -438,8 +439,10 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     up_ = up;
     ++n_streams_;
     replaying_ = 0;
-    // A new server (a failover, a restart) knows nothing of what this node holds.
+    // A new server (a failover, a restart) knows nothing of what this node holds; what waited
+    // behind in the stream lost is in the replay.
     forget_all();
+    behind_since_.reset();
     up->first_.set_run_id(opts_.run_id);
     up->first_.set_token(opts_.token);
     up->first_.set_caches(opts_.cache);
@@ -742,15 +745,21 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       went_behind();  // they went with it
     } else if (!behind_since_) {
       behind_since_ = std::chrono::steady_clock::now();
-      if (!behind_armed_) {
-        behind_armed_ = true;
-        behind_.expires_after(limits::kRelayWriteBehind);
-        behind_.async_wait([this, self = shared_from_this()](const boost::system::error_code& ec) {
-          behind_armed_ = false;
-          if (!ec) send_behind(true);
-        });
-      }
+      arm_behind();
     }
+  }
+
+  // The timer for what waits behind. One called off whose handler has not run yet still
+  // counts as armed: that handler arms it again when writes were held back since.
+  void arm_behind() {
+    if (behind_armed_ || !behind_since_ || stopping_) return;
+    behind_armed_ = true;
+    behind_.expires_at(*behind_since_ + limits::kRelayWriteBehind);
+    behind_.async_wait([this, self = shared_from_this()](const boost::system::error_code& ec) {
+      behind_armed_ = false;
+      if (!ec) return send_behind(true);
+      arm_behind();
+    });
   }
 
   // The writes held back go up once they have waited kRelayWriteBehind (`due`: the timer says
