@@ -88,15 +88,20 @@ struct KilledRdzvd {
   }
 };
 
+// A server holding run "job", and two nodes' agents of it.
+struct TwoAgents {
+  RdzvdProc server;
+  HeldRun run{server.endpoint, "job"};
+  std::unique_ptr<StoreRelay> a = relay({server.endpoint}, "job");
+  std::unique_ptr<StoreRelay> b = relay({server.endpoint}, "job");
+};
+
 }  // namespace
 
-TEST_CASE("store relay: two nodes' agents share a world's table, and torch's get is answered from "
-          "the WAIT",
-          "[store_relay]") {
-  RdzvdProc server;
-  HeldRun run(server.endpoint, "job");
-  auto a = relay({server.endpoint}, "job");
-  auto b = relay({server.endpoint}, "job");
+TEST_CASE_METHOD(TwoAgents,
+                 "store relay: two nodes' agents share a world's table, and torch's get is "
+                 "answered from the WAIT",
+                 "[store_relay]") {
   TcpStoreClient on_a(world(*a, 1), Dialect::kTorch2);
   TcpStoreClient on_b(world(*b, 1), Dialect::kTorch1);
   REQUIRE(on_a.ok());
@@ -120,13 +125,10 @@ TEST_CASE("store relay: two nodes' agents share a world's table, and torch's get
   CHECK(a->stats().closed_for_errors == 0);
 }
 
-TEST_CASE("store relay: an agent answers reads of what its node set and another node's write "
-          "reaches it before anything that follows from that write",
-          "[store_relay]") {
-  RdzvdProc server;
-  HeldRun run(server.endpoint, "job");
-  auto a = relay({server.endpoint}, "job");
-  auto b = relay({server.endpoint}, "job");
+TEST_CASE_METHOD(TwoAgents,
+                 "store relay: an agent answers reads of what its node set and another node's "
+                 "write reaches it before anything that follows from that write",
+                 "[store_relay]") {
   TcpStoreClient a1(world(*a, 1), Dialect::kTorch2);
   TcpStoreClient a2(world(*a, 1), Dialect::kTorch1);
   TcpStoreClient b1(world(*b, 1), Dialect::kTorch2);
@@ -201,13 +203,10 @@ TEST_CASE("store relay: torch 1.13's own TCPStore client passes the conformance 
 // A SET waits in the agent for company (write-behind) at most limits::kRelayWriteBehind; a
 // query that goes up meanwhile takes it along and calls the timer off. A SET of another
 // connection that comes in the same turn of the agent's loop still needs the timer.
-TEST_CASE("store relay: a lone SET reaches the other nodes though another connection's query "
-          "called the write-behind timer off just before it",
-          "[store_relay]") {
-  RdzvdProc server;
-  HeldRun run(server.endpoint, "job");
-  auto a = relay({server.endpoint}, "job");
-  auto b = relay({server.endpoint}, "job");
+TEST_CASE_METHOD(TwoAgents,
+                 "store relay: a lone SET reaches the other nodes though another connection's "
+                 "query called the write-behind timer off just before it",
+                 "[store_relay]") {
   TcpStoreClient reader(world(*a, 1), Dialect::kTorch2), writer(world(*a, 1), Dialect::kTorch2);
   TcpStoreClient other(world(*b, 1), Dialect::kTorch2);
   for (int i = 0; i < 30; ++i) {
