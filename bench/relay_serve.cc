@@ -5,8 +5,9 @@
 // listening, then serves until SIGTERM or SIGINT. With ROUND, the run is not held: another
 // relay_serve holds it (one process may hold only so many descriptors), this one serves round
 // ROUND's world of it. --no-cache: the relays answer no read from what their node set (every
-// read goes to rdzvd, as a read of a key another node set does).
-//   relay_serve [--no-cache] ENDPOINT RUN [N [ROUND]]
+// read goes to rdzvd, as a read of a key another node set does). --no-combine: each ADD and
+// WAIT of a worker goes to rdzvd as it came (none combined with the node's others).
+//   relay_serve [--no-cache] [--no-combine] ENDPOINT RUN [N [ROUND]]
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -24,13 +25,20 @@
 #include "muster/rendezvous/store_relay.h"
 
 int main(int argc, char** argv) {
-  const bool cache = !(argc > 1 && std::string(argv[1]) == "--no-cache");
-  if (!cache) {
-    --argc;
-    ++argv;
+  bool cache = true, combine = true;
+  for (; argc > 1 && std::string(argv[1]).rfind("--", 0) == 0; --argc, ++argv) {
+    const std::string flag = argv[1];
+    if (flag == "--no-cache") {
+      cache = false;
+    } else if (flag == "--no-combine") {
+      combine = false;
+    } else {
+      std::fprintf(stderr, "relay_serve: unknown flag %s\n", flag.c_str());
+      return 2;
+    }
   }
   if (argc < 3) {
-    std::fprintf(stderr, "usage: relay_serve [--no-cache] ENDPOINT RUN [N [ROUND]]\n");
+    std::fprintf(stderr, "usage: relay_serve [--no-cache] [--no-combine] ENDPOINT RUN [N [ROUND]]\n");
     return 2;
   }
   // As launch does: Debian's abseil would check every absl::Mutex for lock-order cycles.
@@ -66,6 +74,7 @@ int main(int argc, char** argv) {
     o.targets = {endpoint};
     o.run_id = run;
     o.cache = cache;
+    o.combine = combine;
     auto r = muster::rendezvous::StoreRelay::start(o, loop);
     if (!r.ok()) {
       std::fprintf(stderr, "relay_serve: %s\n", std::string(r.status().message()).c_str());
@@ -83,5 +92,21 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   int sig = 0;
   sigwait(&set, &sig);
+  // What the relays did, for the benchmark's notes.
+  muster::rendezvous::StoreRelay::Stats all;
+  for (const auto& r : relays) {
+    const auto s = r->stats();
+    all.combined_adds += s.combined_adds;
+    all.adds_combined += s.adds_combined;
+    all.waits_joined += s.waits_joined;
+    all.reads_answered_here += s.reads_answered_here;
+  }
+  std::fprintf(stderr,
+               "relay_serve: %llu ADDs sent for %llu of the workers', %llu WAITs joined "
+               "another's, %llu reads answered here\n",
+               static_cast<unsigned long long>(all.combined_adds),
+               static_cast<unsigned long long>(all.adds_combined),
+               static_cast<unsigned long long>(all.waits_joined),
+               static_cast<unsigned long long>(all.reads_answered_here));
   return 0;
 }

@@ -22,6 +22,7 @@
 #include "muster/rendezvous/store_relay.h"
 #include "rdzvd_proc.h"
 #include "skip.h"
+#include "store_relay_helpers.h"
 #include "tcpstore_client.h"
 
 using namespace muster::testing;
@@ -31,62 +32,6 @@ using Dialect = muster::rendezvous::tcpstore::Dialect;
 using Op = muster::rendezvous::tcpstore::Op;
 
 namespace {
-
-std::unique_ptr<StoreRelay> relay(std::vector<std::string> targets, const std::string& run,
-                                  const std::string& token = "",
-                                  StoreRelayOptions o = StoreRelayOptions()) {
-  o.targets = std::move(targets);
-  o.run_id = run;
-  o.token = token;
-  auto r = StoreRelay::start(o);
-  REQUIRE(r.ok());
-  return std::move(*r);
-}
-
-int world(StoreRelay& r, int round) {
-  auto p = r.world(round);
-  REQUIRE(p.ok());
-  return *p;
-}
-
-// Until `pred(stats)` holds (the relay's counters move on its own thread).
-template <class P>
-bool eventually(const StoreRelay& r, P pred) {
-  const auto end = std::chrono::steady_clock::now() + 10s;
-  while (!pred(r.stats())) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
-
-bool wait_for(TcpStoreClient& c, const std::string& key) {
-  if (!c.send(TcpStoreClient::req(Op::kWait, {key}))) return false;
-  return c.read_u8(10s) == muster::rendezvous::tcpstore::kStopWaiting;
-}
-
-// An rdzvd this test kills -9 (RdzvdProc expects a clean end).
-struct KilledRdzvd {
-  std::unique_ptr<Proc> proc;
-  std::string endpoint;
-  KilledRdzvd() {
-    proc = std::make_unique<Proc>(std::vector<std::string>{kRdzvd, "--listen", "127.0.0.1:0"});
-    REQUIRE(proc->wait_output(
-        [](const std::string& out, const std::string&) {
-          const auto at = out.find("listening on port");
-          return at != std::string::npos && out.find('\n', at) != std::string::npos;
-        },
-        30s));
-    std::smatch m;
-    const std::string out = proc->out();
-    REQUIRE(std::regex_search(out, m, std::regex(R"(listening on port (\d+))")));
-    endpoint = "127.0.0.1:" + m[1].str();
-  }
-  void kill9() {
-    ::kill(proc->pid(), SIGKILL);
-    proc->wait(30s);
-  }
-};
 
 // A server holding run "job", and two nodes' agents of it.
 struct TwoAgents {
@@ -281,7 +226,10 @@ TEST_CASE("store relay: a run that goes with many connections open ends every on
           "[store_relay]") {
   RdzvdProc server;
   auto run = std::make_unique<HeldRun>(server.endpoint, "job");
-  auto a = relay({server.endpoint}, "job");
+  // Each ADD on a connection of its own at the server (combined, they would share one).
+  StoreRelayOptions alone;
+  alone.combine = false;
+  auto a = relay({server.endpoint}, "job", "", alone);
   const int p1 = world(*a, 1);
   std::vector<std::unique_ptr<TcpStoreClient>> clients;
   for (int i = 0; i < 40; ++i) {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <map>
@@ -57,6 +58,14 @@ constexpr std::size_t kReadChunk = 64 << 10;
 
 struct World;
 
+// A query the server owes a connection an answer to: its frame (a new stream asks again those
+// that only read); `leads`: a WAIT other connections' WAITs ride on (Waiters).
+struct Owed {
+  Op op;
+  std::string frame;
+  bool leads = false;
+};
+
 // One worker's connection (the loop's).
 struct Local : std::enable_shared_from_this<Local> {
   Local(tcp::socket s, asio::io_context& io, std::uint64_t id, World* w)
@@ -71,14 +80,35 @@ struct Local : std::enable_shared_from_this<Local> {
   bool reading = false, writing = false, closed = false, partial_armed = false;
   bool opened = false;     // the current stream has had its first frame (its round)
   bool watching = false;   // WATCH_KEY (torch 1.13): not carried over to a new stream
-  // Its queries the server has not answered yet, in order (their frames: a new stream asks
-  // again those that only read).
-  std::deque<std::pair<Op, std::string>> inflight;
+  // Its queries the server has not answered yet, in order.
+  std::deque<Owed> inflight;
   std::size_t inflight_bytes = 0;
+  bool held = false;    // its ADD went up in a combined one: what it sent after waits
+  std::string leads;    // the keys (Waiters' name) of its WAIT others ride on
+  std::string follows;  // the keys of another's WAIT its own WAIT rides on
   std::optional<std::string> wait_key;  // its WAIT's key, when the value comes with the answer
   std::optional<std::pair<std::string, std::string>> stash;  // key, value: for the next GET
 };
 using LocalPtr = std::shared_ptr<Local>;
+
+// ADDs of one key from this node's connections, combined into one ADD of their sum.
+struct AddBatch {
+  std::vector<std::pair<LocalPtr, std::int64_t>> members;  // in the order they came
+  std::uint64_t sum = 0;                                   // wraps as the server's sum does
+};
+struct Adder {
+  AddBatch flying;  // sent, not yet answered
+  AddBatch next;    // the next one
+  bool flies = false;
+  bool queued = false;  // a launch is posted
+};
+
+// WAITs for the same keys: the leader's went up, the followers' ride on it.
+struct Waiters {
+  std::vector<std::string> keys;
+  LocalPtr leader;
+  std::unordered_set<LocalPtr> followers;
+};
 
 struct World {
   World(int round, asio::io_context& io, std::size_t log_bytes)
@@ -93,6 +123,14 @@ struct World {
   // server has said (RelayFrame.dropped): reads of these keys are answered here.
   std::unordered_map<std::string, std::string> cache;
   std::size_t cache_bytes = 0;
+  // Combined ADDs: per key; the relay's own connection on this stream that carries them
+  // (0: none yet); the keys whose ADD went up on it, in order (its answers come in that order).
+  std::unordered_map<std::string, Adder> adders;
+  std::uint64_t adds_conn = 0;
+  std::deque<std::string> adds_flying;
+  // WAITs that others ride on, by their keys (waiters_name).
+  std::unordered_map<std::string, Waiters> waits;
+  bool closing = false;  // its connections are being closed: no WAIT is handed on
   void forget_all() {
     cache.clear();
     cache_bytes = 0;
@@ -130,13 +168,11 @@ class RelayUpstream final : public grpc::ClientBidiReactor<v1::RelayUp, v1::Rela
   }
   // Sends what waits (frames sent `later`).
   void kick() {
-    bool start = false;
     {
       absl::MutexLock lock(&mu_);
       if (abandoned_ || writing_ || !started_ || pending_.empty()) return;
       writing_ = true;
       take_batch();
-      start = true;
     }
     StartWrite(&sending_);
   }
@@ -247,6 +283,11 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     s.gets_answered_here = n_gets_here_.load();
     s.replayed_writes = n_replayed_.load();
     s.reads_answered_here = n_reads_here_.load();
+    s.combined_adds = n_combined_adds_.load();
+    s.adds_combined = n_adds_combined_.load();
+    s.waits_joined = n_waits_joined_.load();
+    s.waits_sent = n_waits_sent_.load();
+    s.adds_held = n_adds_held_.load();
     return s;
   }
 
@@ -271,6 +312,10 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
         on_ready(f.caches());
         continue;
       }
+      if (auto a = adds_conns_.find(f.conn()); a != adds_conns_.end()) {
+        on_adds(a->second, f);
+        continue;
+      }
       auto it = by_id_.find(f.conn());
       if (it == by_id_.end()) continue;  // the relay's own (a replay), or one closed since
       LocalPtr c = it->second;
@@ -282,11 +327,14 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
         drop(c, false);
         continue;
       }
+      bool led = false;
       for (std::uint32_t k = 0; k < f.replies() && !c->inflight.empty(); ++k) {
-        c->inflight_bytes -= c->inflight.front().second.size();
+        c->inflight_bytes -= c->inflight.front().frame.size();
+        led = led || c->inflight.front().leads;
         c->inflight.pop_front();
       }
       c->out += f.data();
+      if (led) answer_followers(c, f.has_prefetched() ? &f.prefetched() : nullptr);
       if (f.has_prefetched() && c->wait_key) {
         c->stash.emplace(std::move(*c->wait_key), std::move(*f.mutable_prefetched()));
       }
@@ -364,9 +412,17 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
 
   void close_world(std::map<int, std::unique_ptr<World>>::iterator it) {
     World& w = *it->second;
+    w.closing = true;
     boost::system::error_code ec;
     w.acceptor.close(ec);
     for (const LocalPtr& c : std::vector<LocalPtr>(w.conns.begin(), w.conns.end())) drop(c, true);
+    if (w.adds_conn != 0 && up_ != nullptr) {
+      v1::RelayFrame f;
+      f.set_conn(w.adds_conn);
+      f.set_closed(true);
+      up_->send(std::move(f));
+    }
+    adds_conns_.erase(w.adds_conn);
     worlds_.erase(it);
   }
 
@@ -447,8 +503,16 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     up->first_.set_token(opts_.token);
     up->first_.set_caches(opts_.cache);
     for (auto& [round, w] : worlds_) replay(*w);
-    for (auto& [id, c] : std::map<std::uint64_t, LocalPtr>(by_id_.begin(), by_id_.end())) {
-      carry_over(c);
+    // What the stream lost had: nothing of it is open on the new one.
+    const std::map<std::uint64_t, LocalPtr> conns(by_id_.begin(), by_id_.end());
+    for (const auto& [id, c] : conns) c->opened = false;
+    adds_conns_.clear();
+    for (auto& [round, w] : worlds_) lose_adds(*w);
+    for (const auto& [id, c] : conns) carry_over(c);
+    for (auto& [round, w] : worlds_) {
+      for (auto& [key, a] : w->adders) {
+        if (!a.next.members.empty() && !a.queued) queue_launch(*w, key);
+      }
     }
     up->begin(stubs_[target_].get());
     ready_timer_.expires_after(limits::kRelayReadyTimeout);
@@ -516,14 +580,14 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   // a WAIT...): those are asked again. One with a write in flight (ADD, COMPARE_SET, DELETE, a
   // queue's pop) or a WATCH_KEY is closed: nobody can say whether the write was served.
   void carry_over(const LocalPtr& c) {
-    if (!c->opened) return;  // the stream lost never had it: nothing to carry
-    c->opened = false;
+    // Nothing owed, or asked on the new stream already (a WAIT handed on to it meanwhile).
+    if (c->closed || c->opened || c->inflight.empty()) return;
     auto writes = [](Op op) {
       return op == Op::kAdd || op == Op::kCompareSet || op == Op::kDelete ||
              op == Op::kQueuePop || op == Op::kWatchKey;
     };
-    for (const auto& [op, frame] : c->inflight) {
-      if (!c->watching && !writes(op)) continue;
+    for (const Owed& o : c->inflight) {
+      if (!c->watching && !writes(o.op)) continue;
       ++n_closed_;
       spdlog::warn("store relay: closed the connection from {}: a write of it was in flight "
                    "when the stream to the server was lost",
@@ -531,16 +595,38 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       drop(c, false);
       return;
     }
-    if (c->dialect == Dialect::kTorch2) {
-      Request v;
-      v.op = Op::kValidate;
-      v.number = tcpstore::kValidationMagic;
-      up_frame(c, tcpstore::encode(Dialect::kTorch2, v), nullptr);
-    }
     for (std::size_t i = 0; i < c->inflight.size(); ++i) {
       const bool prefetch = i + 1 == c->inflight.size() && c->wait_key &&
-                            c->inflight[i].first == Op::kWait;
-      up_frame(c, c->inflight[i].second, prefetch ? &*c->wait_key : nullptr);
+                            c->inflight[i].op == Op::kWait;
+      up_frame(c, c->inflight[i].frame, prefetch ? &*c->wait_key : nullptr);
+    }
+  }
+
+  // The combined ADDs in flight on the stream lost: their workers' connections are closed
+  // (nobody can say whether the ADD was served); those not sent yet go on the new stream.
+  void lose_adds(World& w) {
+    w.adds_conn = 0;
+    w.adds_flying.clear();
+    std::vector<LocalPtr> lost;
+    for (auto it = w.adders.begin(); it != w.adders.end();) {
+      Adder& a = it->second;
+      if (a.flies) {
+        a.flies = false;
+        for (auto& [m, delta] : std::exchange(a.flying, {}).members) lost.push_back(m);
+      }
+      if (a.next.members.empty() && !a.queued) {
+        it = w.adders.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (const LocalPtr& m : lost) {
+      if (m->closed) continue;
+      ++n_closed_;
+      spdlog::warn("store relay: closed the connection from {}: its ADD was in flight when the "
+                   "stream to the server was lost",
+                   m->peer);
+      drop(m, false);
     }
   }
 
@@ -557,6 +643,9 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
 
   void read(const LocalPtr& c) {
     if (c->closed || c->reading) return;
+    // Held behind its combined ADD: read on only to see it close (what it sends meanwhile
+    // waits in `in`, one chunk at most; TCP holds the rest).
+    if (c->held && c->in.size() >= kReadChunk) return;
     if (!ready_ || (up_ != nullptr && up_->full(opts_.max_queued_up_bytes))) {
       paused_.push_back(c);  // read on when the stream is there and takes more
       return;
@@ -578,6 +667,13 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     if (ec == asio::error::would_block) return read(c);
     if (ec || n == 0) return drop(c, true);
     c->in.append(buf_.data(), n);
+    process(c);
+    read(c);
+  }
+
+  // The whole frames c sent, as far as they can go now (not past an ADD of c's combined with
+  // others: what follows it waits for its answer).
+  void process(const LocalPtr& c) {
     std::size_t pos = 0, sent = 0;  // [sent, pos): frames parsed, not yet handed up
     bool asks = false;              // one of them has an answer to wait for
     auto hand_up = [&](std::size_t end) {
@@ -585,13 +681,23 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       asks = false;
     };
     Request req;
-    while (!c->closed && pos < c->in.size()) {
+    while (!c->closed && !c->held && pos < c->in.size()) {
+      // It sends more after its WAIT: the server may answer that first (torch's own client
+      // sends nothing but CANCEL_WAIT there). One that rode on another's WAIT asks for
+      // itself; one that led stops leading (another asks in its place).
+      if (!c->follows.empty()) ask_alone(c);
+      if (!c->leads.empty()) stop_leading(*c);
       const auto r = tcpstore::parse(c->dialect, c->in.data() + pos, c->in.size() - pos, frame_,
                                      req);
       if (r.what == Parsed::kNeedMore) break;
       if (r.what == Parsed::kError) return fail(c, r.error);
       const std::size_t start = pos;
       pos += r.consumed;
+      if (req.op == Op::kValidate) {  // the dialect is known: it goes with the first query up
+        hand_up(start);
+        sent = pos;
+        continue;
+      }
       if (c->stash && req.op == Op::kGet && req.keys.size() == 1 &&
           req.keys[0] == c->stash->first) {
         // torch's get(): the WAIT brought the value.
@@ -606,6 +712,12 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       if (answer_here(*c, req)) {
         hand_up(start);
         ++n_reads_here_;
+        sent = pos;
+        continue;
+      }
+      if (combines(*c, req)) {
+        hand_up(start);
+        req.op == Op::kAdd ? join_add(c, req) : join_wait(c, req);
         sent = pos;
         continue;
       }
@@ -629,35 +741,259 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     if (c->in.empty() && c->in.capacity() > 4096) std::string().swap(c->in);
     arm_partial(c, pos > 0);
     flush(c);
-    read(c);
   }
 
   // What a query means for the relay: the log of writes, the answers owed. False: c was
   // closed (too much in flight).
   bool note(Local& c, const Request& req, const char* frame, std::size_t size) {
     World& w = *c.world;
-    w.log.note(req);
+    log_write(w, req);
     remember(w, req);
+    if (req.op == Op::kWatchKey) c.watching = true;
+    if (req.op == Op::kCancelWait) {  // the WAIT is answered no more (the CANCEL_WAIT is)
+      for (auto it = c.inflight.rbegin(); it != c.inflight.rend(); ++it) {
+        if (it->op != Op::kWait) continue;
+        c.inflight_bytes -= it->frame.size();
+        const bool led = it->leads;
+        c.inflight.erase(std::next(it).base());
+        if (led) hand_on(c);
+        break;
+      }
+      c.wait_key.reset();
+    }
+    if (!tcpstore::answers(req.op)) return true;
+    c.inflight.push_back(Owed{req.op, std::string(frame, size)});
+    c.inflight_bytes += size;
+    if (req.op == Op::kWait) ++n_waits_sent_;
+    if (req.op == Op::kWait && opts_.combine && c.leads.empty()) {
+      // Others' WAITs for these keys may ride on it.
+      auto [g, made] = w.waits.try_emplace(waiters_name(req.keys));
+      if (made) {
+        g->second.keys = req.keys;
+        g->second.leader = c.shared_from_this();
+        c.leads = g->first;
+        c.inflight.back().leads = true;
+      }
+    }
+    return c.inflight_bytes <= opts_.max_unsent_bytes;
+  }
+
+  void log_write(World& w, const Request& req) {
+    w.log.note(req);
     if (!w.log.complete() && !w.log_warned) {
       w.log_warned = true;
       spdlog::warn("store relay: round {}'s writes from this node passed {} bytes; they are no "
                    "longer kept to be written again after a failover",
                    w.round, opts_.limits.max_bytes);
     }
-    if (req.op == Op::kWatchKey) c.watching = true;
-    if (req.op == Op::kCancelWait) {  // the WAIT is answered no more (the CANCEL_WAIT is)
-      for (auto it = c.inflight.rbegin(); it != c.inflight.rend(); ++it) {
-        if (it->first != Op::kWait) continue;
-        c.inflight_bytes -= it->second.size();
-        c.inflight.erase(std::next(it).base());
-        break;
-      }
-      c.wait_key.reset();
+  }
+
+  // --- combining a node's ADDs and WAITs ------------------------------------------------------
+
+  // Whether `req` of c rides with others': an ADD, or a WAIT for keys another connection of
+  // the node waits for at the server; c waits for no answer of the server (its replies stay
+  // in order).
+  bool combines(const Local& c, const Request& req) const {
+    if (!opts_.combine || !c.inflight.empty()) return false;
+    if (req.op == Op::kAdd) return true;
+    return req.op == Op::kWait && c.world->waits.count(waiters_name(req.keys)) != 0;
+  }
+
+  static std::string waiters_name(const std::vector<std::string>& keys) {
+    std::string name;
+    for (const std::string& k : keys) name += std::to_string(k.size()) + ":" + k;
+    return name;
+  }
+
+  // c's ADD joins the next combined ADD of its key; c is held until it is answered.
+  void join_add(const LocalPtr& c, const Request& req) {
+    World& w = *c->world;
+    remember(w, req);  // written to the log when it goes up (a failover replays what went)
+    c->held = true;
+    ++n_adds_held_;
+    Adder& a = w.adders[req.keys[0]];
+    a.next.members.emplace_back(c, req.delta);
+    a.next.sum += static_cast<std::uint64_t>(req.delta);
+    if (!a.flies && !a.queued) queue_launch(w, req.keys[0]);
+  }
+
+  // The next combined ADD of `key` goes up once the loop has read what is ready now (the ADDs
+  // that came together go together).
+  void queue_launch(World& w, const std::string& key) {
+    w.adders[key].queued = true;
+    asio::post(io_, [this, self = shared_from_this(), round = w.round, key] {
+      auto it = worlds_.find(round);
+      if (it != worlds_.end()) launch(*it->second, key);
+    });
+  }
+
+  void launch(World& w, const std::string& key) {
+    auto it = w.adders.find(key);
+    if (it == w.adders.end()) return;
+    Adder& a = it->second;
+    a.queued = false;
+    if (a.flies || a.next.members.empty() || up_ == nullptr) return;  // a new stream sends it
+    a.flying = std::exchange(a.next, {});
+    a.flies = true;
+    Request add;
+    add.op = Op::kAdd;
+    add.keys = {key};
+    add.delta = static_cast<std::int64_t>(a.flying.sum);
+    log_write(w, add);
+    v1::RelayFrame f;
+    std::string data;
+    if (w.adds_conn == 0) {
+      w.adds_conn = next_id_++;
+      adds_conns_.emplace(w.adds_conn, w.round);
+      f.set_round(w.round);
+      data = validate_;
     }
-    if (!tcpstore::answers(req.op)) return true;
-    c.inflight.emplace_back(req.op, std::string(frame, size));
-    c.inflight_bytes += size;
-    return c.inflight_bytes <= opts_.max_unsent_bytes;
+    data += tcpstore::encode(Dialect::kTorch2, add);
+    f.set_conn(w.adds_conn);
+    f.set_data(std::move(data));
+    up_->send(std::move(f));
+    went_behind();
+    w.adds_flying.push_back(key);
+    ++n_combined_adds_;
+    n_adds_combined_ += a.flying.members.size();
+  }
+
+  // Answers on a world's connection for combined ADDs: each member gets the sum as if the
+  // batch's ADDs had been applied one after another.
+  void on_adds(int round, v1::RelayFrame& f) {
+    auto wi = worlds_.find(round);
+    if (wi == worlds_.end()) return;
+    World& w = *wi->second;
+    if (f.closed()) {  // the first unanswered one failed; the server served none after it
+      adds_conns_.erase(w.adds_conn);
+      w.adds_conn = 0;
+      w.forget_all();
+      std::vector<std::pair<LocalPtr, std::int64_t>> failed;
+      bool first = true;
+      for (const std::string& key : std::exchange(w.adds_flying, {})) {
+        Adder& a = w.adders[key];
+        a.flies = false;
+        AddBatch b = std::exchange(a.flying, {});
+        if (std::exchange(first, false)) {
+          failed = std::move(b.members);
+        } else {  // not served: first in the next one
+          b.members.insert(b.members.end(), a.next.members.begin(), a.next.members.end());
+          b.sum += a.next.sum;
+          a.next = std::move(b);
+        }
+        if (!a.next.members.empty() && !a.queued) queue_launch(w, key);
+      }
+      for (auto& [m, delta] : failed) {
+        if (m->closed) continue;
+        ++n_closed_;
+        spdlog::warn("store relay: the server closed the connection from {}: {}", m->peer,
+                     f.error());
+        drop(m, false);
+      }
+      return;
+    }
+    std::vector<LocalPtr> answered;
+    for (std::size_t at = 0; at + 8 <= f.data().size() && !w.adds_flying.empty(); at += 8) {
+      std::int64_t total = 0;
+      std::memcpy(&total, f.data().data() + at, 8);
+      const std::string key = std::move(w.adds_flying.front());
+      w.adds_flying.pop_front();
+      auto it = w.adders.find(key);
+      if (it == w.adders.end()) continue;
+      Adder& a = it->second;
+      a.flies = false;
+      AddBatch b = std::exchange(a.flying, {});
+      std::uint64_t v = static_cast<std::uint64_t>(total) - b.sum;
+      for (auto& [m, delta] : b.members) {
+        v += static_cast<std::uint64_t>(delta);
+        if (m->closed) continue;
+        tcpstore::put_i64(m->out, static_cast<std::int64_t>(v));
+        m->held = false;
+        --n_adds_held_;
+        answered.push_back(m);
+      }
+      if (!a.next.members.empty()) {
+        launch(w, key);
+      } else if (!a.queued) {
+        w.adders.erase(it);
+      }
+    }
+    for (const LocalPtr& m : answered) {  // what they sent after their ADD goes on
+      if (m->closed) continue;
+      process(m);
+      read(m);
+    }
+  }
+
+  // c's WAIT rides on another connection's, for the same keys, already at the server.
+  void join_wait(const LocalPtr& c, const Request& req) {
+    auto g = c->world->waits.find(waiters_name(req.keys));
+    g->second.followers.insert(c);
+    c->follows = g->first;
+    ++n_waits_joined_;
+  }
+
+  // The leader c's WAIT was answered (`value`: the one key's, when it came with it): so are
+  // those that rode on it.
+  void answer_followers(const LocalPtr& c, const std::string* value) {
+    auto g = c->world->waits.find(c->leads);
+    c->leads.clear();
+    if (g == c->world->waits.end()) return;
+    Waiters ws = std::move(g->second);
+    c->world->waits.erase(g);
+    for (const LocalPtr& m : ws.followers) {
+      m->follows.clear();
+      if (m->closed) continue;
+      tcpstore::put_u8(m->out, tcpstore::kStopWaiting);
+      if (value != nullptr && ws.keys.size() == 1) m->stash.emplace(ws.keys[0], *value);
+      flush(m);
+    }
+  }
+
+  // The leader c of a WAIT others ride on goes or cancels its WAIT: one of them sends its own
+  // and leads in its place (none left: the group ends).
+  void hand_on(Local& c) {
+    auto g = c.world->waits.find(c.leads);
+    c.leads.clear();
+    if (g == c.world->waits.end()) return;
+    Waiters& ws = g->second;
+    if (ws.followers.empty() || c.world->closing) {
+      for (const LocalPtr& m : ws.followers) m->follows.clear();
+      c.world->waits.erase(g);
+      return;
+    }
+    LocalPtr next = *ws.followers.begin();
+    ws.followers.erase(ws.followers.begin());
+    next->follows.clear();
+    ws.leader = next;
+    next->leads = g->first;
+    send_wait(next, ws.keys, true);
+  }
+
+  void stop_leading(Local& c) {
+    for (Owed& o : c.inflight) o.leads = false;
+    hand_on(c);
+  }
+
+  // c's WAIT rode on another's and c sends more: its WAIT goes up after all, before the rest.
+  void ask_alone(const LocalPtr& c) {
+    auto g = c->world->waits.find(c->follows);
+    c->follows.clear();
+    if (g == c->world->waits.end()) return;
+    g->second.followers.erase(c);
+    send_wait(c, g->second.keys, false);
+  }
+
+  void send_wait(const LocalPtr& c, const std::vector<std::string>& keys, bool leads) {
+    Request wait;
+    wait.op = Op::kWait;
+    wait.keys = keys;
+    std::string frame = tcpstore::encode(c->dialect, wait);
+    c->inflight.push_back(Owed{Op::kWait, frame, leads});
+    c->inflight_bytes += frame.size();
+    ++n_waits_sent_;
+    if (keys.size() == 1) c->wait_key = keys[0];
+    if (up_ != nullptr) up_frame(c, std::move(frame), keys.size() == 1 ? &keys[0] : nullptr);
   }
 
   // A read c's node set the keys of, answered here (c waits for no answer of the server: the
@@ -734,6 +1070,8 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     if (!c->opened) {
       f.set_round(c->world->round);
       c->opened = true;
+      // Its VALIDATE stayed here (process): the server learns its dialect from it.
+      if (c->dialect == Dialect::kTorch2) data.insert(0, validate_);
     }
     if (prefetch != nullptr) {
       f.set_prefetch(*prefetch);
@@ -780,7 +1118,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   }
 
   void arm_partial(const LocalPtr& c, bool progressed) {
-    if (c->in.empty()) {
+    if (c->in.empty() || c->held) {  // held: what it holds is whole frames that wait
       if (c->partial_armed) c->partial.cancel();
       c->partial_armed = false;
       return;
@@ -836,11 +1174,18 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   void drop(const LocalPtr& c, bool tell) {
     if (c->closed) return;
     c->closed = true;
+    if (c->held) --n_adds_held_;
     if (tell && c->opened && up_ != nullptr) {
       v1::RelayFrame f;
       f.set_conn(c->id);
       f.set_closed(true);
       up_->send(std::move(f));
+    }
+    if (!c->leads.empty()) hand_on(*c);
+    if (!c->follows.empty()) {
+      auto g = c->world->waits.find(c->follows);
+      if (g != c->world->waits.end()) g->second.followers.erase(c);
+      c->follows.clear();
     }
     boost::system::error_code ec;
     c->partial.cancel();
@@ -860,6 +1205,14 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   // Since when writes wait in the stream's queue for company (none: nothing waits).
   std::optional<std::chrono::steady_clock::time_point> behind_since_;
   std::vector<char> buf_;
+  const std::string validate_ = [] {
+    Request v;
+    v.op = Op::kValidate;
+    v.number = tcpstore::kValidationMagic;
+    return tcpstore::encode(Dialect::kTorch2, v);
+  }();
+  // The worlds' connections for combined ADDs on this stream, and their rounds.
+  std::unordered_map<std::uint64_t, int> adds_conns_;
   PeerUid peer_uid_;
   std::vector<std::unique_ptr<v1::StoreRelay::Stub>> stubs_;
   std::size_t target_ = 0;
@@ -875,9 +1228,10 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   std::uint64_t replaying_ = 0;  // writes the stream now opening carries again
   absl::Mutex live_mu_;
   int live_upstreams_ ABSL_GUARDED_BY(live_mu_) = 0;
-  std::atomic<std::size_t> n_conns_{0};
+  std::atomic<std::size_t> n_conns_{0}, n_adds_held_{0};
   std::atomic<std::uint64_t> n_other_user_{0}, n_refused_{0}, n_closed_{0}, n_streams_{0},
-      n_gets_here_{0}, n_replayed_{0}, n_reads_here_{0};
+      n_gets_here_{0}, n_replayed_{0}, n_reads_here_{0}, n_combined_adds_{0},
+      n_adds_combined_{0}, n_waits_joined_{0}, n_waits_sent_{0};
 };
 
 void RelayUpstream::begin(v1::StoreRelay::Stub* stub) {

@@ -21,6 +21,15 @@
 //   before any reply that write could lead to, so a worker never reads a value older than one
 //   it could know of through the store; any other write of this node (ADD, APPEND,
 //   COMPARE_SET, DELETE) forgets the key at once; a new stream starts with nothing kept.
+// - A node's ADDs and WAITs are combined (issue 40's barrier: 100,000 ranks, one query per
+//   node, not per rank): ADDs of one key from connections that wait for no other answer go up
+//   as one ADD of their sum (one in flight per key and world, on a connection of the relay's
+//   own; those that come meanwhile go with the next) and each is answered as if they had been
+//   applied one after another; a WAIT for keys another connection of the node already waits
+//   for at the server is not sent: it is answered with that one. A connection whose WAIT rides
+//   on another's and that sends anything more has its WAIT sent after all; one whose WAIT led
+//   and that goes (or cancels it) hands the wait to one that rode on it. A torch 2.x
+//   connection's VALIDATE goes up only with its first query the relay cannot answer itself.
 // - Write-behind: queries with no answer to wait for (SET...) wait in the stream's queue at
 //   most limits::kRelayWriteBehind and go up with the next query that has one: a burst of
 //   SETs is one message to the server, not one each.
@@ -66,6 +75,9 @@ struct StoreRelayOptions {
   // written since, here: the server tells the relay when another client writes one. Off: every
   // read goes to the server (tests, the benchmark's row without it).
   bool cache = true;
+  // Combine this node's ADDs of one key and WAITs for the same keys (above). Off: each goes up
+  // as it came (tests, the benchmark's row without it).
+  bool combine = true;
   // What the cache holds at most per world, keys and values (beyond it, a SET is not kept).
   std::size_t max_cached_bytes = limits::kRelayCachedBytes;
   // Refuse connections from sockets of other users (false: tests of the check itself).
@@ -105,6 +117,11 @@ class StoreRelay {
     std::uint64_t gets_answered_here = 0;   // torch's GET after a WAIT, from the prefetch
     std::uint64_t replayed_writes = 0;      // written again on a new stream
     std::uint64_t reads_answered_here = 0;  // from what this node set (the cache)
+    std::uint64_t combined_adds = 0;        // ADDs the relay sent for its workers' ADDs
+    std::uint64_t adds_combined = 0;        // workers' ADDs answered from those
+    std::uint64_t waits_sent = 0;           // workers' WAITs sent to the server
+    std::uint64_t waits_joined = 0;         // workers' WAITs answered with another's
+    std::size_t adds_held = 0;  // workers' ADDs now waiting to go up combined, or for its answer
   };
   Stats stats() const;
 
