@@ -1,5 +1,6 @@
 #include "muster/rendezvous/store_relay.h"
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -437,10 +438,16 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
 
   void on_accept(World* w, tcp::socket s) {
     boost::system::error_code ec;
-    const tcp::endpoint remote = s.remote_endpoint(ec);
-    const std::string peer = ec ? "?" : remote.address().to_string() + ":" +
-                                            std::to_string(remote.port());
-    if (opts_.same_user_only && !same_user(s)) {
+    sockaddr_in remote{};
+    socklen_t len = sizeof remote;
+    const bool named =
+        ::getpeername(s.native_handle(), reinterpret_cast<sockaddr*>(&remote), &len) == 0 &&
+        remote.sin_family == AF_INET;
+    char ip[INET_ADDRSTRLEN] = "?";
+    if (named) ::inet_ntop(AF_INET, &remote.sin_addr, ip, sizeof ip);
+    const std::string peer = named ? std::string(ip) + ":" + std::to_string(ntohs(remote.sin_port))
+                                   : std::string("?");
+    if (opts_.same_user_only && !(named && same_user(*w, remote))) {
       if (++n_other_user_ % 1000 == 1) {
         spdlog::warn("store relay: refused a connection from {}: its socket belongs to another "
                      "user ({} refused so far)",
@@ -467,19 +474,19 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     read(c);
   }
 
-  bool same_user(tcp::socket& s) {
-    sockaddr_in peer{}, local{};
-    socklen_t n = sizeof peer;
-    if (::getpeername(s.native_handle(), reinterpret_cast<sockaddr*>(&peer), &n) != 0) return false;
-    n = sizeof local;
-    if (::getsockname(s.native_handle(), reinterpret_cast<sockaddr*>(&local), &n) != 0) return false;
+  // Whether the socket at `peer` that connected to w's listener is this process's user's.
+  bool same_user(const World& w, const sockaddr_in& peer) {
+    sockaddr_in local{};  // the listener's address: loopback, its port
+    local.sin_family = AF_INET;
+    local.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    local.sin_port = htons(static_cast<std::uint16_t>(w.port));
     absl::StatusOr<uid_t> uid = peer_uid_.owner(peer, local);
     if (!uid.ok()) {
       spdlog::warn("store relay: cannot tell who owns a connection ({}): refused",
                    std::string(uid.status().message()));
       return false;
     }
-    return *uid == ::geteuid();
+    return *uid == euid_;
   }
 
   // The stream, opened when there is none: the run and the token, then what this node's
@@ -1214,6 +1221,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   // The worlds' connections for combined ADDs on this stream, and their rounds.
   std::unordered_map<std::uint64_t, int> adds_conns_;
   PeerUid peer_uid_;
+  const uid_t euid_ = ::geteuid();
   std::vector<std::unique_ptr<v1::StoreRelay::Stub>> stubs_;
   std::size_t target_ = 0;
   RelayUpstream* up_ = nullptr;  // the stream now (the loop's)
