@@ -470,6 +470,11 @@ class Agent::Impl {
       o.token = opts_.token;
       o.tls = opts_.tls;
       o.connect_early = !opts_.local_rdzv;  // a server elsewhere: connect while workers start
+      o.cache = opts_.store_cache;
+      if (!o.cache) {
+        spdlog::info("store relay: every read of the workers goes to the server "
+                     "(--rdzv_conf store_cache=false)");
+      }
       auto relay = rendezvous::StoreRelay::start(std::move(o));
       if (!relay.ok()) {
         spdlog::error("{}", std::string(relay.status().message()));

@@ -385,7 +385,8 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
       c.tls.server_name = std::string(value);
     } else if (key == "in_place_timeout") {
       st = seconds(c.in_place_timeout, limits::kMaxInPlaceTimeout, true);
-    } else if (key == "is_host" || key == "use_agent_store" || key == "in_place") {
+    } else if (key == "is_host" || key == "use_agent_store" || key == "in_place" ||
+               key == "store_cache") {
       std::string v = absl::AsciiStrToLower(value);
       std::optional<bool> b;
       if (v == "1" || v == "true" || v == "yes") b = true;
@@ -397,6 +398,8 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
         c.is_host = b;
       } else if (key == "in_place") {
         c.in_place = *b;
+      } else if (key == "store_cache") {
+        c.store_cache = *b;
       } else {
         c.use_agent_store = *b;
       }

@@ -260,7 +260,7 @@ void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
                      "key=value,... : join_timeout, last_call_timeout, close_timeout, "
                      "keep_alive_interval, keep_alive_max_attempt, read_timeout, "
                      "reattach_timeout, in_place_timeout (seconds), token, is_host, use_agent_store, "
-                     "in_place, tls_ca, tls_cert, "
+                     "store_cache, in_place, tls_ca, tls_cert, "
                      "tls_key, tls_server_name (other torchrun keys: accepted, ignored, warned about)"),
       kRdzv);
   // TLS for the server this launch hosts (docs/operations.md, "TLS").

@@ -257,6 +257,7 @@ void set_rendezvous(agent::AgentOptions& opts, const LaunchConfig& cfg, const Re
   opts.tls = cfg.client_tls;
   opts.rdzv_timeouts = cfg.rdzv_conf.timeouts;
   opts.use_agent_store = cfg.rdzv_conf.use_agent_store;
+  opts.store_cache = cfg.rdzv_conf.store_cache;
   opts.store_addr = r.target;
   if (!cfg.standalone && cfg.rdzv_backend == "static") {
     opts.master_addr = cfg.master_addr;

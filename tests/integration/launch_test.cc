@@ -103,6 +103,19 @@ TEST_CASE("launch: no endpoint, one node and no master port is --standalone (tor
   CHECK(ec["TORCHELASTIC_RUN_ID"] == "none");
 }
 
+TEST_CASE("launch: --rdzv_conf store_cache=false: the workers use their agent's store, whose "
+          "agent answers none of their reads itself",
+          "[launch]") {
+  TempDir dir;
+  Proc p(launch_args({"--standalone", "--nproc_per_node=2", "--rdzv_conf=store_cache=false"},
+                     {"env", dir.path()}),
+         Env{{"MUSTER_LOG_LEVEL", "info"}});
+  REQUIRE(p.wait() == 0);
+  CHECK(read_env_file(dir.file("env.1"))["TORCHELASTIC_USE_AGENT_STORE"] == "True");
+  INFO(p.err());
+  CHECK(count_lines_with(p.err() + p.out(), "every read of the workers goes to the server") == 1);
+}
+
 TEST_CASE("launch: --nproc_per_node=xpu counts Level Zero's devices", "[launch]") {
   TempDir dir;
   Proc p(launch_args({"--standalone", "--nproc_per_node=xpu"}, {"env", dir.path()}),

@@ -271,6 +271,14 @@ TEST_CASE("rendezvous flags: rdzv_conf keys and units", "[config]") {
   REQUIRE(off.ok());
   CHECK_FALSE(off->use_agent_store);
   CHECK(off->ignored_keys.empty());
+  // Its agents' cache of what their node set: on unless turned off.
+  CHECK(d->store_cache);
+  auto uncached = parse_rdzv_conf("store_cache=false");
+  REQUIRE(uncached.ok());
+  CHECK_FALSE(uncached->store_cache);
+  CHECK(uncached->use_agent_store);
+  CHECK(uncached->ignored_keys.empty());
+  CHECK_FALSE(parse_rdzv_conf("store_cache=sometimes").ok());
   auto bad = parse_rdzv_conf("use_agent_store=perhaps");
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(std::string(bad.status().message()),

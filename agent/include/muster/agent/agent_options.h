@@ -87,6 +87,8 @@ struct AgentOptions {
   // torchrun 2.x). False: rank-0 hosting (a free port on the group-rank-0 node,
   // TORCHELASTIC_USE_AGENT_STORE=False).
   bool use_agent_store = true;
+  // That store's agent answers reads of keys its node set (StoreRelayOptions::cache).
+  bool store_cache = true;
 
   // Workers
   int nproc_per_node = 1;

@@ -48,6 +48,10 @@ struct RdzvConf {
   // Workers use the run's TCPStore-protocol store on the rendezvous server (MASTER_ADDR,
   // MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True) when it has one; false: rank 0 hosts its own.
   bool use_agent_store = true;
+  // store_cache: the agents answer reads of keys their own node set (docs/rendezvous.md);
+  // false: every read goes to the server (a job that orders a SET against another node's read
+  // by something other than the store).
+  bool store_cache = true;
   // in_place, in_place_timeout (docs/in_place.md): as --in_place; the wait for the re-formed
   // round's workers to report resumed.
   bool in_place = false;
