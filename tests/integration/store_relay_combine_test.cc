@@ -45,13 +45,10 @@ std::string add_frame(Dialect d, const std::string& key, std::int64_t delta) {
 
 }  // namespace
 
-TEST_CASE("store relay: a node's ADDs of one key go up as one ADD of their sum, each answered "
-          "as if alone, and their WAITs ride on one",
-          "[store_relay]") {
-  RdzvdProc server;
-  HeldRun run(server.endpoint, "job");
-  auto a = relay({server.endpoint}, "job");
-  auto b = relay({server.endpoint}, "job");
+TEST_CASE_METHOD(TwoAgents,
+                 "store relay: a node's ADDs of one key go up as one ADD of their sum, each "
+                 "answered as if alone, and their WAITs ride on one",
+                 "[store_relay]") {
   const int port = world(*a, 1);
   TcpStoreClient first(port, Dialect::kTorch2);
   REQUIRE(first.add("n", 1) == 1);  // the world is open on the server; the first ADD alone
@@ -109,13 +106,10 @@ TEST_CASE("store relay: a node's ADDs of one key go up as one ADD of their sum, 
   CHECK(a->stats().gets_answered_here == kRanks);
 }
 
-TEST_CASE("store relay: the connection whose WAIT others ride on goes or cancels it: one of "
-          "them asks in its place, and one that sends more asks for itself",
-          "[store_relay]") {
-  RdzvdProc server;
-  HeldRun run(server.endpoint, "job");
-  auto a = relay({server.endpoint}, "job");
-  auto b = relay({server.endpoint}, "job");
+TEST_CASE_METHOD(TwoAgents,
+                 "store relay: the connection whose WAIT others ride on goes or cancels it: one "
+                 "of them asks in its place, and one that sends more asks for itself",
+                 "[store_relay]") {
   const int port = world(*a, 1);
   TcpStoreClient setter(world(*b, 1), Dialect::kTorch2);
   auto leader = std::make_unique<TcpStoreClient>(port, Dialect::kTorch2);
@@ -144,15 +138,10 @@ TEST_CASE("store relay: the connection whose WAIT others ride on goes or cancels
   CHECK(a->stats().closed_for_errors == 0);
 }
 
-TEST_CASE("store relay: a combined ADD in flight when the server is lost closes its workers' "
-          "connections, the ADDs behind it go to the next server",
-          "[store_relay]") {
-  KilledRdzvd first;
-  RdzvdProc second;
-  HeldRun on_first(first.endpoint, "job");
-  HeldRun on_second(second.endpoint, "job");
-  auto a = relay({first.endpoint, second.endpoint}, "job");
-  const int port = world(*a, 1);
+TEST_CASE_METHOD(TwoServers,
+                 "store relay: a combined ADD in flight when the server is lost closes its "
+                 "workers' connections, the ADDs behind it go to the next server",
+                 "[store_relay]") {
   TcpStoreClient warm(port, Dialect::kTorch2), flying(port, Dialect::kTorch2),
       behind(port, Dialect::kTorch1);
   REQUIRE(warm.add("n", 10) == 10);

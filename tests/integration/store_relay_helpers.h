@@ -12,8 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include "held_run.h"
 #include "helpers.h"
 #include "muster/rendezvous/store_relay.h"
+#include "rdzvd_proc.h"
 #include "tcpstore_client.h"
 
 namespace muster::testing {
@@ -75,6 +77,25 @@ struct KilledRdzvd {
     ::kill(proc->pid(), SIGKILL);
     proc->wait(30s);
   }
+};
+
+// A server holding run "job", and two nodes' agents of it.
+struct TwoAgents {
+  RdzvdProc server;
+  HeldRun run{server.endpoint, "job"};
+  std::unique_ptr<rendezvous::StoreRelay> a = relay({server.endpoint}, "job");
+  std::unique_ptr<rendezvous::StoreRelay> b = relay({server.endpoint}, "job");
+};
+
+// Two servers holding run "job", the first to be killed -9, and an agent that knows both
+// (its stream goes to the second once the first is lost); `port`: its listener of round 1.
+struct TwoServers {
+  KilledRdzvd first;
+  RdzvdProc second;
+  HeldRun on_first{first.endpoint, "job"};
+  HeldRun on_second{second.endpoint, "job"};
+  std::unique_ptr<rendezvous::StoreRelay> a = relay({first.endpoint, second.endpoint}, "job");
+  int port = world(*a, 1);
 };
 
 }  // namespace muster::testing

@@ -33,14 +33,6 @@ using Op = muster::rendezvous::tcpstore::Op;
 
 namespace {
 
-// A server holding run "job", and two nodes' agents of it.
-struct TwoAgents {
-  RdzvdProc server;
-  HeldRun run{server.endpoint, "job"};
-  std::unique_ptr<StoreRelay> a = relay({server.endpoint}, "job");
-  std::unique_ptr<StoreRelay> b = relay({server.endpoint}, "job");
-};
-
 }  // namespace
 
 TEST_CASE_METHOD(TwoAgents,
@@ -292,15 +284,10 @@ TEST_CASE("store relay: a connection from another user's process is refused", "[
   CHECK(mine.check({"k"}) == false);
 }
 
-TEST_CASE("store relay: a lost server: keys written again to the next one, a parked WAIT "
-          "answered there",
-          "[store_relay]") {
-  KilledRdzvd first;
-  RdzvdProc second;
-  HeldRun on_first(first.endpoint, "job");
-  HeldRun on_second(second.endpoint, "job");
-  auto a = relay({first.endpoint, second.endpoint}, "job");
-  const int port = world(*a, 1);
+TEST_CASE_METHOD(TwoServers,
+                 "store relay: a lost server: keys written again to the next one, a parked WAIT "
+                 "answered there",
+                 "[store_relay]") {
   TcpStoreClient writer(port, Dialect::kTorch2), waiter(port, Dialect::kTorch1);
   REQUIRE(writer.set("addr/0", "10.0.0.1"));
   REQUIRE(writer.add("count", 2) == 2);
