@@ -160,6 +160,29 @@ TEST_CASE_METHOD(TwoServers,
   CHECK(warm.add("n", 0) == 111);
 }
 
+TEST_CASE_METHOD(TwoAgents,
+                 "store relay: a combined ADD the server refuses closes its workers' "
+                 "connections, the ADDs sent after it on the same connection go again",
+                 "[store_relay]") {
+  const int port = world(*a, 1);
+  TcpStoreClient bad(port, Dialect::kTorch2), good(port, Dialect::kTorch1);
+  REQUIRE(bad.set("s", "not a number"));
+  REQUIRE(good.add("n", 0) == 0);  // the SET is at the server, the agent's ADD connection open
+  {
+    Paused stopped(server.proc->pid());
+    REQUIRE(bad.send_raw(add_frame(Dialect::kTorch2, "s", 1)));
+    REQUIRE(eventually(*a, [](const StoreRelay::Stats& s) { return s.combined_adds == 2; }));
+    REQUIRE(good.send_raw(add_frame(Dialect::kTorch1, "n", 5)));
+    REQUIRE(eventually(*a, [](const StoreRelay::Stats& s) { return s.combined_adds == 3; }));
+  }
+  // torch's rule: an ADD to a value that is not a number ends that connection.
+  CHECK(bad.closed_by_server(10s));
+  CHECK(good.read_value<std::int64_t>(10s) == 5);
+  CHECK(good.add("n", 0) == 5);  // served once
+  TcpStoreClient other(world(*b, 1), Dialect::kTorch2);
+  CHECK(other.get("s") == "not a number");
+}
+
 TEST_CASE("store relay: with combining off, each ADD and WAIT goes to the server as it came",
           "[store_relay]") {
   RdzvdProc server;

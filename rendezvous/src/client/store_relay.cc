@@ -842,11 +842,22 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     if (a.flies || a.next.members.empty() || up_ == nullptr) return;  // a new stream sends it
     a.flying = std::exchange(a.next, {});
     a.flies = true;
+    log_write(w, add_of(key, a.flying));
+    send_add(w, key, a.flying);
+    ++n_combined_adds_;
+    n_adds_combined_ += a.flying.members.size();
+  }
+
+  static Request add_of(const std::string& key, const AddBatch& b) {
     Request add;
     add.op = Op::kAdd;
     add.keys = {key};
-    add.delta = static_cast<std::int64_t>(a.flying.sum);
-    log_write(w, add);
+    add.delta = static_cast<std::int64_t>(b.sum);
+    return add;
+  }
+
+  // The combined ADD `b` of `key` on w's connection for them (opened on this stream first).
+  void send_add(World& w, const std::string& key, const AddBatch& b) {
     v1::RelayFrame f;
     std::string data;
     if (w.adds_conn == 0) {
@@ -855,14 +866,12 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       f.set_round(w.round);
       data = validate_;
     }
-    data += tcpstore::encode(Dialect::kTorch2, add);
+    data += tcpstore::encode(Dialect::kTorch2, add_of(key, b));
     f.set_conn(w.adds_conn);
     f.set_data(std::move(data));
     up_->send(std::move(f));
     went_behind();
     w.adds_flying.push_back(key);
-    ++n_combined_adds_;
-    n_adds_combined_ += a.flying.members.size();
   }
 
   // Answers on a world's connection for combined ADDs: each member gets the sum as if the
@@ -875,22 +884,17 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       adds_conns_.erase(w.adds_conn);
       w.adds_conn = 0;
       w.forget_all();
-      std::vector<std::pair<LocalPtr, std::int64_t>> failed;
-      bool first = true;
-      for (const std::string& key : std::exchange(w.adds_flying, {})) {
-        Adder& a = w.adders[key];
-        a.flies = false;
-        AddBatch b = std::exchange(a.flying, {});
-        if (std::exchange(first, false)) {
-          failed = std::move(b.members);
-        } else {  // not served: first in the next one
-          b.members.insert(b.members.end(), a.next.members.begin(), a.next.members.end());
-          b.sum += a.next.sum;
-          a.next = std::move(b);
-        }
-        if (!a.next.members.empty() && !a.queued) queue_launch(w, key);
-      }
-      for (auto& [m, delta] : failed) {
+      std::deque<std::string> flying = std::exchange(w.adds_flying, {});
+      if (flying.empty()) return;
+      Adder& failed = w.adders[flying.front()];
+      failed.flies = false;
+      const AddBatch lost = std::exchange(failed.flying, {});
+      if (!failed.next.members.empty() && !failed.queued) queue_launch(w, flying.front());
+      flying.pop_front();
+      // Those after it, not served, go again in their order on a new connection (their ADDs
+      // are in the replay log already).
+      for (const std::string& key : flying) send_add(w, key, w.adders[key].flying);
+      for (const auto& [m, delta] : lost.members) {
         if (m->closed) continue;
         ++n_closed_;
         spdlog::warn("store relay: the server closed the connection from {}: {}", m->peer,
