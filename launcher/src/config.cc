@@ -317,6 +317,43 @@ absl::StatusOr<std::vector<Endpoint>> parse_endpoints(const std::string& text, i
   return out;
 }
 
+namespace {
+
+// An rdzv_conf value that is true or false (1/0, yes/no too, any case).
+absl::StatusOr<bool> parse_bool(absl::string_view key, absl::string_view value) {
+  const std::string v = absl::AsciiStrToLower(value);
+  if (v == "1" || v == "true" || v == "yes") return true;
+  if (v == "0" || v == "false" || v == "no") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--rdzv_conf ", key, ": expected true or false, got '", value, "'"));
+}
+
+// Where an rdzv_conf key that is true or false goes (null: not such a key). is_host, which may
+// also be left unset, is not one of them.
+bool* bool_key(RdzvConf& c, absl::string_view key) {
+  if (key == "use_agent_store") return &c.use_agent_store;
+  if (key == "store_cache") return &c.store_cache;
+  if (key == "in_place") return &c.in_place;
+  return nullptr;
+}
+
+absl::Status parse_keep_alive_attempts(absl::string_view value, int& into) {
+  std::int64_t n = 0;
+  if (!absl::SimpleAtoi(value, &n) || n < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rdzv_conf keep_alive_max_attempt: expected a positive integer, got '", value, "'"));
+  }
+  if (n > limits::kMaxKeepAliveAttempts) {
+    return absl::InvalidArgumentError(absl::StrCat("--rdzv_conf keep_alive_max_attempt: ", n,
+                                                   " is above the limit of ",
+                                                   limits::kMaxKeepAliveAttempts));
+  }
+  into = static_cast<int>(n);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
   RdzvConf c;
   absl::string_view all = absl::StripAsciiWhitespace(text);
@@ -362,17 +399,7 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
     } else if (key == "keep_alive_interval") {
       st = seconds(c.timeouts.keep_alive_interval, limits::kMaxKeepAliveInterval, true);
     } else if (key == "keep_alive_max_attempt") {
-      std::int64_t n = 0;
-      if (!absl::SimpleAtoi(value, &n) || n < 1) {
-        st = absl::InvalidArgumentError(absl::StrCat(
-            "--rdzv_conf keep_alive_max_attempt: expected a positive integer, got '", value, "'"));
-      } else if (n > limits::kMaxKeepAliveAttempts) {
-        st = absl::InvalidArgumentError(
-            absl::StrCat("--rdzv_conf keep_alive_max_attempt: ", n, " is above the limit of ",
-                         limits::kMaxKeepAliveAttempts));
-      } else {
-        c.timeouts.keep_alive_max_attempt = static_cast<int>(n);
-      }
+      st = parse_keep_alive_attempts(value, c.timeouts.keep_alive_max_attempt);
     } else if (key == "token") {
       c.token = std::string(value);
     } else if (key == "tls_ca") {
@@ -385,24 +412,14 @@ absl::StatusOr<RdzvConf> parse_rdzv_conf(const std::string& text) {
       c.tls.server_name = std::string(value);
     } else if (key == "in_place_timeout") {
       st = seconds(c.in_place_timeout, limits::kMaxInPlaceTimeout, true);
-    } else if (key == "is_host" || key == "use_agent_store" || key == "in_place" ||
-               key == "store_cache") {
-      std::string v = absl::AsciiStrToLower(value);
-      std::optional<bool> b;
-      if (v == "1" || v == "true" || v == "yes") b = true;
-      if (v == "0" || v == "false" || v == "no") b = false;
-      if (!b) {
-        st = absl::InvalidArgumentError(absl::StrCat("--rdzv_conf ", key,
-                                                     ": expected true or false, got '", value, "'"));
-      } else if (key == "is_host") {
-        c.is_host = b;
-      } else if (key == "in_place") {
-        c.in_place = *b;
-      } else if (key == "store_cache") {
-        c.store_cache = *b;
-      } else {
-        c.use_agent_store = *b;
-      }
+    } else if (key == "is_host") {
+      auto b = parse_bool(key, value);
+      st = b.status();
+      if (b.ok()) c.is_host = *b;
+    } else if (bool* into = bool_key(c, key)) {
+      auto b = parse_bool(key, value);
+      st = b.status();
+      if (b.ok()) *into = *b;
     } else {
       // torchrun hands every key to its backend: `timeout`, `heartbeat_timeout`,
       // `store_type`, `use_libuv`, a custom backend's own. None changes anything here.
