@@ -200,54 +200,11 @@ void add_output_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
       ->check(CLI::IsMember({"console", "null", "dynamic_rendezvous"}));
 }
 
-// Every flag of launch, torchrun's and its own (a table).
-void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
-  app.prefix_command();
-  app.footer(
-      "PROGRAM [ARGS...]: an executable (a path, or a name on PATH), a .py script (run as "
-      "PYTHON -u, PYTHON being $PYTHON_EXEC, else $VIRTUAL_ENV/bin/python, else the first python3 "
-      "on PATH that can import torch when the script imports it, else python3), or a module "
-      "with -m. Everything after PROGRAM is passed to it. "
-      "Details: docs/launch.md and docs/rendezvous.md.");
-  app.set_help_flag("-h,--help", "Show this help and exit");
-  app.set_version_flag("--version", muster::ops::version_line("launch"),
-                       "Show the version and commit and exit");
+// Where the nodes meet: the rendezvous (elastic or static) and the TLS of the server a launch
+// hosts.
+void add_rendezvous_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
   const char* kRdzv = "Rendezvous";
   const char* kStatic = "Static rendezvous";
-  const char* kWorkers = "Workers";
-  const char* kProgram = "Program";
-  // launch's own operator flags (docs/operations.md): like kCluster and kHangs, they take no
-  // prefix away from torchrun's flags.
-  const char* kCompat = "Accepted for torchrun compatibility";
-  raw.given.nnodes = pet(app.add_option("--nnodes", raw.nnodes, "Number of nodes, N or MIN:MAX (elastic)"), kRdzv);
-  raw.given.nproc = pet(app.add_option("--nproc_per_node,--nproc-per-node", c.nproc_spec,
-                     "Workers per node: an integer, cpu, gpu, xpu or auto"),
-      kWorkers);
-  pet(app.add_flag("--standalone", c.standalone,
-                   "Single node; the rendezvous server runs inside launch on a free port"),
-      kRdzv);
-  pet(app.add_option("--max_restarts,--max-restarts", c.max_restarts,
-                     "Restarts of the worker group before the job fails"),
-      kWorkers)
-      ->check(not_empty());
-  raw.shutdown_opt =
-      pet(app.add_option("--shutdown_timeout,--shutdown-timeout", raw.shutdown_s,
-                         "Seconds between SIGTERM and SIGKILL when stopping workers (default "
-                         "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)"),
-          kWorkers)
-          ->check(not_empty());
-  pet(app.add_option("--signals_to_handle,--signals-to-handle", c.signals_to_handle,
-                     "Signals forwarded to the workers (comma-separated names)"),
-      kWorkers);
-  pet(app.add_option("--role", c.role, "Worker role name (ROLE_NAME)"), kWorkers);
-  raw.numa_opt = pet(app.add_option("--numa_binding,--numa-binding", c.numa_binding,
-                     "Bind each local rank to CPUs (and memory) near its GPU, or round-robin "
-                     "over NUMA nodes without GPUs: node, socket, exclusive or core-complex"),
-      kWorkers);
-  pet(app.add_flag("--virtual_local_rank,--virtual-local-rank", c.virtual_local_rank,
-                   "Every worker gets LOCAL_RANK=0 and only its own device in "
-                   "CUDA_VISIBLE_DEVICES (its local rank's, or that entry of launch's list)"),
-      kWorkers);
   pet(app.add_option("--rdzv_backend,--rdzv-backend", c.rdzv_backend,
                      "static (the default: fixed nodes, --node_rank) or c10d (elastic)"),
       kRdzv);
@@ -286,6 +243,56 @@ void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
                      "Workers' MASTER_PORT (default 29500)"),
       kStatic)
       ->check(not_empty());
+}
+
+// Every flag of launch, torchrun's and its own (a table).
+void add_launch_flags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
+  app.prefix_command();
+  app.footer(
+      "PROGRAM [ARGS...]: an executable (a path, or a name on PATH), a .py script (run as "
+      "PYTHON -u, PYTHON being $PYTHON_EXEC, else $VIRTUAL_ENV/bin/python, else the first python3 "
+      "on PATH that can import torch when the script imports it, else python3), or a module "
+      "with -m. Everything after PROGRAM is passed to it. "
+      "Details: docs/launch.md and docs/rendezvous.md.");
+  app.set_help_flag("-h,--help", "Show this help and exit");
+  app.set_version_flag("--version", muster::ops::version_line("launch"),
+                       "Show the version and commit and exit");
+  const char* kRdzv = "Rendezvous";
+  const char* kWorkers = "Workers";
+  const char* kProgram = "Program";
+  // launch's own operator flags (docs/operations.md): like kCluster and kHangs, they take no
+  // prefix away from torchrun's flags.
+  const char* kCompat = "Accepted for torchrun compatibility";
+  raw.given.nnodes = pet(app.add_option("--nnodes", raw.nnodes, "Number of nodes, N or MIN:MAX (elastic)"), kRdzv);
+  raw.given.nproc = pet(app.add_option("--nproc_per_node,--nproc-per-node", c.nproc_spec,
+                     "Workers per node: an integer, cpu, gpu, xpu or auto"),
+      kWorkers);
+  pet(app.add_flag("--standalone", c.standalone,
+                   "Single node; the rendezvous server runs inside launch on a free port"),
+      kRdzv);
+  pet(app.add_option("--max_restarts,--max-restarts", c.max_restarts,
+                     "Restarts of the worker group before the job fails"),
+      kWorkers)
+      ->check(not_empty());
+  raw.shutdown_opt =
+      pet(app.add_option("--shutdown_timeout,--shutdown-timeout", raw.shutdown_s,
+                         "Seconds between SIGTERM and SIGKILL when stopping workers (default "
+                         "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)"),
+          kWorkers)
+          ->check(not_empty());
+  pet(app.add_option("--signals_to_handle,--signals-to-handle", c.signals_to_handle,
+                     "Signals forwarded to the workers (comma-separated names)"),
+      kWorkers);
+  pet(app.add_option("--role", c.role, "Worker role name (ROLE_NAME)"), kWorkers);
+  raw.numa_opt = pet(app.add_option("--numa_binding,--numa-binding", c.numa_binding,
+                     "Bind each local rank to CPUs (and memory) near its GPU, or round-robin "
+                     "over NUMA nodes without GPUs: node, socket, exclusive or core-complex"),
+      kWorkers);
+  pet(app.add_flag("--virtual_local_rank,--virtual-local-rank", c.virtual_local_rank,
+                   "Every worker gets LOCAL_RANK=0 and only its own device in "
+                   "CUDA_VISIBLE_DEVICES (its local rank's, or that entry of launch's list)"),
+      kWorkers);
+  add_rendezvous_flags(app, c, raw);
   pet(app.add_flag("-m,--module", c.module, "Run PROGRAM as a Python module (python3 -u -m)"),
       kProgram);
   pet(app.add_flag("--no_python,--no-python", c.no_python, "Run PROGRAM directly, not via python"),
