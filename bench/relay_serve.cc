@@ -7,10 +7,12 @@
 // ROUND's world of it. --no-cache: the relays answer no read from what their node set (every
 // read goes to rdzvd, as a read of a key another node set does). --no-combine: each ADD and
 // WAIT of a worker goes to rdzvd as it came (none combined with the node's others).
-//   relay_serve [--no-cache] [--no-combine] ENDPOINT RUN [N [ROUND]]
+// --write-behind=US,MAX_US: the relays' write-behind (StoreRelayOptions), for studies of it.
+//   relay_serve [--no-cache] [--no-combine] [--write-behind=US,MAX_US] ENDPOINT RUN [N [ROUND]]
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -26,19 +28,32 @@
 
 int main(int argc, char** argv) {
   bool cache = true, combine = true;
+  std::chrono::microseconds behind = muster::rendezvous::limits::kRelayWriteBehind;
+  std::chrono::microseconds behind_max = muster::rendezvous::limits::kRelayWriteBehindMax;
   for (; argc > 1 && std::string(argv[1]).rfind("--", 0) == 0; --argc, ++argv) {
     const std::string flag = argv[1];
     if (flag == "--no-cache") {
       cache = false;
     } else if (flag == "--no-combine") {
       combine = false;
+    } else if (flag.rfind("--write-behind=", 0) == 0) {
+      const std::string v = flag.substr(flag.find('=') + 1);
+      const auto comma = v.find(',');
+      if (comma == std::string::npos) {
+        std::fprintf(stderr, "relay_serve: --write-behind=US,MAX_US\n");
+        return 2;
+      }
+      behind = std::chrono::microseconds(std::atoll(v.substr(0, comma).c_str()));
+      behind_max = std::chrono::microseconds(std::atoll(v.substr(comma + 1).c_str()));
     } else {
       std::fprintf(stderr, "relay_serve: unknown flag %s\n", flag.c_str());
       return 2;
     }
   }
   if (argc < 3) {
-    std::fprintf(stderr, "usage: relay_serve [--no-cache] [--no-combine] ENDPOINT RUN [N [ROUND]]\n");
+    std::fprintf(stderr,
+                 "usage: relay_serve [--no-cache] [--no-combine] [--write-behind=US,MAX_US] "
+                 "ENDPOINT RUN [N [ROUND]]\n");
     return 2;
   }
   // As launch does: Debian's abseil would check every absl::Mutex for lock-order cycles.
@@ -75,6 +90,8 @@ int main(int argc, char** argv) {
     o.run_id = run;
     o.cache = cache;
     o.combine = combine;
+    o.write_behind = behind;
+    o.write_behind_max = behind_max;
     auto r = muster::rendezvous::StoreRelay::start(o, loop);
     if (!r.ok()) {
       std::fprintf(stderr, "relay_serve: %s\n", std::string(r.status().message()).c_str());

@@ -2,6 +2,8 @@
 // listener per world, the queries carried to the server's world tables (relay_service.h), over
 // real rdzvd processes and real sockets. What torch's own client does through it is in the
 // interop tests; what a whole job does is in launch_test, security_test and hosts_test.
+#include <poll.h>
+
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -159,6 +161,36 @@ TEST_CASE_METHOD(TwoAgents,
     INFO("round " << i);
     REQUIRE(other.read_u8(2s) == muster::rendezvous::tcpstore::kStopWaiting);
   }
+}
+
+// A node whose workers keep their agent busy with queries it answers itself (set+get of their
+// own keys, no pause) still sends its SETs up: write_behind_max after they came at the latest.
+// The pause that would send them (write_behind) is made longer than the test here, so only
+// the bound can.
+TEST_CASE("store relay: a SET reaches the other nodes while its node keeps its agent busy",
+          "[store_relay]") {
+  RdzvdProc server;
+  HeldRun run(server.endpoint, "job");
+  StoreRelayOptions o;
+  o.write_behind = std::chrono::hours(1);
+  auto a = relay({server.endpoint}, "job", "", o);
+  auto b = relay({server.endpoint}, "job");
+  TcpStoreClient busy(world(*a, 1), Dialect::kTorch2), other(world(*b, 1), Dialect::kTorch2);
+  REQUIRE(busy.set("k", "v"));
+  REQUIRE(other.send(TcpStoreClient::req(Op::kWait, {"k"})));
+  std::optional<std::uint8_t> got;
+  int i = 0;
+  for (const auto end = std::chrono::steady_clock::now() + 20s;
+       !got && std::chrono::steady_clock::now() < end; ++i) {
+    const std::string own = "own" + std::to_string(i);
+    REQUIRE(busy.set(own, "x"));
+    REQUIRE(busy.get(own) == "x");  // answered by agent a: nothing goes up
+    pollfd p{other.fd(), POLLIN, 0};
+    if (::poll(&p, 1, 0) == 1) got = other.read_u8();
+  }
+  INFO(i << " set+get pairs");
+  REQUIRE(got == muster::rendezvous::tcpstore::kStopWaiting);
+  CHECK(a->stats().reads_answered_here >= static_cast<std::uint64_t>(i));
 }
 
 TEST_CASE("store relay: with the cache off, every read of a node's own keys goes to the server",

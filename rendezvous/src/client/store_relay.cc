@@ -681,6 +681,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   // The whole frames c sent, as far as they can go now (not past an ADD of c's combined with
   // others: what follows it waits for its answer).
   void process(const LocalPtr& c) {
+    last_query_ = std::chrono::steady_clock::now();
     std::size_t pos = 0, sent = 0;  // [sent, pos): frames parsed, not yet handed up
     bool asks = false;              // one of them has an answer to wait for
     auto hand_up = [&](std::size_t end) {
@@ -743,11 +744,11 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     }
     if (c->closed) return;
     hand_up(pos);
-    send_behind(false);
     c->in.erase(0, pos);
     if (c->in.empty() && c->in.capacity() > 4096) std::string().swap(c->in);
     arm_partial(c, pos > 0);
     flush(c);
+    send_behind(false);  // after the replies: the worker reads them meanwhile
   }
 
   // What a query means for the relay: the log of writes, the answers owed. False: c was
@@ -1103,21 +1104,27 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   void arm_behind() {
     if (behind_armed_ || !behind_since_ || stopping_) return;
     behind_armed_ = true;
-    behind_.expires_at(*behind_since_ + limits::kRelayWriteBehind);
+    behind_.expires_at(behind_due());
     behind_.async_wait([this, self = shared_from_this()](const boost::system::error_code& ec) {
       behind_armed_ = false;
-      if (!ec) return send_behind(true);
-      arm_behind();
+      if (ec || !behind_since_) return arm_behind();
+      if (std::chrono::steady_clock::now() < behind_due()) return arm_behind();  // still busy
+      send_behind(true);
     });
   }
 
-  // The writes held back go up once they have waited kRelayWriteBehind (`due`: the timer says
-  // so; otherwise checked as queries come, which spares the loop the timer's wake-up).
+  // When what waits behind goes up: once the node's workers have sent nothing for
+  // write_behind, write_behind_max after the first of it came at the latest.
+  std::chrono::steady_clock::time_point behind_due() const {
+    return std::min(std::max(*behind_since_, last_query_) + opts_.write_behind,
+                    *behind_since_ + opts_.write_behind_max);
+  }
+
+  // The writes held back go up when due (`due`: the timer says so; otherwise checked as
+  // queries come, which spares the loop the timer's wake-up when they keep coming).
   void send_behind(bool due) {
     if (!behind_since_ || up_ == nullptr) return;
-    if (!due && std::chrono::steady_clock::now() - *behind_since_ < limits::kRelayWriteBehind) {
-      return;
-    }
+    if (!due && last_query_ < behind_due()) return;
     went_behind();
     up_->kick();
   }
@@ -1215,6 +1222,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   bool behind_armed_ = false;
   // Since when writes wait in the stream's queue for company (none: nothing waits).
   std::optional<std::chrono::steady_clock::time_point> behind_since_;
+  std::chrono::steady_clock::time_point last_query_{};  // when a worker's frames came last
   std::vector<char> buf_;
   const std::string validate_ = [] {
     Request v;
