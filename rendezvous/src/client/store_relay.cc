@@ -116,6 +116,7 @@ struct World {
       : round(round), acceptor(io), log(log_bytes) {}
   const int round;
   tcp::acceptor acceptor;
+  tcp::endpoint accepted_from;  // the pending accept's peer
   int port = 0;
   std::unordered_set<LocalPtr> conns;
   tcpstore::ReplayLog log;
@@ -398,6 +399,8 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     const tcp::endpoint ep(asio::ip::address_v4::loopback(), 0);
     w->acceptor.open(ep.protocol(), ec);
     if (!ec) w->acceptor.bind(ep, ec);
+    // Accepted sockets inherit it (Linux): no setsockopt per connection.
+    if (!ec) w->acceptor.set_option(tcp::no_delay(true), ec);
     if (!ec) w->acceptor.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) return absl::UnavailableError("store relay: cannot listen on loopback: " + ec.message());
     w->port = w->acceptor.local_endpoint().port();
@@ -428,8 +431,10 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   }
 
   void accept(World* w) {
-    w->acceptor.async_accept([this, self = shared_from_this(), w](
-                                 const boost::system::error_code& ec, tcp::socket s) {
+    // The peer's address comes with the accept (no getpeername).
+    w->acceptor.async_accept(w->accepted_from, [this, self = shared_from_this(), w](
+                                                   const boost::system::error_code& ec,
+                                                   tcp::socket s) {
       if (ec == asio::error::operation_aborted || stopping_) return;
       if (!ec) on_accept(w, std::move(s));
       accept(w);
@@ -439,10 +444,8 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   void on_accept(World* w, tcp::socket s) {
     boost::system::error_code ec;
     sockaddr_in remote{};
-    socklen_t len = sizeof remote;
-    const bool named =
-        ::getpeername(s.native_handle(), reinterpret_cast<sockaddr*>(&remote), &len) == 0 &&
-        remote.sin_family == AF_INET;
+    const bool named = w->accepted_from.protocol() == tcp::v4();
+    if (named) std::memcpy(&remote, w->accepted_from.data(), sizeof remote);
     char ip[INET_ADDRSTRLEN] = "?";
     if (named) ::inet_ntop(AF_INET, &remote.sin_addr, ip, sizeof ip);
     const std::string peer = named ? std::string(ip) + ":" + std::to_string(ntohs(remote.sin_port))
@@ -463,7 +466,6 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       }
       return;
     }
-    s.set_option(tcp::no_delay(true), ec);
     s.non_blocking(true, ec);
     auto c = std::make_shared<Local>(std::move(s), io_, next_id_++, w);
     c->peer = peer;
@@ -471,7 +473,9 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     by_id_.emplace(c->id, c);
     ++n_conns_;
     ensure_stream();
-    read(c);
+    // A client that connects to ask (torch 2.x's VALIDATE, a rank's first ADD) has usually
+    // sent it by now: read it at once, with no wait armed for it.
+    on_readable(c);
   }
 
   // Whether the socket at `peer` that connected to w's listener is this process's user's.
