@@ -510,6 +510,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     // behind in the stream lost is in the replay.
     forget_all();
     behind_since_.reset();
+    behind_busy_ = false;
     up->first_.set_run_id(opts_.run_id);
     up->first_.set_token(opts_.token);
     up->first_.set_caches(opts_.cache);
@@ -1105,30 +1106,31 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
 
   // The timer for what waits behind. One called off whose handler has not run yet still
   // counts as armed: that handler arms it again when writes were held back since.
+  // What waits behind goes up write_behind after the first of it came if the node's workers
+  // sent nothing more meanwhile, write_behind_max after it if they did (one wake-up to find
+  // out, not one per pause of a busy node).
   void arm_behind() {
     if (behind_armed_ || !behind_since_ || stopping_) return;
     behind_armed_ = true;
-    behind_.expires_at(behind_due());
+    behind_.expires_at(*behind_since_ +
+                       (behind_busy_ ? opts_.write_behind_max : opts_.write_behind));
     behind_.async_wait([this, self = shared_from_this()](const boost::system::error_code& ec) {
       behind_armed_ = false;
       if (ec || !behind_since_) return arm_behind();
-      if (std::chrono::steady_clock::now() < behind_due()) return arm_behind();  // still busy
+      if (!behind_busy_ && last_query_ > *behind_since_ &&
+          opts_.write_behind < opts_.write_behind_max) {
+        behind_busy_ = true;
+        return arm_behind();
+      }
       send_behind(true);
     });
-  }
-
-  // When what waits behind goes up: once the node's workers have sent nothing for
-  // write_behind, write_behind_max after the first of it came at the latest.
-  std::chrono::steady_clock::time_point behind_due() const {
-    return std::min(std::max(*behind_since_, last_query_) + opts_.write_behind,
-                    *behind_since_ + opts_.write_behind_max);
   }
 
   // The writes held back go up when due (`due`: the timer says so; otherwise checked as
   // queries come, which spares the loop the timer's wake-up when they keep coming).
   void send_behind(bool due) {
     if (!behind_since_ || up_ == nullptr) return;
-    if (!due && last_query_ < behind_due()) return;
+    if (!due && last_query_ - *behind_since_ < opts_.write_behind_max) return;
     went_behind();
     up_->kick();
   }
@@ -1136,6 +1138,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   // Nothing waits behind any more: the timer is called off (no wake-up for nothing).
   void went_behind() {
     behind_since_.reset();
+    behind_busy_ = false;
     if (behind_armed_) behind_.cancel();
   }
 
@@ -1224,6 +1227,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   asio::steady_timer ready_timer_;
   asio::steady_timer behind_;  // sends what waits in the stream's queue (write-behind)
   bool behind_armed_ = false;
+  bool behind_busy_ = false;  // the node's workers sent more after it: write_behind_max
   // Since when writes wait in the stream's queue for company (none: nothing waits).
   std::optional<std::chrono::steady_clock::time_point> behind_since_;
   std::chrono::steady_clock::time_point last_query_{};  // when a worker's frames came last

@@ -195,10 +195,9 @@ inline constexpr std::size_t kMaxRelayQueuedUpBytes = 64 << 20;
 // itself (store_relay.h); a SET beyond it is not kept (its reads go to the server).
 inline constexpr std::size_t kRelayCachedBytes = 64 << 20;
 // A worker's SET (torch's protocol has no reply to it) waits in its agent for other queries to
-// go up with it in one message to the server: until the node's workers have sent nothing for
-// kRelayWriteBehind, and kRelayWriteBehindMax after it came at the latest (a node busy with
-// queries its agent answers itself sends one message per kRelayWriteBehindMax, not one per
-// pause between two of them).
+// go up with it in one message to the server: kRelayWriteBehind, or kRelayWriteBehindMax if
+// the node's workers sent more meanwhile (a node busy with queries its agent answers itself
+// sends one message per kRelayWriteBehindMax, not one per kRelayWriteBehind).
 inline constexpr std::chrono::microseconds kRelayWriteBehind{500};
 inline constexpr std::chrono::microseconds kRelayWriteBehindMax{5000};
 // How long an agent waits before it opens its stream again after losing it.

@@ -30,12 +30,11 @@
 //   on another's and that sends anything more has its WAIT sent after all; one whose WAIT led
 //   and that goes (or cancels it) hands the wait to one that rode on it. A torch 2.x
 //   connection's VALIDATE goes up only with its first query the relay cannot answer itself.
-// - Write-behind: queries with no answer to wait for (SET...) wait in the stream's queue until
-//   the node's workers have sent nothing for limits::kRelayWriteBehind (at most
-//   limits::kRelayWriteBehindMax after they came), and go up at once with the next query that
-//   has an answer to wait for: a burst of SETs is one message to the server, not one each,
-//   and a node busy with queries its agent answers sends one message per
-//   kRelayWriteBehindMax.
+// - Write-behind: queries with no answer to wait for (SET...) wait in the stream's queue
+//   limits::kRelayWriteBehind (limits::kRelayWriteBehindMax if the node's workers sent more
+//   meanwhile), and go up at once with the next query that has an answer to wait for: a burst
+//   of SETs is one message to the server, not one each, and a node busy with queries its
+//   agent answers sends one message per kRelayWriteBehindMax.
 // - Lost stream (a server gone, a failover): the connections stay open; the relay opens the
 //   stream again (the next target, round the list) every limits::kRelayReconnectInterval and
 //   carries them over: a connection idle or parked in a WAIT goes on (the WAIT asked again),
@@ -81,8 +80,8 @@ struct StoreRelayOptions {
   // Combine this node's ADDs of one key and WAITs for the same keys (above). Off: each goes up
   // as it came (tests, the benchmark's row without it).
   bool combine = true;
-  // Write-behind (above): a SET waits until the node's workers have sent nothing for
-  // write_behind, write_behind_max after it came at the latest.
+  // Write-behind (above): a SET waits write_behind, or write_behind_max if the node's workers
+  // sent more meanwhile.
   std::chrono::microseconds write_behind = limits::kRelayWriteBehind;
   std::chrono::microseconds write_behind_max = limits::kRelayWriteBehindMax;
   // What the cache holds at most per world, keys and values (beyond it, a SET is not kept).
