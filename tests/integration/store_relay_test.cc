@@ -164,9 +164,9 @@ TEST_CASE_METHOD(TwoAgents,
 }
 
 // A node whose workers keep their agent busy with queries it answers itself (set+get of their
-// own keys, no pause) still sends its SETs up: write_behind_max after they came at the latest.
-// The pause that would send them (write_behind) is made longer than the test here, so only
-// the bound can.
+// own keys, no pause) still sends its SETs up: write_behind_max after they came. The shorter
+// wait that sends a lone SET (write_behind) is made longer than the test here, so only the
+// bound can.
 TEST_CASE("store relay: a SET reaches the other nodes while its node keeps its agent busy",
           "[store_relay]") {
   RdzvdProc server;
