@@ -45,7 +45,7 @@ std::string add_frame(Dialect d, const std::string& key, std::int64_t delta) {
 
 }  // namespace
 
-TEST_CASE_METHOD(TwoAgents,
+TEST_CASE_METHOD(TwoAgentsPatient,
                  "store relay: a node's ADDs of one key go up as one ADD of their sum, each "
                  "answered as if alone, and their WAITs ride on one",
                  "[store_relay]") {
@@ -160,7 +160,7 @@ TEST_CASE_METHOD(TwoServers,
   CHECK(warm.add("n", 0) == 111);
 }
 
-TEST_CASE_METHOD(TwoAgents,
+TEST_CASE_METHOD(TwoAgentsPatient,
                  "store relay: a combined ADD the server refuses closes its workers' "
                  "connections, the ADDs sent after it on the same connection go again",
                  "[store_relay]") {

@@ -87,6 +87,22 @@ struct TwoAgents {
   std::unique_ptr<rendezvous::StoreRelay> b = relay({server.endpoint}, "job");
 };
 
+// TwoAgents whose agent a keeps its stream while a test holds the server stopped (SIGSTOP) to
+// make queries meet: on a loaded machine the hold can outlast the keep-alive's 2 s, and the
+// stream's loss is not what such a test is about.
+inline rendezvous::StoreRelayOptions patient() {
+  rendezvous::StoreRelayOptions o;
+  o.keep_alive_interval = std::chrono::minutes(1);
+  o.keep_alive_timeout = std::chrono::minutes(1);
+  return o;
+}
+struct TwoAgentsPatient {
+  RdzvdProc server;
+  HeldRun run{server.endpoint, "job"};
+  std::unique_ptr<rendezvous::StoreRelay> a = relay({server.endpoint}, "job", "", patient());
+  std::unique_ptr<rendezvous::StoreRelay> b = relay({server.endpoint}, "job");
+};
+
 // Two servers holding run "job", the first to be killed -9, and an agent that knows both
 // (its stream goes to the second once the first is lost); `port`: its listener of round 1.
 struct TwoServers {

@@ -551,13 +551,11 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
-                static_cast<int>(limits::kRelayKeepAliveInterval.count()));
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                static_cast<int>(limits::kRelayKeepAliveTimeout.count()));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(opts_.keep_alive_interval.count()));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(opts_.keep_alive_timeout.count()));
     args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     args.SetInt(GRPC_ARG_HTTP2_MIN_SENT_PING_INTERVAL_WITHOUT_DATA_MS,
-                static_cast<int>(limits::kRelayKeepAliveInterval.count()));
+                static_cast<int>(opts_.keep_alive_interval.count()));
     add_tls_channel_args(opts_.tls, args);
     for (const std::string& t : opts_.targets) {
       stubs_.push_back(v1::StoreRelay::NewStub(

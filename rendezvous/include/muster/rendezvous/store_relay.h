@@ -86,6 +86,11 @@ struct StoreRelayOptions {
   std::chrono::microseconds write_behind_max = limits::kRelayWriteBehindMax;
   // What the cache holds at most per world, keys and values (beyond it, a SET is not kept).
   std::size_t max_cached_bytes = limits::kRelayCachedBytes;
+  // The stream's keep-alive: a ping this often while nothing comes back, the stream taken for
+  // lost when one is not answered within the timeout (tests that hold a server stopped
+  // longer than that lengthen them).
+  std::chrono::milliseconds keep_alive_interval = limits::kRelayKeepAliveInterval;
+  std::chrono::milliseconds keep_alive_timeout = limits::kRelayKeepAliveTimeout;
   // Refuse connections from sockets of other users (false: tests of the check itself).
   bool same_user_only = true;
   // Open the stream with the first world, not with the first worker's connection: its
