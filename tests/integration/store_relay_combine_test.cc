@@ -6,6 +6,10 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -26,9 +30,33 @@ namespace wire = muster::rendezvous::tcpstore;
 
 namespace {
 
-// The rdzvd of a test, stopped and continued (SIGSTOP/SIGCONT: its sockets stay open).
+// Whether every thread of process `pid` is stopped (state T in /proc/PID/task/*/stat).
+bool all_stopped(int pid) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator(dir, ec)) {
+    std::ifstream f(t.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const auto paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') {
+      return false;
+    }
+  }
+  return !ec;
+}
+
+// The rdzvd of a test, stopped and continued (SIGSTOP/SIGCONT: its sockets stay open). The
+// stop is asynchronous: a thread of a loaded machine may still serve a query after kill()
+// returns, so the constructor waits until every thread is stopped.
 struct Paused {
-  explicit Paused(int pid) : pid(pid) { ::kill(pid, SIGSTOP); }
+  explicit Paused(int pid) : pid(pid) {
+    ::kill(pid, SIGSTOP);
+    const auto end = std::chrono::steady_clock::now() + 10s;
+    while (!all_stopped(pid) && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(1ms);
+    }
+    REQUIRE(all_stopped(pid));
+  }
   ~Paused() { resume(); }
   void resume() {
     if (std::exchange(stopped, false)) ::kill(pid, SIGCONT);
