@@ -173,12 +173,13 @@ TEST_CASE_METHOD(TwoServers,
   TcpStoreClient warm(port, Dialect::kTorch2), flying(port, Dialect::kTorch2),
       behind(port, Dialect::kTorch1);
   REQUIRE(warm.add("n", 10) == 10);
-  ::kill(first.proc->pid(), SIGSTOP);  // SIGKILL below ends it stopped
+  Paused stopped(first.proc->pid());  // SIGKILL below ends it stopped
   REQUIRE(flying.send_raw(add_frame(Dialect::kTorch2, "n", 1)));
   REQUIRE(eventually(*a, [](const StoreRelay::Stats& s) { return s.combined_adds == 2; }));
   REQUIRE(behind.send_raw(add_frame(Dialect::kTorch1, "n", 100)));
   REQUIRE(eventually(*a, [](const StoreRelay::Stats& s) { return s.adds_held == 2; }));
   first.kill9();
+  stopped.stopped = false;  // gone: nothing to continue
   // Nobody can say whether the first server served the ADD in flight: its connection is
   // closed. This node's writes are written again on the second (10, and the 1 that may have
   // been served), then the ADD behind it.
