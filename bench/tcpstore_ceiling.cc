@@ -4,6 +4,9 @@
 // muster's server; nothing bounded, one thread, no timers), on a bare epoll loop that, with
 // --spin, never sleeps: it polls its sockets without blocking, so no query waits for it to
 // wake (a core given to it for the whole run). Not a server to run: only the bench uses it.
+// With ADD, VALIDATE and WAITs parked until their key is set, it is also the floor of the
+// store_scale barrier (tcpstore_load's ranks) on this machine: every connection accepted and
+// answered with nothing else done (no owner check, no agent, no limits).
 // Prints "port N" once listening; serves until stdin closes.
 //   tcpstore_ceiling [--spin]
 #include <arpa/inet.h>
@@ -11,6 +14,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -42,6 +46,11 @@ struct Conn {
 
 int main(int argc, char** argv) {
   const bool spin = argc > 1 && std::strcmp(argv[1], "--spin") == 0;
+  rlimit nofile{};  // as many connections as the process may hold
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    nofile.rlim_cur = nofile.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &nofile);
+  }
   const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -64,6 +73,8 @@ int main(int argc, char** argv) {
   const wire::FrameLimits limits{1 << 20, 1 << 20, 1 << 10, 4 << 20};
   std::unordered_map<int, Conn> conns;
   std::unordered_map<std::string, std::string> table;
+  std::unordered_map<std::string, std::int64_t> counters;
+  std::unordered_map<std::string, std::vector<int>> parked;  // WAITs for a key not yet set
   std::vector<char> buf(64 << 10);
   std::string out;
   epoll_event events[64];
@@ -100,11 +111,23 @@ int main(int argc, char** argv) {
         pos += p.consumed;
         if (r.op == wire::Op::kSet) {
           table[r.keys[0]] = std::move(r.values[0]);
+          const auto w = parked.find(r.keys[0]);
+          if (w != parked.end()) {
+            const char stop = static_cast<char>(wire::kStopWaiting);
+            for (const int f : w->second) ::send(f, &stop, 1, MSG_NOSIGNAL);
+            parked.erase(w);
+          }
+        } else if (r.op == wire::Op::kAdd) {
+          wire::put_i64(out, counters[r.keys[0]] += r.delta);
         } else if (r.op == wire::Op::kGet) {
           const auto it = table.find(r.keys[0]);
           wire::put_bytes(out, it == table.end() ? std::string() : it->second);
         } else if (r.op == wire::Op::kWait) {
-          wire::put_u8(out, wire::kStopWaiting);  // the row only waits on keys it has set
+          if (table.count(r.keys[0]) != 0) {
+            wire::put_u8(out, wire::kStopWaiting);
+          } else {
+            parked[r.keys[0]].push_back(fd);
+          }
         }
       }
       c.in.erase(0, pos);

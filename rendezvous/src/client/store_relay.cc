@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <list>
 #include <map>
 #include <optional>
 #include <thread>
@@ -56,6 +57,8 @@ namespace {
 
 // Bytes one readable event takes from a worker's socket at most.
 constexpr std::size_t kReadChunk = 64 << 10;
+// Connections one readable event of a listener takes at most (the loop's other work waits).
+constexpr std::size_t kAcceptBurst = 64;
 
 struct World;
 
@@ -75,18 +78,20 @@ struct Local : std::enable_shared_from_this<Local> {
   asio::steady_timer partial;
   const std::uint64_t id;
   World* const world;
-  std::string peer;
+  sockaddr_in from{};  // its address (sin_family 0: not known), named in logs only
   Dialect dialect = Dialect::kUnknown;
   std::string in, out, sending;
   bool reading = false, writing = false, closed = false, partial_armed = false;
   bool opened = false;     // the current stream has had its first frame (its round)
   bool watching = false;   // WATCH_KEY (torch 1.13): not carried over to a new stream
   // Its queries the server has not answered yet, in order.
-  std::deque<Owed> inflight;
+  // A list: nothing allocated while none is owed (an empty deque holds 576 bytes).
+  std::list<Owed> inflight;
   std::size_t inflight_bytes = 0;
   bool held = false;    // its ADD went up in a combined one: what it sent after waits
   std::string leads;    // the keys (Waiters' name) of its WAIT others ride on
   std::string follows;  // the keys of another's WAIT its own WAIT rides on
+  std::size_t follow_slot = 0;  // where it is in that Waiters' followers
   std::optional<std::string> wait_key;  // its WAIT's key, when the value comes with the answer
   std::optional<std::pair<std::string, std::string>> stash;  // key, value: for the next GET
 };
@@ -104,11 +109,24 @@ struct Adder {
   bool queued = false;  // a launch is posted
 };
 
-// WAITs for the same keys: the leader's went up, the followers' ride on it.
+// WAITs for the same keys: the leader's went up, the followers' ride on it. A follower knows
+// its place in `followers` (Local::follow_slot): one leaving is swapped with the last.
 struct Waiters {
   std::vector<std::string> keys;
   LocalPtr leader;
-  std::unordered_set<LocalPtr> followers;
+  std::vector<LocalPtr> followers;
+
+  void add(const LocalPtr& c) {
+    c->follow_slot = followers.size();
+    followers.push_back(c);
+  }
+  void remove(const Local& c) {
+    const std::size_t at = c.follow_slot;
+    if (at >= followers.size() || followers[at].get() != &c) return;
+    followers[at] = std::move(followers.back());
+    followers[at]->follow_slot = at;
+    followers.pop_back();
+  }
 };
 
 struct World {
@@ -323,7 +341,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       LocalPtr c = it->second;
       if (f.closed()) {
         ++n_closed_;
-        spdlog::warn("store relay: the server closed the connection from {}: {}", c->peer,
+        spdlog::warn("store relay: the server closed the connection from {}: {}", name_of(c->from),
                      f.error());
         c->world->forget_all();  // a write of it may have been refused
         drop(c, false);
@@ -402,6 +420,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     // Accepted sockets inherit it (Linux): no setsockopt per connection.
     if (!ec) w->acceptor.set_option(tcp::no_delay(true), ec);
     if (!ec) w->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (!ec) w->acceptor.non_blocking(true, ec);  // accept(): the others of a burst (accept())
     if (ec) return absl::UnavailableError("store relay: cannot listen on loopback: " + ec.message());
     w->port = w->acceptor.local_endpoint().port();
     World* raw = w.get();
@@ -436,9 +455,27 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
                                                    const boost::system::error_code& ec,
                                                    tcp::socket s) {
       if (ec == asio::error::operation_aborted || stopping_) return;
-      if (!ec) on_accept(w, std::move(s));
+      if (!ec) {
+        on_accept(w, std::move(s));
+        // The others that came with it, taken now (the listener does not block): their ADDs
+        // join the first one's combined ADD before it goes (queue_launch posts it).
+        boost::system::error_code more;
+        for (std::size_t k = 1; k < kAcceptBurst && !stopping_; ++k) {
+          tcp::socket next = w->acceptor.accept(w->accepted_from, more);
+          if (more) break;
+          on_accept(w, std::move(next));
+        }
+      }
       accept(w);
     });
+  }
+
+  // "IP:PORT" of a worker's address (for logs).
+  static std::string name_of(const sockaddr_in& a) {
+    if (a.sin_family != AF_INET) return "?";
+    char ip[INET_ADDRSTRLEN] = "?";
+    ::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+    return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
   }
 
   void on_accept(World* w, tcp::socket s) {
@@ -446,15 +483,11 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     sockaddr_in remote{};
     const bool named = w->accepted_from.protocol() == tcp::v4();
     if (named) std::memcpy(&remote, w->accepted_from.data(), sizeof remote);
-    char ip[INET_ADDRSTRLEN] = "?";
-    if (named) ::inet_ntop(AF_INET, &remote.sin_addr, ip, sizeof ip);
-    const std::string peer = named ? std::string(ip) + ":" + std::to_string(ntohs(remote.sin_port))
-                                   : std::string("?");
     if (opts_.same_user_only && !(named && same_user(*w, remote))) {
       if (++n_other_user_ % 1000 == 1) {
         spdlog::warn("store relay: refused a connection from {}: its socket belongs to another "
                      "user ({} refused so far)",
-                     peer, n_other_user_.load());
+                     name_of(remote), n_other_user_.load());
       }
       return;
     }
@@ -462,13 +495,13 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       if (++n_refused_ % 1000 == 1) {
         spdlog::warn("store relay: refused a connection from {}: at the limit of {} "
                      "connections ({} refused so far)",
-                     peer, opts_.max_connections, n_refused_.load());
+                     name_of(remote), opts_.max_connections, n_refused_.load());
       }
       return;
     }
     s.non_blocking(true, ec);
     auto c = std::make_shared<Local>(std::move(s), io_, next_id_++, w);
-    c->peer = peer;
+    c->from = remote;
     w->conns.insert(c);
     by_id_.emplace(c->id, c);
     ++n_conns_;
@@ -601,14 +634,14 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       ++n_closed_;
       spdlog::warn("store relay: closed the connection from {}: a write of it was in flight "
                    "when the stream to the server was lost",
-                   c->peer);
+                   name_of(c->from));
       drop(c, false);
       return;
     }
-    for (std::size_t i = 0; i < c->inflight.size(); ++i) {
-      const bool prefetch = i + 1 == c->inflight.size() && c->wait_key &&
-                            c->inflight[i].op == Op::kWait;
-      up_frame(c, c->inflight[i].frame, prefetch ? &*c->wait_key : nullptr);
+    for (auto it = c->inflight.begin(); it != c->inflight.end(); ++it) {
+      const bool prefetch = std::next(it) == c->inflight.end() && c->wait_key &&
+                            it->op == Op::kWait;
+      up_frame(c, it->frame, prefetch ? &*c->wait_key : nullptr);
     }
   }
 
@@ -635,7 +668,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       ++n_closed_;
       spdlog::warn("store relay: closed the connection from {}: its ADD was in flight when the "
                    "stream to the server was lost",
-                   m->peer);
+                   name_of(m->from));
       drop(m, false);
     }
   }
@@ -901,7 +934,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       for (const auto& [m, delta] : lost.members) {
         if (m->closed) continue;
         ++n_closed_;
-        spdlog::warn("store relay: the server closed the connection from {}: {}", m->peer,
+        spdlog::warn("store relay: the server closed the connection from {}: {}", name_of(m->from),
                      f.error());
         drop(m, false);
       }
@@ -943,7 +976,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   // c's WAIT rides on another connection's, for the same keys, already at the server.
   void join_wait(const LocalPtr& c, const Request& req) {
     auto g = c->world->waits.find(waiters_name(req.keys));
-    g->second.followers.insert(c);
+    g->second.add(c);
     c->follows = g->first;
     ++n_waits_joined_;
   }
@@ -977,8 +1010,8 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       c.world->waits.erase(g);
       return;
     }
-    LocalPtr next = *ws.followers.begin();
-    ws.followers.erase(ws.followers.begin());
+    LocalPtr next = std::move(ws.followers.back());
+    ws.followers.pop_back();
     next->follows.clear();
     ws.leader = next;
     next->leads = g->first;
@@ -995,7 +1028,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     auto g = c->world->waits.find(c->follows);
     c->follows.clear();
     if (g == c->world->waits.end()) return;
-    g->second.followers.erase(c);
+    g->second.remove(*c);
     send_wait(c, g->second.keys, false);
   }
 
@@ -1189,7 +1222,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   void fail(const LocalPtr& c, const std::string& why) {
     if (c->closed) return;
     ++n_closed_;
-    spdlog::warn("store relay: closed the connection from {}: {}", c->peer, why);
+    spdlog::warn("store relay: closed the connection from {}: {}", name_of(c->from), why);
     drop(c, true);
   }
 
@@ -1207,7 +1240,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     if (!c->leads.empty()) hand_on(*c);
     if (!c->follows.empty()) {
       auto g = c->world->waits.find(c->follows);
-      if (g != c->world->waits.end()) g->second.followers.erase(c);
+      if (g != c->world->waits.end()) g->second.remove(*c);
       c->follows.clear();
     }
     boost::system::error_code ec;
