@@ -6,6 +6,7 @@
 
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/fsuid.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -554,4 +555,62 @@ TEST_CASE("store relay: who owns a loopback connection, from sock_diag and from 
   nobody.sin_port = 0;  // no such socket
   CHECK_FALSE(muster::rendezvous::PeerUid::owner_in_proc(nobody, local).ok());
   for (int fd : {afd, cfd, lfd}) ::close(fd);
+}
+
+TEST_CASE("store relay: the owners of a burst of connections are asked of the kernel at once, "
+          "each answered in its place",
+          "[store_relay]") {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
+  REQUIRE(::listen(lfd, 128) == 0);
+  socklen_t n = sizeof at;
+  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&at), &n) == 0);
+  // Root makes every third socket as nobody (a socket's owner is its maker's fs uid).
+  const bool root = ::geteuid() == 0;
+  const uid_t nobody = 65534;
+  std::vector<int> fds{lfd};
+  std::vector<std::pair<sockaddr_in, sockaddr_in>> conns;
+  std::vector<uid_t> want;
+  for (int i = 0; i < 70; ++i) {  // past PeerUid::kMaxBatch too
+    const bool other = root && i % 3 == 1;
+    if (other) ::setfsuid(nobody);
+    const int cfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (other) ::setfsuid(::geteuid());
+    REQUIRE(::connect(cfd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
+    const int afd = ::accept(lfd, nullptr, nullptr);
+    REQUIRE(afd >= 0);
+    fds.push_back(cfd);
+    fds.push_back(afd);
+    sockaddr_in peer{}, local{};
+    n = sizeof peer;
+    REQUIRE(::getpeername(afd, reinterpret_cast<sockaddr*>(&peer), &n) == 0);
+    n = sizeof local;
+    REQUIRE(::getsockname(afd, reinterpret_cast<sockaddr*>(&local), &n) == 0);
+    conns.emplace_back(peer, local);
+    want.push_back(other ? nobody : ::geteuid());
+  }
+  muster::rendezvous::PeerUid who;
+  for (const std::size_t size : {std::size_t{2}, std::size_t{7}, muster::rendezvous::PeerUid::kMaxBatch}) {
+    std::vector<std::pair<sockaddr_in, sockaddr_in>> ask(conns.begin(), conns.begin() + size);
+    ask[1].first.sin_port = 0;  // no such socket: that one alone is not found
+    const auto got = who.owners(ask);
+    REQUIRE(got.size() == size);
+    for (std::size_t i = 0; i < size; ++i) {
+      INFO("batch of " << size << ", connection " << i);
+      if (i == 1) {
+        CHECK(absl::IsNotFound(got[i].status()));
+      } else {
+        REQUIRE(got[i].ok());
+        CHECK(*got[i] == want[i]);
+      }
+    }
+  }
+  const auto all = who.owners(conns);  // more than one message takes: each asked alone
+  REQUIRE(all.size() == conns.size());
+  for (std::size_t i = 0; i < conns.size(); ++i) CHECK(all[i].value() == want[i]);
+  CHECK(who.owner(conns[0].first, conns[0].second).value() == want[0]);  // nothing left over
+  for (int fd : fds) ::close(fd);
 }

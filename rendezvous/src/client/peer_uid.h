@@ -7,6 +7,9 @@
 #include <netinet/in.h>
 #include <sys/types.h>
 
+#include <utility>
+#include <vector>
+
 #include "absl/status/statusor.h"
 
 namespace muster::rendezvous {
@@ -21,12 +24,21 @@ class PeerUid {
   // The uid owning the IPv4 TCP socket whose local address is `peer` and whose remote address
   // is `local` (the accepted connection's two ends, seen from the accepting side).
   absl::StatusOr<uid_t> owner(const sockaddr_in& peer, const sockaddr_in& local);
+  // The owners of several connections (peer, local) at once, each as owner() answers: one
+  // message to the kernel asks for all of them and one call takes the answers (a burst of
+  // workers connecting costs two system calls, not two each). At most kMaxBatch.
+  static constexpr std::size_t kMaxBatch = 64;
+  std::vector<absl::StatusOr<uid_t>> owners(
+      const std::vector<std::pair<sockaddr_in, sockaddr_in>>& conns);
   // The same from /proc/net/tcp (what owner() falls back to without sock_diag).
   static absl::StatusOr<uid_t> owner_in_proc(const sockaddr_in& peer, const sockaddr_in& local);
 
  private:
+  bool open();  // false: no sock_diag (no_diag_)
+
   int fd_ = -1;
   bool no_diag_ = false;  // no NETLINK_SOCK_DIAG here: /proc/net/tcp instead
+  std::uint32_t seq_ = 0;  // the last request's sequence number
 };
 
 }  // namespace muster::rendezvous

@@ -456,18 +456,60 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
                                                    tcp::socket s) {
       if (ec == asio::error::operation_aborted || stopping_) return;
       if (!ec) {
-        on_accept(w, std::move(s));
-        // The others that came with it, taken now (the listener does not block): their ADDs
-        // join the first one's combined ADD before it goes (queue_launch posts it).
+        // The others that came with it, taken now (the listener does not block): their owners
+        // asked of the kernel at once, their ADDs joining one combined ADD before it goes
+        // (queue_launch posts it).
+        std::vector<Accepted> burst;
+        burst.push_back(Accepted{std::move(s), address_of(w->accepted_from)});
         boost::system::error_code more;
-        for (std::size_t k = 1; k < kAcceptBurst && !stopping_; ++k) {
+        while (burst.size() < kAcceptBurst) {
           tcp::socket next = w->acceptor.accept(w->accepted_from, more);
           if (more) break;
-          on_accept(w, std::move(next));
+          burst.push_back(Accepted{std::move(next), address_of(w->accepted_from)});
         }
+        take(w, burst);
       }
       accept(w);
     });
+  }
+
+  struct Accepted {
+    tcp::socket sock;
+    sockaddr_in from;  // sin_family 0: not an IPv4 peer
+  };
+
+  static sockaddr_in address_of(const tcp::endpoint& e) {
+    sockaddr_in a{};
+    if (e.protocol() == tcp::v4()) std::memcpy(&a, e.data(), sizeof a);
+    return a;
+  }
+
+  // A burst of accepted connections: those of another user refused, the others served.
+  void take(World* w, std::vector<Accepted>& burst) {
+    std::vector<bool> mine(burst.size(), true);
+    if (opts_.same_user_only) {
+      sockaddr_in local{};  // the listener's address: loopback, its port
+      local.sin_family = AF_INET;
+      local.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      local.sin_port = htons(static_cast<std::uint16_t>(w->port));
+      std::vector<std::pair<sockaddr_in, sockaddr_in>> ask;
+      for (const Accepted& a : burst) ask.emplace_back(a.from, local);
+      const std::vector<absl::StatusOr<uid_t>> uids = peer_uid_.owners(ask);
+      for (std::size_t i = 0; i < burst.size(); ++i) {
+        if (burst[i].from.sin_family != AF_INET) {
+          mine[i] = false;
+        } else if (!uids[i].ok()) {
+          spdlog::warn("store relay: cannot tell who owns a connection ({}): refused",
+                       std::string(uids[i].status().message()));
+          mine[i] = false;
+        } else {
+          mine[i] = *uids[i] == euid_;
+        }
+      }
+    }
+    for (std::size_t i = 0; i < burst.size() && !stopping_; ++i) {
+      on_accept(w, std::move(burst[i].sock), burst[i].from, mine[i]);
+    }
   }
 
   // "IP:PORT" of a worker's address (for logs).
@@ -478,12 +520,10 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
   }
 
-  void on_accept(World* w, tcp::socket s) {
+  // `mine`: its socket is this process's user's (or anyone may connect).
+  void on_accept(World* w, tcp::socket s, const sockaddr_in& remote, bool mine) {
     boost::system::error_code ec;
-    sockaddr_in remote{};
-    const bool named = w->accepted_from.protocol() == tcp::v4();
-    if (named) std::memcpy(&remote, w->accepted_from.data(), sizeof remote);
-    if (opts_.same_user_only && !(named && same_user(*w, remote))) {
+    if (!mine) {
       if (++n_other_user_ % 1000 == 1) {
         spdlog::warn("store relay: refused a connection from {}: its socket belongs to another "
                      "user ({} refused so far)",
@@ -509,21 +549,6 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     // A client that connects to ask (torch 2.x's VALIDATE, a rank's first ADD) has usually
     // sent it by now: read it at once, with no wait armed for it.
     on_readable(c);
-  }
-
-  // Whether the socket at `peer` that connected to w's listener is this process's user's.
-  bool same_user(const World& w, const sockaddr_in& peer) {
-    sockaddr_in local{};  // the listener's address: loopback, its port
-    local.sin_family = AF_INET;
-    local.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    local.sin_port = htons(static_cast<std::uint16_t>(w.port));
-    absl::StatusOr<uid_t> uid = peer_uid_.owner(peer, local);
-    if (!uid.ok()) {
-      spdlog::warn("store relay: cannot tell who owns a connection ({}): refused",
-                   std::string(uid.status().message()));
-      return false;
-    }
-    return *uid == euid_;
   }
 
   // The stream, opened when there is none: the run and the token, then what this node's
