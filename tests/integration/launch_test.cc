@@ -738,6 +738,7 @@ void sigterm_ends_at_once(Proc& p) {
   const auto code = p.wait(10s);
   const auto took = std::chrono::steady_clock::now() - t0;
   REQUIRE(code.has_value());
+  INFO("its stderr:\n" << p.err());
   CHECK(*code == 143);
   CHECK(took < scaled(1500ms));  // cut short: the waits it ends are 30 s (close) or 60 s (read)
 }
@@ -821,6 +822,7 @@ TEST_CASE("launch: SIGTERM while a hosting launch closes ends the close at once 
         return err.find("Root Cause (first observed failure)") != std::string::npos;
       },
       30s));
+  INFO("b's stderr so far:\n" << b.err());
   sigterm_ends_at_once(a);
   const auto left = std::distance(std::filesystem::directory_iterator(tmp_a.path()),
                                   std::filesystem::directory_iterator());
