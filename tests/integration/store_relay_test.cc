@@ -529,45 +529,61 @@ TEST_CASE("store relay: rdzvd --state_dir restarted on its port: the keys are wr
   CHECK(rdzvd->wait(30s) == 0);
 }
 
-TEST_CASE("store relay: who owns a loopback connection, from sock_diag and from /proc/net/tcp",
-          "[store_relay]") {
+namespace {
+
+// A listener on 127.0.0.1, port 0; `at` gets its address.
+int loopback_listener(sockaddr_in& at, int backlog) {
   const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in at{};
+  at = sockaddr_in{};
   at.sin_family = AF_INET;
   at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
-  REQUIRE(::listen(lfd, 1) == 0);
+  REQUIRE(::listen(lfd, backlog) == 0);
   socklen_t n = sizeof at;
   REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&at), &n) == 0);
-  const int cfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  REQUIRE(::connect(cfd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
-  const int afd = ::accept(lfd, nullptr, nullptr);
-  REQUIRE(afd >= 0);
+  return lfd;
+}
+
+// The accepted end of connection `cfd` to listener `lfd`, with its two addresses.
+struct Accepted {
+  int fd = -1;
   sockaddr_in peer{}, local{};
-  n = sizeof peer;
-  REQUIRE(::getpeername(afd, reinterpret_cast<sockaddr*>(&peer), &n) == 0);
-  n = sizeof local;
-  REQUIRE(::getsockname(afd, reinterpret_cast<sockaddr*>(&local), &n) == 0);
+};
+
+Accepted accept_from(int lfd, int cfd, const sockaddr_in& at) {
+  REQUIRE(::connect(cfd, reinterpret_cast<const sockaddr*>(&at), sizeof at) == 0);
+  Accepted a;
+  a.fd = ::accept(lfd, nullptr, nullptr);
+  REQUIRE(a.fd >= 0);
+  socklen_t n = sizeof a.peer;
+  REQUIRE(::getpeername(a.fd, reinterpret_cast<sockaddr*>(&a.peer), &n) == 0);
+  n = sizeof a.local;
+  REQUIRE(::getsockname(a.fd, reinterpret_cast<sockaddr*>(&a.local), &n) == 0);
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("store relay: who owns a loopback connection, from sock_diag and from /proc/net/tcp",
+          "[store_relay]") {
+  sockaddr_in at{};
+  const int lfd = loopback_listener(at, 1);
+  const int cfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const Accepted a = accept_from(lfd, cfd, at);
   muster::rendezvous::PeerUid who;
-  CHECK(who.owner(peer, local).value() == ::geteuid());
-  CHECK(muster::rendezvous::PeerUid::owner_in_proc(peer, local).value() == ::geteuid());
-  sockaddr_in nobody = peer;
+  CHECK(who.owner(a.peer, a.local).value() == ::geteuid());
+  CHECK(muster::rendezvous::PeerUid::owner_in_proc(a.peer, a.local).value() == ::geteuid());
+  sockaddr_in nobody = a.peer;
   nobody.sin_port = 0;  // no such socket
-  CHECK_FALSE(muster::rendezvous::PeerUid::owner_in_proc(nobody, local).ok());
-  for (int fd : {afd, cfd, lfd}) ::close(fd);
+  CHECK_FALSE(muster::rendezvous::PeerUid::owner_in_proc(nobody, a.local).ok());
+  for (int fd : {a.fd, cfd, lfd}) ::close(fd);
 }
 
 TEST_CASE("store relay: the owners of a burst of connections are asked of the kernel at once, "
           "each answered in its place",
           "[store_relay]") {
-  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in at{};
-  at.sin_family = AF_INET;
-  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
-  REQUIRE(::listen(lfd, 128) == 0);
-  socklen_t n = sizeof at;
-  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&at), &n) == 0);
+  const int lfd = loopback_listener(at, 128);
   // Root makes every third socket as nobody (a socket's owner is its maker's fs uid).
   const bool root = ::geteuid() == 0;
   const uid_t nobody = 65534;
@@ -579,17 +595,10 @@ TEST_CASE("store relay: the owners of a burst of connections are asked of the ke
     if (other) ::setfsuid(nobody);
     const int cfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (other) ::setfsuid(::geteuid());
-    REQUIRE(::connect(cfd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
-    const int afd = ::accept(lfd, nullptr, nullptr);
-    REQUIRE(afd >= 0);
+    const Accepted a = accept_from(lfd, cfd, at);
     fds.push_back(cfd);
-    fds.push_back(afd);
-    sockaddr_in peer{}, local{};
-    n = sizeof peer;
-    REQUIRE(::getpeername(afd, reinterpret_cast<sockaddr*>(&peer), &n) == 0);
-    n = sizeof local;
-    REQUIRE(::getsockname(afd, reinterpret_cast<sockaddr*>(&local), &n) == 0);
-    conns.emplace_back(peer, local);
+    fds.push_back(a.fd);
+    conns.emplace_back(a.peer, a.local);
     want.push_back(other ? nobody : ::geteuid());
   }
   muster::rendezvous::PeerUid who;
