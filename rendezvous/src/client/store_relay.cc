@@ -420,7 +420,8 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     // Accepted sockets inherit it (Linux): no setsockopt per connection.
     if (!ec) w->acceptor.set_option(tcp::no_delay(true), ec);
     if (!ec) w->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-    if (!ec) w->acceptor.non_blocking(true, ec);  // accept(): the others of a burst (accept())
+    // Non-blocking: accept() takes the rest of a burst without waiting for more.
+    if (!ec) w->acceptor.non_blocking(true, ec);
     if (ec) return absl::UnavailableError("store relay: cannot listen on loopback: " + ec.message());
     w->port = w->acceptor.local_endpoint().port();
     World* raw = w.get();
