@@ -26,7 +26,8 @@ class PeerUid {
   absl::StatusOr<uid_t> owner(const sockaddr_in& peer, const sockaddr_in& local);
   // The owners of several connections (peer, local) at once, each as owner() answers: one
   // message to the kernel asks for all of them and one call takes the answers (a burst of
-  // workers connecting costs two system calls, not two each). At most kMaxBatch.
+  // workers connecting costs two system calls, not two each). Up to kMaxBatch at once; more,
+  // or one, are asked one by one.
   static constexpr std::size_t kMaxBatch = 64;
   std::vector<absl::StatusOr<uid_t>> owners(
       const std::vector<std::pair<sockaddr_in, sockaddr_in>>& conns);

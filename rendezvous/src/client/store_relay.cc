@@ -57,8 +57,9 @@ namespace {
 
 // Bytes one readable event takes from a worker's socket at most.
 constexpr std::size_t kReadChunk = 64 << 10;
-// Connections one readable event of a listener takes at most (the loop's other work waits).
-constexpr std::size_t kAcceptBurst = 64;
+// Connections one readable event of a listener takes at most (the loop's other work waits):
+// as many as one owner query asks about.
+constexpr std::size_t kAcceptBurst = PeerUid::kMaxBatch;
 
 struct World;
 
