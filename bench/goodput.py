@@ -34,7 +34,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
-LAUNCH = os.path.join(BUILD, "launcher/launch")
+# LAUNCH, PYTHON, TORCHRUN: another launch, interpreter and torchrun (bench/goodput_torch2.sh
+# runs this in a Debian root with torch 2.x: the wheel's muster-launch, the root's python3 and
+# the torchrun of that torch).
+LAUNCH = os.environ.get("LAUNCH", os.path.join(BUILD, "launcher/launch"))
+PYTHON = os.environ.get("PYTHON", "/usr/bin/python3")
 TORCHRUN = os.environ.get("TORCHRUN", os.path.join(ROOT, "..", "shared", "peer", "torchrun311"))
 SCRIPT = os.path.join(ROOT, "examples", "python", "ddp_in_place.py")
 STEP = re.compile(r"(?:^|\]:)step (\d+): loss")
@@ -103,6 +107,20 @@ def lost_per_failure(steps, kill_times, window, end):
     return lost
 
 
+def next_step_ms(steps, kill_times, window):
+    """Per kill: milliseconds from the kill to the end of the longest pause between two of rank
+    0's steps that ends within `window` seconds after it: when the job steps again. (The first
+    step line after a kill may be a step the dead rank had already done its part of.)"""
+    out = []
+    times = [t for t, _ in steps]
+    for k in kill_times:
+        gaps = [(times[i] - times[i - 1], times[i]) for i in range(1, len(times))
+                if k < times[i] <= k + window]
+        if gaps:
+            out.append(round((max(gaps)[1] - k) * 1000))
+    return out
+
+
 def write_stop(stop_file, last_step):
     """Every rank ends 100 steps after the last step seen (the example's --stop-file)."""
     with open(stop_file + ".tmp", "w") as f:
@@ -140,7 +158,7 @@ def run(way, a, tmp):
             flags.append("--in_place")
         if way in ("spares", "none_spares"):
             flags.append("--spares=1")
-        argv = [LAUNCH] + flags + ["/usr/bin/python3"] + script
+        argv = [LAUNCH] + flags + [PYTHON] + script
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     err = subprocess.DEVNULL
     if a.logs:
@@ -192,7 +210,8 @@ def run(way, a, tmp):
         stalls = [round(done[i][0] - done[i - 1][0], 2) for i in range(1, len(done))
                   if done[i][0] - done[i - 1][0] > 0.2]
         res = {"way": way, "step": done[-1][1] if done else 0, "kills": kills, "stalls": stalls,
-               "lost_s": lost_per_failure(steps, kill_times, a.every / 2, end)}
+               "lost_s": lost_per_failure(steps, kill_times, a.every / 2, end),
+               "next_step_ms": next_step_ms(steps, kill_times, a.every / 2)}
         res.update(end_and_check(p, reader, finals, stop_file, max(s for _, s in steps)))
         return res
     finally:
@@ -226,8 +245,9 @@ def main():
                 results[w].append(r)
                 print(json.dumps(dict(r, trial=t)), flush=True)
     ref = statistics.median(r["step"] for r in results["none"])
-    print("\n%-10s %8s %8s %10s %14s %16s %s" % ("way", "step", "kills", "progress", "lost/failure",
-                                               "lost (in run)", "params agree"))
+    print("\n%-10s %8s %8s %10s %14s %16s %-12s %s" % ("way", "step", "kills", "progress", "lost/failure",
+                                                    "lost (in run)", "params agree",
+                                                    "kill -> next step"))
     for w in ways:
         step = statistics.median(r["step"] for r in results[w])
         kills = statistics.median(r["kills"] for r in results[w])
@@ -243,8 +263,10 @@ def main():
         inrun = [x for r in results[w] for x in r.get("lost_s", [])]
         inrun = "%.2f s" % statistics.median(inrun) if inrun else ""
         agree = "%d of %d" % (sum(1 for r in results[w] if r.get("params_agree")), len(results[w]))
-        print("%-10s %8d %8d %9.1f%% %14s %16s %s%s" % (w, step, kills, 100.0 * step / ref, per, inrun,
-                                                    agree, own))
+        nxt = sorted(x for r in results[w] for x in r.get("next_step_ms", []))
+        nxt = "%d ms (%d-%d)" % (statistics.median(nxt), nxt[0], nxt[-1]) if nxt else ""
+        print("%-10s %8d %8d %9.1f%% %14s %16s %-12s %s%s" % (w, step, kills, 100.0 * step / ref, per,
+                                                          inrun, agree, nxt, own))
 
 
 if __name__ == "__main__":

@@ -108,6 +108,28 @@ def _parse(data):
     return (kind, fields) if kind else None
 
 
+# What the first DistributedDataParallel of a process imports, where torch has it: torch 2.x
+# imports torch._dynamo (and with it _inductor and sympy, ~800 modules) there, 1.2-1.5 s on
+# this project's 2-core machine, which survivors would wait for in a new process's first
+# re-form. A spare imports it before it says it can wait; any other new process in place
+# imports it on a thread while it joins (_prefetch).
+_FIRST_DDP_IMPORTS = ("torch._dynamo",)
+
+
+def _import_first_ddp():
+    import importlib
+    for name in _FIRST_DDP_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except Exception:  # not in this torch (1.x), or broken: DDP will say so itself
+            pass
+
+
+def _prefetch():
+    """_import_first_ddp on a daemon thread: a DDP built meanwhile waits on the import's lock."""
+    threading.Thread(target=_import_first_ddp, name="muster-prefetch", daemon=True).start()
+
+
 def await_rank():
     """Under ``launch --in_place``: tells the agent that this program can be started as a warm
     spare. In a spare (MUSTER_SPARE=1), waits until the agent hands it a dead worker's rank,
@@ -117,6 +139,8 @@ def await_rank():
     fd = os.environ.get(_FD_VAR, "")
     if not fd.isdigit():
         return False
+    if os.environ.get(_SPARE_VAR, "") == "1":
+        _import_first_ddp()  # warm before it says it can wait: its take is then the re-form alone
     sock = socket.socket(fileno=os.dup(int(fd)))  # Job's channel takes the descriptor later
     try:
         try:
@@ -318,6 +342,32 @@ def _socket_fds():
     return out
 
 
+def _shut_connection(fd):
+    """Shuts down the connected socket `fd` (both ways), so that a recv or send blocked on it
+    returns at once. Never a listening socket: gloo's listener thread (torch 2.x) takes a failed
+    accept() for a bug and aborts the whole process (``listener.cc: accept: Invalid argument``);
+    the group's connections are what a blocked collective waits on."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as s:
+            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                return
+            s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _tcpstore(dist, addr, port, timeout):
+    """A client of the agent's store. USE_LIBUV=0 asks for torch's own socket code, as torch's
+    env:// does: a torch built without libuv (Debian's 2.x) refuses a store that asks for it,
+    and torch 2.x asks by default. Torch 1.x has no such choice (no ``use_libuv`` argument)."""
+    if os.environ.get("USE_LIBUV", "") == "0":
+        try:
+            return dist.TCPStore(addr, port, is_master=False, timeout=timeout, use_libuv=False)
+        except TypeError:
+            pass
+    return dist.TCPStore(addr, port, is_master=False, timeout=timeout)
+
+
 def _env_int(name, default):
     value = os.environ.get(name, "")
     return int(value) if value.lstrip("-").isdigit() else default
@@ -384,6 +434,7 @@ class Job:
         self._channel = _Channel(int(fd), self._on_abort) if self.in_place else None
         self._seen = self._channel.epoch() if self._channel else 0
         if self.in_place:
+            _prefetch()
             addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT", 0)
             if self._seen != 0:  # the world moved on before this process joined it
                 addr, port = self._adopt(self._channel.await_world(self.round, self._world_wait))
@@ -502,8 +553,11 @@ class Job:
 
     def _abort_group(self, epoch):
         """On the reader thread, at the agent's abort. gloo (which torch cannot abort): shut
-        down the group's own sockets, so that a blocked recv or send returns at once and the
-        collective raises; the group is destroyed at the step's end anyway. NCCL: torch's
+        down the group's own connections (never its listening socket: _shut_connection), so
+        that a blocked recv or send returns at once and the collective raises; the group is
+        destroyed at the step's end anyway. (torch 2.x has ProcessGroupGloo.abort(), but it does
+        not end a collective blocked on a silent peer: measured on 2.14, the allreduce returned
+        only when the peer's process exited.) NCCL: torch's
         _abort_process_group where it has it (torch >= 2.6). Only for a message (`epoch`) newer
         than the world the join or group belongs to."""
         joining = self._join_before  # a join under way: every socket it opened so far
@@ -519,11 +573,7 @@ class Job:
             return
         for fd, inode in _socket_fds().items():
             if inode in self._group_sockets or (joining is not None and inode not in joining):
-                try:
-                    with socket.socket(fileno=os.dup(fd)) as s:
-                        s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                _shut_connection(fd)
 
     def _leave(self):
         """Out of the broken group: its sockets close, so peers blocked on this rank fail now."""
@@ -556,7 +606,7 @@ class Job:
         try:
             if self._channel.epoch() != self._seen:
                 raise RecoveryError("the world changed before round %d formed" % self.round)
-            store = dist.TCPStore(addr, port, is_master=False, timeout=self._timeout)
+            store = _tcpstore(dist, addr, port, self._timeout)
             # An abort between the check above and the store's socket shut nothing: look again
             # now that the socket is there (an abort from here on shuts it).
             if self._channel.epoch() != self._seen:

@@ -14,7 +14,7 @@ TEST_CASE("hang: a Python worker stuck in time.sleep is named, its traceback is 
   TempDir logs;
   Proc p({kLaunch, "--standalone", "--nproc_per_node=3", "--hang_timeout=1", "--log_dir",
           logs.path(), std::string(INTEROP_SCRIPTS_DIR) + "/hang_in_sleep.py"},
-         {{"PYTHON_EXEC", "/usr/bin/python3"}, {"PYTHONPATH", MUSTER_PYTHON_DIR}});
+         {{"PYTHON_EXEC", kPython}, {"PYTHONPATH", MUSTER_PYTHON_DIR}});
   const auto rc = p.wait(60s);
   INFO(p.out() << p.err());
   CHECK(rc == 1);  // no restarts: the job fails, the hang its cause
@@ -35,7 +35,7 @@ TEST_CASE("hang: a Python worker stuck in time.sleep is named, its traceback is 
 
 TEST_CASE("hang: an unmodified DDP script stuck in its data loading is named, with its phase",
           "[hang][torch]") {
-  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   // The script imports nothing of muster's and PYTHONPATH is unset: the step counting is the
   // hook launch puts on the workers' PYTHONPATH for a run with a hang timeout.
   TempDir logs;
@@ -44,7 +44,7 @@ TEST_CASE("hang: an unmodified DDP script stuck in its data loading is named, wi
   constexpr double kTimeout = 5.0;
   Proc p({kLaunch, "--standalone", "--nproc_per_node=3", "--hang_timeout=5", "--log_dir",
           logs.path(), std::string(INTEROP_SCRIPTS_DIR) + "/ddp_hang_in_data.py", "100", "stuck"},
-         {{"PYTHON_EXEC", "/usr/bin/python3"}, {"PYTHONPATH", std::nullopt},
+         {{"PYTHON_EXEC", kPython}, {"PYTHONPATH", std::nullopt},
           {"MUSTER_PROGRESS_AUTO", std::nullopt}});
   const auto rc = p.wait(90s);
   INFO(p.out() << p.err());
@@ -67,10 +67,10 @@ TEST_CASE("hang: an unmodified DDP script stuck in its data loading is named, wi
 
 TEST_CASE("hang: without --hang_timeout a Python worker's PYTHONPATH is left as it is",
           "[hang][torch]") {
-  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   Proc p({kLaunch, "--standalone", "--nproc_per_node=2",
           std::string(INTEROP_SCRIPTS_DIR) + "/ddp_hang_in_data.py", "2"},
-         {{"PYTHON_EXEC", "/usr/bin/python3"}, {"PYTHONPATH", std::nullopt}});
+         {{"PYTHON_EXEC", kPython}, {"PYTHONPATH", std::nullopt}});
   const auto rc = p.wait(90s);
   INFO(p.out() << p.err());
   CHECK(rc == 0);
@@ -90,7 +90,7 @@ TEST_CASE("hang: across nodes, the server names the rank no node alone could tel
                                  "--rdzv_backend=c10d", "--rdzv_endpoint=" + ep, "--rdzv_id=hang",
                                  "--hang_timeout=1", "--log_dir", logs.path(), host_flag,
                                  std::string(INTEROP_SCRIPTS_DIR) + "/hang_in_sleep.py"},
-        std::map<std::string, std::optional<std::string>>{{"PYTHON_EXEC", "/usr/bin/python3"},
+        std::map<std::string, std::optional<std::string>>{{"PYTHON_EXEC", kPython},
                                                           {"PYTHONPATH", MUSTER_PYTHON_DIR}});
   };
   auto a = agent("--local_addr=node-a");

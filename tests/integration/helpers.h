@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <fstream>
 #include <initializer_list>
 #include <map>
@@ -19,7 +20,17 @@
 
 namespace muster::testing {
 
-inline const std::string kLaunch = LAUNCH_BIN;
+// The variable `name`, or `fallback` where it is unset or empty.
+inline std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+// The suite's PyTorch cases run again against torch 2.x (tests/support/in_torch_root.sh): there
+// launch is the wheel's, installed in a Debian root with that torch, and Python is the root's.
+// Elsewhere: the build's launch and Debian 12's /usr/bin/python3 (torch 1.13).
+inline const std::string kLaunch = env_or("MUSTER_TEST_LAUNCH", LAUNCH_BIN);
+inline const std::string kPython = env_or("MUSTER_TEST_PYTHON", "/usr/bin/python3");
 inline const std::string kWorker = TEST_WORKER_BIN;
 inline const std::string kRdzvd = RDZVD_BIN;
 
@@ -73,9 +84,9 @@ inline auto out_has(const std::string& what) {
   };
 }
 
-// Whether Debian's /usr/bin/python3 has torch (python3-torch, from scripts/setup --tests).
+// Whether kPython has torch (python3-torch, from scripts/setup --tests).
 inline bool torch_importable() {
-  Proc probe({"/usr/bin/python3", "-c", "import torch.distributed"});
+  Proc probe({kPython, "-c", "import torch.distributed"});
   return probe.wait(120s) == 0;
 }
 

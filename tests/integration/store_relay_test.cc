@@ -122,14 +122,14 @@ TEST_CASE_METHOD(TwoAgents,
 
 // torch's own client through an agent that answers its node's reads itself: the conformance
 // script that torch's own server passes (tcpstore_test.cc) passes here too.
-TEST_CASE("store relay: torch 1.13's own TCPStore client passes the conformance script through "
+TEST_CASE("store relay: torch's own TCPStore client passes the conformance script through "
           "an agent",
           "[store_relay][interop]") {
-  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP(kPython + " cannot import torch (python3-torch)");
   RdzvdProc server;
   HeldRun run(server.endpoint, "job");
   auto a = relay({server.endpoint}, "job");
-  Proc py({"/usr/bin/python3", std::string(INTEROP_SCRIPTS_DIR) + "/tcpstore_conformance.py",
+  Proc py({kPython, std::string(INTEROP_SCRIPTS_DIR) + "/tcpstore_conformance.py",
            "127.0.0.1", std::to_string(world(*a, 1))});
   const auto rc = py.wait(120s);
   INFO(py.out() << py.err());

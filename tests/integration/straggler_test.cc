@@ -102,7 +102,7 @@ TEST_CASE(
     "event log, rdzvd status --json and /metrics",
     "[stragglers][torch]") {
   if (!torch_importable())
-    MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+    MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   RdzvdProc server({"--event_log", "-", "--metrics_port", "0"});
   ThreeAgents job(server.endpoint, "slow");
   const int slow = 2;
@@ -151,7 +151,7 @@ TEST_CASE(
 
 TEST_CASE("stragglers: ranks paused 300 ms at random name nobody", "[stragglers][torch]") {
   if (!torch_importable())
-    MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+    MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   RdzvdProc server({"--event_log", "-"});
   ThreeAgents job(server.endpoint, "noisy");
   std::vector<pid_t> pids;
@@ -189,7 +189,7 @@ TEST_CASE("stragglers: with --exclude_stragglers a slowed node leaves in place a
           "two train on with their processes",
           "[stragglers][torch]") {
   if (!torch_importable())
-    MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+    MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   RdzvdProc server({"--event_log", "-", "--metrics_port", "0"});
   ThreeAgents job(server.endpoint, "exclude",
                   {"--exclude_stragglers", "--straggler_cooldown=600"}, "2:3", "20");

@@ -20,7 +20,6 @@ using namespace muster::testing;
 
 namespace {
 
-const std::string kPython = "/usr/bin/python3";
 const std::string kScript = DDP_IN_PLACE_PY;
 
 // Every match of `re`'s first group, in order.
@@ -96,7 +95,7 @@ bool rank0_said(const std::vector<Proc*>& agents, const std::string& what) {
 TEST_CASE("torch in place: a worker crash replaces only it, the survivors keep their pids and "
           "every rank ends with the same parameters, an unbroken run's up to rounding",
           "[torch][in_place]") {
-  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   const std::vector<std::string> steps{"--steps", "120", "--log-every", "40"};
   Proc plain(standalone(3, {"--in_place"}, steps), kEnv);
   INFO(plain.out() << plain.err());
@@ -134,7 +133,7 @@ TEST_CASE("torch in place: a worker crash replaces only it, the survivors keep t
 TEST_CASE("torch in place: a second worker lost while the first is being recovered is replaced "
           "too, and the survivor keeps its process",
           "[torch][in_place]") {
-  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   Proc p(standalone(3, {"--in_place", "--max_restarts=2"},
                     {"--steps", "120", "--log-every", "40", "--fail-at-step", "60", "--fail-rank", "1"}),
          kEnv);
@@ -169,7 +168,7 @@ TEST_CASE("torch in place: a second worker lost while the first is being recover
 TEST_CASE("torch in place: a replacement killed while it starts is replaced again, and the "
           "survivors keep their processes and finish with the same parameters",
           "[torch][in_place]") {
-  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   auto env = kEnv;
   env["MUSTER_LOG_LEVEL"] = "info";  // the replacement's start
   Proc p(standalone(3, {"--in_place", "--max_restarts=3"},
@@ -212,7 +211,7 @@ TEST_CASE("torch in place: a replacement killed while it starts is replaced agai
 TEST_CASE("torch in place: kill -9 of a node: the survivors go on in their own processes in a "
           "world of two, with the same parameters, and finish",
           "[torch][in_place]") {
-  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   RdzvdProc server;
   const std::vector<std::string> conf{"--rdzv_conf=last_call_timeout=60", "--in_place",
                                       "--max_restarts=1"};
@@ -253,7 +252,7 @@ TEST_CASE("torch in place: kill -9 of a node: the survivors go on in their own p
 TEST_CASE("torch in place: a newcomer within MIN:MAX receives the survivors' state, and they keep "
           "their processes",
           "[torch][in_place]") {
-  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   RdzvdProc server;
   const std::vector<std::string> conf{"--rdzv_conf=last_call_timeout=0.5", "--in_place",
                                       "--max_restarts=1"};
@@ -311,7 +310,7 @@ TEST_CASE("torch in place: a newcomer within MIN:MAX receives the survivors' sta
 TEST_CASE("torch in place: without --in_place the script is an ordinary DDP job: a failure "
           "restarts every worker, which resume from the checkpoint",
           "[torch][in_place]") {
-  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   TempDir dir;
   Proc p(standalone(2, {"--max_restarts=1"},
                     {"--steps", "120", "--log-every", "40", "--fail-at-step", "70", "--fail-rank",
@@ -392,7 +391,7 @@ TEST_CASE("torch in place with --spares: a spare that dies while it waits is sta
           "a worker crash is taken by the warm spare while the survivors keep their processes "
           "and agree on their parameters",
           "[torch][in_place][spares]") {
-  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   auto env = kEnv;
   env["MUSTER_LOG_LEVEL"] = "info";  // the spares' lines
   // Long enough for any spare's start on a loaded machine (the test ends it with SIGTERM).
@@ -465,7 +464,7 @@ TEST_CASE("launch --spares: it needs --in_place (one line, exit 2), and a progra
 TEST_CASE("torch in place with --spares: a newcomer within MIN:MAX joins only once its worker "
           "waits warm, takes it for its rank, and the survivors keep their processes",
           "[torch][in_place][spares]") {
-  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   RdzvdProc server;
   auto [a, b] = two_training(server, "tspare", 1);
   auto c = spare_agent(server, "tspare", 1);
@@ -519,7 +518,7 @@ TEST_CASE("torch in place with --spares: the only worker of a node crashes and t
           "takes its rank (the clean-up after a node's last worker leaves the waiting spare "
           "alone), while the other node keeps its process",
           "[torch][in_place][spares]") {
-  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   RdzvdProc server;
   // Two restarts: one for the crash, one should gloo leave the survivor blocked (it says so).
   auto [a, b] = two_training_with_spares(server, "tonly", 2);
@@ -573,7 +572,7 @@ TEST_CASE("torch in place with --spares: a spare killed as it takes a dead worke
           "replaced by a new process, which answers for its first round: the node's recovery "
           "completes",
           "[torch][in_place][spares]") {
-  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   RdzvdProc server;
   // Three restarts: the crash, the spare's death, one should gloo leave the survivor blocked.
   auto [a, b] = two_training_with_spares(server, "tnew", 3);
@@ -612,7 +611,7 @@ TEST_CASE("torch in place with --spares: a spare killed as it takes a dead worke
 TEST_CASE("torch in place with --spares: a node lost while it joins leaves the others training in "
           "their own processes in the world they had",
           "[torch][in_place][spares]") {
-  if (!torch_importable()) MUSTER_SKIP("/usr/bin/python3 cannot import torch (install python3-torch)");
+  if (!torch_importable()) MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   RdzvdProc server;
   auto [a, b] = two_training(server, "tjoin", 2);
   // The newcomer's round forms: its warm worker is taken for its rank and is joining the

@@ -22,7 +22,7 @@ using namespace muster::testing;
 namespace {
 
 const std::string kScripts = INTEROP_DIR;
-const std::map<std::string, std::optional<std::string>> kEnv{{"PYTHON_EXEC", "/usr/bin/python3"}};
+const std::map<std::string, std::optional<std::string>> kEnv{{"PYTHON_EXEC", kPython}};
 
 std::set<std::string> checksums(const std::string& out, int world) {
   std::set<std::string> sums;
@@ -283,9 +283,9 @@ TEST_CASE("interop: a node joining a running job: both train in the larger world
 }
 
 int main(int argc, char** argv) {
-  Proc probe({"/usr/bin/python3", "-c", "import torch.distributed"});
+  Proc probe({kPython, "-c", "import torch.distributed"});
   if (probe.wait(120s) != 0) {
-    std::printf("SKIPPED: /usr/bin/python3 cannot import torch (install python3-torch)\n");
+    std::printf("SKIPPED: %s cannot import torch (install python3-torch)\n", kPython.c_str());
     return kSkipExit;
   }
   return catch_exit(Catch::Session().run(argc, argv));

@@ -8,6 +8,7 @@ own server does. Prints "conformance: ok (N checks)" and exits 0, or names the f
 that failed and exits 1.
 """
 import datetime
+import os
 import sys
 import threading
 import time
@@ -34,6 +35,11 @@ def raises(fn, what):
     check(False, what + " (no error)")
 
 
+# USE_LIBUV=0: torch's own socket code, as its env:// honours it (Debian builds torch 2.x
+# without libuv; torch 1.x has no such argument and never sees the variable set).
+LIBUV = {"use_libuv": False} if os.environ.get("USE_LIBUV") == "0" else {}
+
+
 def timeout(seconds):
     return datetime.timedelta(seconds=seconds)
 
@@ -41,13 +47,13 @@ def timeout(seconds):
 def main():
     master = None
     if sys.argv[1:] == ["--torch"]:
-        master = dist.TCPStore("127.0.0.1", 0, 1, True, timeout(30), wait_for_workers=False)
+        master = dist.TCPStore("127.0.0.1", 0, 1, True, timeout(30), wait_for_workers=False, **LIBUV)
         host, port = "127.0.0.1", master.port
     else:
         host, port = sys.argv[1], int(sys.argv[2])
 
     def client(wait_s=30):
-        return dist.TCPStore(host, port, None, False, timeout(wait_s), wait_for_workers=False)
+        return dist.TCPStore(host, port, None, False, timeout(wait_s), wait_for_workers=False, **LIBUV)
 
     s = client()
     base = s.num_keys()
