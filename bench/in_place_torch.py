@@ -35,7 +35,10 @@ from hostproc import Proc, wait_until  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("BUILD", "/work/main/build")
 HOSTNET = os.path.join(BUILD, "tests/hostnet")
-LAUNCH = os.path.join(BUILD, "launcher/launch")
+# LAUNCH, PYTHON: another launch and interpreter (the suite's torch 2.x roots give the wheel's
+# muster-launch run in the root and the root's python3: tests/support/in_torch_root.sh).
+LAUNCH = os.environ.get("LAUNCH", os.path.join(BUILD, "launcher/launch"))
+PYTHON = os.environ.get("PYTHON", "/usr/bin/python3")
 RDZVD = os.path.join(BUILD, "rendezvous/rdzvd")
 TORCHRUN = os.environ.get("TORCHRUN", os.path.join(ROOT, "..", "shared", "peer", "torchrun311"))
 SCRIPT = os.path.join(ROOT, "examples", "python", "ddp_in_place.py")
@@ -67,8 +70,8 @@ def agent(a, host, tmp):
                              f"--rdzv_conf={conf}"]
         if a.way == "in_place":
             argv.append("--in_place")
-        argv += ["/usr/bin/python3", *script]
-    env = dict(os.environ, PYTHON_EXEC="/usr/bin/python3")
+        argv += [PYTHON, *script]
+    env = dict(os.environ, PYTHON_EXEC=PYTHON)
     env.pop("PYTHONPATH", None)
     return Proc(f"agent{host}", argv, env=env)
 

@@ -19,7 +19,6 @@ using namespace muster::testing;
 namespace {
 
 const std::string kChromium = "/usr/bin/chromium";
-const std::string kPython = "/usr/bin/python3";
 
 // The line "<step>: <value>" the driver printed, or "" when it did not.
 std::string step(const std::string& out, const std::string& name) {

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from store_args import LIBUV
 
 assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True", os.environ["TORCHELASTIC_USE_AGENT_STORE"]
 rank = int(os.environ["RANK"])
@@ -28,7 +29,7 @@ dist.all_reduce(t)
 assert t.item() == world * (world + 1) / 2, t.item()
 
 store = dist.TCPStore(os.environ["MASTER_ADDR"], port, None, False, timedelta(seconds=60),
-                      wait_for_workers=False)
+                      wait_for_workers=False, **LIBUV)
 print(f"rank {rank} attempt {attempt} store port {port}", flush=True)
 if attempt == 0:
     store.set(f"attempt0/{rank}", f"from pid {os.getpid()}")

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from store_args import LIBUV
 
 rank = int(os.environ["RANK"])
 assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True"
@@ -15,7 +16,7 @@ dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=
 t = torch.tensor([1.0])
 dist.all_reduce(t)
 store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
-                      timedelta(seconds=30))
+                      timedelta(seconds=30), **LIBUV)
 store.set("mine/%d" % rank, "rank %d" % rank)
 assert store.get("mine/%d" % rank) == b"rank %d" % rank
 print("rank %d store ok port %s world %d" % (rank, os.environ["MASTER_PORT"], int(t.item())),

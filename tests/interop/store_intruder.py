@@ -9,7 +9,8 @@ CHILD = r"""
 import sys
 from datetime import timedelta
 import torch.distributed as dist
-s = dist.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, timedelta(seconds=5))
+from store_args import LIBUV
+s = dist.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, timedelta(seconds=5), **LIBUV)
 s.set("intruder", "x")
 assert s.get("intruder") == b"x"
 """

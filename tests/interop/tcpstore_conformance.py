@@ -8,12 +8,12 @@ own server does. Prints "conformance: ok (N checks)" and exits 0, or names the f
 that failed and exits 1.
 """
 import datetime
-import os
 import sys
 import threading
 import time
 
 import torch.distributed as dist
+from store_args import LIBUV
 
 checks = 0
 
@@ -33,11 +33,6 @@ def raises(fn, what):
         check(True, what)
         return str(e)
     check(False, what + " (no error)")
-
-
-# USE_LIBUV=0: torch's own socket code, as its env:// honours it (Debian builds torch 2.x
-# without libuv; torch 1.x has no such argument and never sees the variable set).
-LIBUV = {"use_libuv": False} if os.environ.get("USE_LIBUV") == "0" else {}
 
 
 def timeout(seconds):

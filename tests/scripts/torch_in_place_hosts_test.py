@@ -22,15 +22,21 @@ import subprocess
 import sys
 
 
+# Under tests/support/in_torch_root.sh: the wheel's launch and the python3 of a root with
+# torch 2.x (docs/testing.md, "PyTorch 2.x"); otherwise the build's and Debian 12's.
+PYTHON = os.environ.get("MUSTER_TEST_PYTHON") or "/usr/bin/python3"
+LAUNCH = os.environ.get("MUSTER_TEST_LAUNCH") or ""
+
+
 def main():
     build, src = sys.argv[1], sys.argv[2]
     if os.geteuid() != 0 or not shutil.which("ip"):
         print("torch_in_place_hosts_test: SKIPPED (needs root and ip)")
         return 77
-    if subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed"],
+    if subprocess.run([PYTHON, "-c", "import torch.distributed"],
                       capture_output=True).returncode != 0:
-        print("torch_in_place_hosts_test: SKIPPED (/usr/bin/python3 cannot import torch: "
-              "install python3-torch)")
+        print("torch_in_place_hosts_test: SKIPPED (%s cannot import torch: "
+              "install python3-torch)" % PYTHON)
         return 77
     problems = []
     for fault in ("kill", "cut"):
@@ -46,7 +52,8 @@ def trial(build, src, fault):
            os.path.join(src, "bench/in_place_torch.py"), "--inner", "--way", "in_place",
            "--step_ms", "10", "--fault", fault, "--pg_timeout", "300"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, BUILD=build))
+                       env=dict(os.environ, BUILD=build, PYTHON=PYTHON,
+                                **({"LAUNCH": LAUNCH} if LAUNCH else {})))
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     if not lines:
         return ["%s: no result; exit %d\n%s\n%s" % (fault, r.returncode, r.stdout[-2000:],

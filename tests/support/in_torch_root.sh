@@ -6,20 +6,23 @@
 # makes and keeps. In the root: a venv (--system-site-packages, so Debian's torch is seen) at
 # /opt/muster with the build's wheel installed by pip (made and installed again when the
 # build's launch or rdzvd or python/ changed). TEST_COMMAND runs on this machine in a mount
-# namespace of its own in which the root has /proc, /dev, /sys, /tmp and SOURCE_DIR and
-# BUILD_DIR at their own paths, and it is told (MUSTER_TEST_LAUNCH, MUSTER_TEST_PYTHON,
-# MUSTER_TEST_TORCH) to run launch as `chroot ROOT /opt/muster/bin/muster-launch` and Python as
-# the root's /usr/bin/python3: the workers, their torch and muster's Python modules are the
-# root's, the test's checks, its sockets and its processes (same pid and network namespaces)
-# are this machine's. Skipped (MUSTER-TEST-SKIPPED, exit 0) where the root cannot be made.
+# namespace of its own in which the root has /proc, /dev, /sys, /tmp, this machine's
+# /etc/hosts and SOURCE_DIR and BUILD_DIR at their own paths, and it is told
+# (MUSTER_TEST_LAUNCH, MUSTER_TEST_PYTHON, MUSTER_TEST_TORCH) to run launch as `chroot ROOT
+# /opt/muster/bin/muster-launch` and Python as the root's /usr/bin/python3: the workers, their
+# torch and muster's Python modules are the root's, the test's checks, its sockets and its
+# processes (same pid and network namespaces) are this machine's. Skipped (exit 77) where the
+# root cannot be made.
 set -euo pipefail
 suite="$1" build="$2" src="$3"
 shift 3
 [ "${1:-}" = "--" ] && shift
 here="$(cd "$(dirname "$0")" && pwd)"
+# Exit 77 (ctest's SKIP_RETURN_CODE), not the skip marker: the command's own output may hold a
+# marker from one case of many that skipped, which must not make the whole test read Skipped.
 skip() {
-  echo "MUSTER-TEST-SKIPPED: $*"
-  exit 0
+  echo "in_torch_root: skipped: $*"
+  exit 77
 }
 [ "$(id -u)" = 0 ] || skip "not root (chroot, mount namespaces)"
 root_out="$("$here/torch_root.sh" "$suite" 2>&1)" || skip "no torch root for $suite: $root_out"
@@ -31,8 +34,10 @@ exec 9>"$root.wheel.lock"
 flock 9
 if [ "$(cat "$root/opt/muster/.stamp" 2>/dev/null)" != "$stamp" ]; then
   work="$(mktemp -d)"
-  wheel="$(MUSTER_BUILD_DIR="$build" MUSTER_WHEEL_DIR="$work" "$src/scripts/wheel" 2>"$work/wheel.log" | tail -n 1)" ||
-    { cat "$work/wheel.log" >&2; rm -rf "$work"; echo "in_torch_root: scripts/wheel failed" >&2; exit 1; }
+  # scripts/wheel's packing step alone: the suite's build is whole, and building here would
+  # race the package tests that build in this tree.
+  wheel="$(/usr/bin/python3 "$src/packaging/wheel/muster_wheel.py" "$build" "$work" 2>"$work/wheel.log" | tail -n 1)" ||
+    { cat "$work/wheel.log" >&2; rm -rf "$work"; echo "in_torch_root: the wheel could not be made" >&2; exit 1; }
   rm -rf "$root/opt/muster" "$root/opt/wheel"
   mkdir -p "$root/opt/wheel"
   cp "$wheel" "$root/opt/wheel/"
@@ -50,12 +55,12 @@ tools="$(mktemp -d)"
 trap 'rm -rf "$tools"' EXIT
 cat >"$tools/launch" <<SH
 #!/bin/sh
-exec chroot "$root" /opt/muster/bin/muster-launch "\$@"
+exec /usr/sbin/chroot "$root" /opt/muster/bin/muster-launch "\$@"
 SH
 cat >"$tools/python3" <<SH
 #!/bin/sh
 [ -e /opt/muster/.stamp ] && exec /usr/bin/python3 "\$@"
-exec chroot "$root" /usr/bin/python3 "\$@"
+exec /usr/sbin/chroot "$root" /usr/bin/python3 "\$@"
 SH
 chmod 755 "$tools/launch" "$tools/python3"
 torch_version="$(chroot "$root" /usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null | tail -n 1)"
@@ -71,4 +76,6 @@ exec unshare -m --propagation private sh -c '
   mount --rbind /sys "$root/sys"
   mount --rbind /tmp "$root/tmp"
   for d in "$src" "$build"; do mkdir -p "$root$d"; mount --rbind "$d" "$root$d"; done
+  # This machine'"'"'s names (MASTER_ADDR is its host name, as torchrun'"'"'s would be).
+  for f in /etc/hosts /etc/resolv.conf; do if [ -f "$f" ]; then mount --bind "$f" "$root$f"; fi; done
   exec "$@"' sh "$root" "$src" "$build" "$@"
