@@ -53,9 +53,12 @@ flock -u 9
 # execs MUSTER_TEST_PYTHON's path, which /tmp carries inside) from within it.
 tools="$(mktemp -d)"
 trap 'rm -rf "$tools"' EXIT
+# launch sees the /etc/hosts of the mount namespace it is started in (a namespace host's own,
+# tests/support/hostnet.h, names node0...), bound over the root's in a namespace of its own.
 cat >"$tools/launch" <<SH
 #!/bin/sh
-exec /usr/sbin/chroot "$root" /opt/muster/bin/muster-launch "\$@"
+exec /usr/bin/unshare -m --propagation private /bin/sh -c 'mount --bind /etc/hosts "\$0/etc/hosts" &&
+  exec /usr/sbin/chroot "\$0" /opt/muster/bin/muster-launch "\$@"' "$root" "\$@"
 SH
 cat >"$tools/python3" <<SH
 #!/bin/sh
@@ -68,7 +71,8 @@ export MUSTER_TEST_LAUNCH="$tools/launch" MUSTER_TEST_PYTHON="$tools/python3" MU
 # Debian builds torch 2.x without libuv, and its TCPStore asks for libuv by default.
 export USE_LIBUV=0
 echo "in_torch_root: torch $torch_version in $root, muster from its wheel" >&2
-exec unshare -m --propagation private sh -c '
+rc=0
+unshare -m --propagation private sh -c '
   root="$1" src="$2" build="$3"; shift 3
   set -e
   mount -t proc proc "$root/proc"
@@ -78,4 +82,5 @@ exec unshare -m --propagation private sh -c '
   for d in "$src" "$build"; do mkdir -p "$root$d"; mount --rbind "$d" "$root$d"; done
   # This machine'"'"'s names (MASTER_ADDR is its host name, as torchrun'"'"'s would be).
   for f in /etc/hosts /etc/resolv.conf; do if [ -f "$f" ]; then mount --bind "$f" "$root$f"; fi; done
-  exec "$@"' sh "$root" "$src" "$build" "$@"
+  exec "$@"' sh "$root" "$src" "$build" "$@" || rc=$?
+exit "$rc"  # the EXIT trap removes the commands' folder
