@@ -3,14 +3,17 @@ the agent (ops/control_channel.h is the contract). The hello goes out first; abo
 messages move the epoch and wake a waiter at once; malformed messages are refused and change
 nothing; a world for an older round is not the one awaited; `resumed` is answered; a closed
 channel ends the wait with RecoveryError; await_rank() declares spares and a spare takes its
-rank's variables from `take`; the stuck watch reports a step still open after the wait that
-follows an abort, and nothing else. Exit 0 when every check holds.
+rank's variables from `take`, having imported what a first DDP imports; the stuck watch
+reports a step still open after the wait that follows an abort, and nothing else; an abort
+shuts a group's connections but never its listening socket; the store client honours
+USE_LIBUV=0 where torch takes the argument. Exit 0 when every check holds.
 
   python3 tests/scripts/muster_inplace_test.py PYTHON_DIR
 """
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 
@@ -153,6 +156,69 @@ def _in_join(fake, inode):  # every other socket was open before the join
 check_epoch_gate("group's sockets", _in_group)
 check_epoch_gate("join's sockets", _in_join)
 
+
+# A group's listening socket is never shut (gloo's listener thread in torch 2.x aborts the
+# process when its accept fails): the abort shuts the group's connections and leaves the
+# listener accepting.
+def check_listener_kept():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    conn = socket.create_connection(listener.getsockname())
+    peer, _ = listener.accept()
+    fake = _FakeJob()
+    fake._group_sockets = {os.readlink("/proc/self/fd/%d" % s.fileno())[8:-1]
+                           for s in (listener, conn)}
+    fake._sockets_epoch = 4
+    mi.Job._abort_group(fake, 5)
+    check(_is_shut(conn), "abort_group: the group's connection is shut")
+    check(listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1,
+          "abort_group: the group's listening socket still listens")
+    late = socket.socket()
+    listener.settimeout(5)
+    try:
+        late.connect(listener.getsockname())
+        accepted, _ = listener.accept()
+        accepted.close()
+        check(True, "abort_group: the listener still accepts a connection after the abort")
+    except OSError as e:
+        check(False, "abort_group: the listener still accepts a connection after the abort (%s)" % e)
+    for s in (late, peer, conn, listener):
+        s.close()
+
+
+check_listener_kept()
+
+
+# The store client honours USE_LIBUV=0 (torch 2.x built without libuv), and a torch without the
+# argument (1.x: pybind raises TypeError) gets the call without it.
+class _FakeDist:
+    def __init__(self, takes_libuv):
+        self.calls = []
+        self._takes_libuv = takes_libuv
+
+    def TCPStore(self, addr, port, **kw):  # noqa: N802 (torch's name)
+        self.calls.append(dict(kw))
+        if "use_libuv" in kw and not self._takes_libuv:
+            raise TypeError("TCPStore(): incompatible function arguments")
+        return "store"
+
+
+timeout = object()
+for var, takes, want in (("0", True, [False]), ("0", False, [False, None]), (None, True, [None]),
+                         ("1", True, [None])):
+    if var is None:
+        os.environ.pop("USE_LIBUV", None)
+    else:
+        os.environ["USE_LIBUV"] = var
+    fake = _FakeDist(takes)
+    got = mi._tcpstore(fake, "h", 1, timeout)
+    asked = [c.get("use_libuv") for c in fake.calls]
+    check(got == "store" and asked == want and all(c["timeout"] is timeout for c in fake.calls),
+          "store client: USE_LIBUV=%s, use_libuv %s: asked %s" % (var, "taken" if takes else "unknown",
+                                                                 asked))
+os.environ.pop("USE_LIBUV", None)
+
 # The agent goes: a waiter ends with RecoveryError, not a hang.
 agent.close()
 try:
@@ -163,17 +229,27 @@ except mi.RecoveryError as e:
 
 # await_rank (warm spares): a worker says it can wait as a spare and goes on; a spare waits
 # until `take`, which sets its environment; the descriptor stays open for Job's channel.
+# A spare imports what a process's first DDP imports (torch 2.x's torch._dynamo) before it says
+# it is ready; a worker does not wait for that. A module of the test's stands for it.
+warm_dir = tempfile.mkdtemp()
+with open(os.path.join(warm_dir, "muster_test_first_ddp.py"), "w") as f:
+    f.write("")
+sys.path.insert(0, warm_dir)
+mi._FIRST_DDP_IMPORTS = ("muster_test_first_ddp", "muster_no_such_module")
 a4, w4 = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 os.environ["MUSTER_CONTROL_FD"] = str(w4.fileno())
 os.environ.pop("MUSTER_SPARE", None)
 check(mi.await_rank() is False, "await_rank in a worker returns at once")
 check(a4.recv(2048) == b"hello spare=1", "it says the program can wait as a spare")
+check("muster_test_first_ddp" not in sys.modules, "a worker imports nothing more there")
 os.environ["MUSTER_SPARE"] = "1"
 os.environ.pop("RANK", None)
 took = []
 t = threading.Thread(target=lambda: took.append(mi.await_rank()))
 t.start()
 check(a4.recv(2048) == b"hello spare=1", "a spare says it is ready")
+check("muster_test_first_ddp" in sys.modules,
+      "a spare imported what the first DDP imports before it said so (a missing one skipped)")
 time.sleep(0.1)
 check(t.is_alive(), "a spare waits until it is given a rank")
 a4.send(b"world round=9 rank=0 world_size=1 master_addr=h master_port=1")  # not its message
