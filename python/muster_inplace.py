@@ -111,8 +111,8 @@ def _parse(data):
 # What the first DistributedDataParallel of a process imports, where torch has it: torch 2.x
 # imports torch._dynamo (and with it _inductor and sympy, ~800 modules) there, 1.2-1.5 s on
 # this project's 2-core machine, which survivors would wait for in a new process's first
-# re-form. A spare imports it before it says it can wait; any other new process in place
-# imports it on a thread while it joins (_prefetch).
+# re-form. A spare imports it on a thread while it waits for a rank, any other new process in
+# place while it joins (_prefetch).
 _FIRST_DDP_IMPORTS = ("torch._dynamo",)
 
 
@@ -125,9 +125,14 @@ def _import_first_ddp():
             pass
 
 
+_prefetching = None  # the thread of the last _prefetch()
+
+
 def _prefetch():
     """_import_first_ddp on a daemon thread: a DDP built meanwhile waits on the import's lock."""
-    threading.Thread(target=_import_first_ddp, name="muster-prefetch", daemon=True).start()
+    global _prefetching
+    _prefetching = threading.Thread(target=_import_first_ddp, name="muster-prefetch", daemon=True)
+    _prefetching.start()
 
 
 def await_rank():
@@ -140,7 +145,10 @@ def await_rank():
     if not fd.isdigit():
         return False
     if os.environ.get(_SPARE_VAR, "") == "1":
-        _import_first_ddp()  # warm before it says it can wait: its take is then the re-form alone
+        # Warm while it waits: its take is then the re-form alone. On a thread, so that the
+        # hello is not held back by it (a spare runs at nice 19: on a busy machine the import
+        # could take longer than the agent waits for a spare to be ready).
+        _prefetch()
     sock = socket.socket(fileno=os.dup(int(fd)))  # Job's channel takes the descriptor later
     try:
         try:

@@ -468,7 +468,11 @@ TEST_CASE("torch in place with --spares: a newcomer within MIN:MAX joins only on
   RdzvdProc server;
   auto [a, b] = two_training(server, "tspare", 1);
   auto c = spare_agent(server, "tspare", 1);
-  REQUIRE(c->wait_output(out_has("in place, round"), 120s));
+  {
+    const bool started = c->wait_output(out_has("in place, round"), 120s);
+    INFO(c->out() << c->err());
+    REQUIRE(started);
+  }
   // A survivor gloo left blocked at the newcomer's round (gave_up) has its spare take its rank.
   for (Proc* p : {a.get(), b.get()}) {
     const bool ok = p->wait_output(

@@ -3,7 +3,7 @@ the agent (ops/control_channel.h is the contract). The hello goes out first; abo
 messages move the epoch and wake a waiter at once; malformed messages are refused and change
 nothing; a world for an older round is not the one awaited; `resumed` is answered; a closed
 channel ends the wait with RecoveryError; await_rank() declares spares and a spare takes its
-rank's variables from `take`, having imported what a first DDP imports; the stuck watch
+rank's variables from `take`, importing what a first DDP imports while it waits; the stuck watch
 reports a step still open after the wait that follows an abort, and nothing else; an abort
 shuts a group's connections but never its listening socket; the store client honours
 USE_LIBUV=0 where torch takes the argument. Exit 0 when every check holds.
@@ -241,15 +241,18 @@ os.environ["MUSTER_CONTROL_FD"] = str(w4.fileno())
 os.environ.pop("MUSTER_SPARE", None)
 check(mi.await_rank() is False, "await_rank in a worker returns at once")
 check(a4.recv(2048) == b"hello spare=1", "it says the program can wait as a spare")
-check("muster_test_first_ddp" not in sys.modules, "a worker imports nothing more there")
+check("muster_test_first_ddp" not in sys.modules and mi._prefetching is None,
+      "a worker imports nothing more there")
 os.environ["MUSTER_SPARE"] = "1"
 os.environ.pop("RANK", None)
 took = []
 t = threading.Thread(target=lambda: took.append(mi.await_rank()))
 t.start()
 check(a4.recv(2048) == b"hello spare=1", "a spare says it is ready")
+check(mi._prefetching is not None, "a spare starts its warm-up import")
+mi._prefetching.join(10)
 check("muster_test_first_ddp" in sys.modules,
-      "a spare imported what the first DDP imports before it said so (a missing one skipped)")
+      "a spare imports what the first DDP imports while it waits (a missing one skipped)")
 time.sleep(0.1)
 check(t.is_alive(), "a spare waits until it is given a rank")
 a4.send(b"world round=9 rank=0 world_size=1 master_addr=h master_port=1")  # not its message

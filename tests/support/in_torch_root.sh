@@ -29,7 +29,7 @@ root_out="$("$here/torch_root.sh" "$suite" 2>&1)" || skip "no torch root for $su
 root="$(tail -n 1 <<<"$root_out")"
 
 # The wheel, installed once per build: a stamp of what went into it decides.
-stamp="$(cat "$build/launcher/launch" "$build/rendezvous/rdzvd" "$src"/python/*.py 2>/dev/null | sha256sum | cut -c1-16)"
+stamp="$(cat "$build/launcher/launch" "$build/rendezvous/rdzvd" "$src"/python/*.py "$src"/python/*/*.py 2>/dev/null | sha256sum | cut -c1-16)"
 exec 9>"$root.wheel.lock"
 flock 9
 if [ "$(cat "$root/opt/muster/.stamp" 2>/dev/null)" != "$stamp" ]; then
