@@ -469,9 +469,9 @@ TEST_CASE("torch in place with --spares: a newcomer within MIN:MAX joins only on
   auto [a, b] = two_training(server, "tspare", 1);
   auto c = spare_agent(server, "tspare", 1);
   {
-    const bool started = c->wait_output(out_has("in place, round"), 120s);
+    const bool joined = c->wait_output(out_has("in place, round"), 120s);
     INFO(c->out() << c->err());
-    REQUIRE(started);
+    REQUIRE(joined);
   }
   // A survivor gloo left blocked at the newcomer's round (gave_up) has its spare take its rank.
   for (Proc* p : {a.get(), b.get()}) {
