@@ -40,8 +40,14 @@ struct ThreeAgents {
         argv.push_back(a);
       }
       argv.push_back(log_every);
+      // One worker a node, so launch (as torchrun) leaves OMP_NUM_THREADS alone; but the three
+      // "nodes" share this machine's cores, and torch 2.x's OpenMP threads spin after each
+      // parallel op: three ranks' spinners on two cores made 1.3-1.8x noise in the ranks' own
+      // work (a straggler named in a job that has none). One thread a rank, as on a real node
+      // with cores of its own.
       agents.push_back(std::make_unique<Proc>(
-          argv, std::map<std::string, std::optional<std::string>>{{"PYTHONPATH", std::nullopt}}));
+          argv, std::map<std::string, std::optional<std::string>>{{"PYTHONPATH", std::nullopt},
+                                                                   {"OMP_NUM_THREADS", "1"}}));
     }
     static const std::regex pid_re(R"(rank (\d+): pid (\d+) in place, round 1)");
     for (auto& a : agents) {
