@@ -173,7 +173,7 @@ class Agent::Impl {
       v1::Assignment first;
       first.set_world_size(opts_.nproc_per_node);
       first.set_group_world_size(1);
-      group_.warm_up(first, round_spec(first), [this] {
+      group_.warm_up(first, round_spec(first, open_store_relay(first)), [this] {
         if (!exiting_) apply(machine_.start(now()));
       });
     } else {
@@ -268,7 +268,7 @@ class Agent::Impl {
     start_workers(s.assignment);
   }
   void start_workers(const v1::Assignment& a) {
-    WorkerGroup::Started started = group_.start(a, round_spec(a));
+    WorkerGroup::Started started = group_.start(a, round_spec(a, open_store_relay(a)));
     if (started.failure) {
       apply(machine_.on_spawn_failed(*started.failure, now()));
     } else {
@@ -282,7 +282,8 @@ class Agent::Impl {
   void carry_out(session::AbortWorkers& a) { group_.abort_all(a.round); }
   void carry_out(session::ReformWorkers& r) {
     WorkerGroup::Started started =
-        group_.reform(r.assignment, round_spec(r.assignment), r.lost_ranks, r.replace);
+        group_.reform(r.assignment, round_spec(r.assignment, open_store_relay(r.assignment)),
+                      r.lost_ranks, r.replace);
     if (started.failure) {
       apply(machine_.on_spawn_failed(*started.failure, now()));
     } else {
@@ -332,8 +333,9 @@ class Agent::Impl {
   }
 
   // What every worker of the round shares in its environment (the group adds each one's
-  // local rank and error file).
-  WorkerEnvSpec round_spec(const v1::Assignment& a) const {
+  // local rank and error file); `relay_port`: the round's store relay (open_store_relay), 0:
+  // none.
+  WorkerEnvSpec round_spec(const v1::Assignment& a, int relay_port) const {
     const Endpoints& endpoints = machine_.endpoints();
     WorkerEnvSpec spec;
     spec.local_world_size = opts_.nproc_per_node;
@@ -344,12 +346,10 @@ class Agent::Impl {
     spec.role = opts_.role;
     spec.master_addr = opts_.master_addr.empty() ? a.master_addr() : opts_.master_addr;
     spec.master_port = opts_.master_addr.empty() ? a.master_port() : opts_.master_port;
-    if (opts_.master_addr.empty() && opts_.use_agent_store && a.store_relay()) {
-      if (int port = relay_port(a); port > 0) {
-        spec.master_addr = "127.0.0.1";
-        spec.master_port = port;
-        spec.use_agent_store = true;
-      }
+    if (relay_port > 0) {
+      spec.master_addr = "127.0.0.1";
+      spec.master_port = relay_port;
+      spec.use_agent_store = true;
     }
     spec.restart_count = a.restart_count();
     spec.max_restarts = opts_.max_restarts;
@@ -394,7 +394,7 @@ class Agent::Impl {
   // for the round without it (its stream's end restarts them), or start their workers after
   // preflight::kStoreWait if it never leaves. A pre-flight that cannot run names nobody.
   void start_preflight(const v1::Assignment& a) {
-    const WorkerEnvSpec spec = round_spec(a);
+    const WorkerEnvSpec spec = round_spec(a, open_store_relay(a));
     rendezvous::GrpcStoreOptions store;
     store.target = spec.store_addr;
     store.run_id = opts_.run_id;
@@ -455,9 +455,12 @@ class Agent::Impl {
     });
   }
 
-  // The loopback port of the round's TCPStore-protocol listener (store_relay.h), the relay
-  // started with the first round that has one; 0: none (the workers host their own store).
-  int relay_port(const v1::Assignment& a) const {
+  // The loopback port of the round's TCPStore-protocol listener (store_relay.h), opened here
+  // (the relay itself started with the first round that has one); 0: none, the workers host
+  // their own store (a MASTER_ADDR of the user's, use_agent_store off, or a server without
+  // relays).
+  int open_store_relay(const v1::Assignment& a) {
+    if (!opts_.master_addr.empty() || !opts_.use_agent_store || !a.store_relay()) return 0;
     if (!relay_) {
       rendezvous::StoreRelayOptions o;
       const Endpoints& endpoints = machine_.endpoints();
@@ -503,7 +506,7 @@ class Agent::Impl {
   std::shared_ptr<bool> probe_role_;
   std::unique_ptr<FileTimerServer> file_timers_;
   const std::string host_identity_ = ops::host_identity();
-  mutable std::unique_ptr<rendezvous::StoreRelay> relay_;  // the workers' TCPStore, relayed
+  std::unique_ptr<rendezvous::StoreRelay> relay_;  // the workers' TCPStore, relayed
   LinkWatch links_;  // the straggler watch's link rates
   // --preflight: started once (the first round), its wait for a named node to leave.
   bool preflight_started_ = false;

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "muster/ops/median.h"
 #include "muster/rendezvous/prefix_store.h"
 
 namespace muster::agent::preflight {
@@ -34,12 +35,10 @@ constexpr char kMagic[4] = {'M', 'P', 'F', '1'};
 constexpr int kSocketBuffer = 256 * 1024;
 constexpr std::size_t kChunk = 64 * 1024;
 
-double median(std::vector<double> v) {
+// The median of the measures that gave a number (a probe that failed gave 0).
+double median_of_measured(std::vector<double> v) {
   v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return !(x > 0); }), v.end());
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return median(std::move(v));
 }
 
 absl::Status errno_status(const std::string& what) {
@@ -238,8 +237,8 @@ Verdict judge(int n, const std::vector<Measured>& probes, const std::vector<doub
       best = std::max(best, m.mbps);
     }
   }
-  v.link_median = median(v.link);
-  v.compute_median = median(v.compute);
+  v.link_median = median_of_measured(v.link);
+  v.compute_median = median_of_measured(v.compute);
   if (n < 3) return v;  // two nodes cannot tell which of them is slow
   for (int i = 0; i < n; ++i) {
     const double l = v.link[static_cast<std::size_t>(i)];

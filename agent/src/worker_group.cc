@@ -29,22 +29,11 @@
 #include "muster/ops/control_channel.h"
 #include "muster/ops/progress_page.h"
 #include "muster/ops/worker_env_names.h"
+#include "worker_group_parts.h"
 
 namespace muster::agent {
-namespace {
 
-namespace asio = boost::asio;
-namespace limits = muster::rendezvous::limits;
-using Descriptor = asio::posix::stream_descriptor;
-
-// Once every worker is reaped and its group killed, a pipe still open belongs to a process
-// that left the group; stop waiting for it after this long.
-constexpr auto kPipeDrainLimit = std::chrono::seconds(2);
-// Lines of a stuck worker's kernel stack in its warning (the whole view is kernel_stacks').
-constexpr int kStuckStackLines = 8;
-// Without a hang timeout (only a budget that knows progress), a progress sample every
-// quarter of this.
-constexpr auto kProgressOnlySampling = std::chrono::milliseconds(4000);
+namespace worker_group_internal {
 
 std::int64_t wall_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -52,8 +41,6 @@ std::int64_t wall_ms() {
       .count();
 }
 
-// --numa_binding for a spare that takes a local rank: every thread it has now (the ones it
-// starts later inherit). Its memory stays where it was allocated.
 void bind_cpus(pid_t pid, const std::set<int>& cpus) {
   if (cpus.empty()) return;
   cpu_set_t set;
@@ -72,7 +59,6 @@ void bind_cpus(pid_t pid, const std::set<int>& cpus) {
   }
 }
 
-// Every thread of `pid` to nice `value` (the ones it starts later inherit from theirs).
 void set_nice(pid_t pid, int value) {
   std::error_code ec;
   for (const auto& task :
@@ -88,84 +74,11 @@ int open_log(const std::string& path) {
   return fd;
 }
 
-}  // namespace
+}  // namespace worker_group_internal
 
-// One worker output stream: to the console (whole prefixed lines; -1: not shown) and/or to a
-// log file (raw; -1: none).
-struct WorkerGroup::Pipe {
-  Pipe(asio::io_context& io, int fd, std::string prefix, int console, int file)
-      : sd(io, fd), splitter(std::move(prefix)), console(console), file(file) {}
-  ~Pipe() {
-    if (file >= 0) ::close(file);
-  }
-  Descriptor sd;
-  LineSplitter splitter;
-  int console;
-  int file;
-  // The attempt's filtered_std{out,err}.log (owned by the group) and its filters; -1: none.
-  int filtered = -1;
-  const std::vector<std::string>* filters = nullptr;
-  std::array<char, 64 * 1024> buf;
-  std::string out;
-  // The stream's last kTailBytes, kept for a Python worker's stderr (the ModuleNotFoundError
-  // hint); empty otherwise.
-  static constexpr std::size_t kTailBytes = 4096;
-  bool keep_tail = false;
-  std::string tail;
-  // A hung Python worker's stderr while faulthandler dumps its tracebacks: also written here.
-  int capture = -1;
-};
-
-struct WorkerGroup::Worker {
-  int local_rank = 0;
-  int rank = 0;
-  pid_t pid = -1;
-  std::string error_file;
-  std::unique_ptr<Descriptor> pidfd;
-  std::unique_ptr<Pipe> out, err;
-  bool reaped = false;
-  std::string timer_scope;  // the file timer that expired, when the agent killed it for one
-  // Stuck in the kernel (state D) after SIGKILL: the group goes on without it (all_reaped
-  // counts it), its pidfd is still watched, and its process group stays with the supervisor.
-  bool abandoned = false;
-  ProcState stuck;
-  // Abandoned, and its round is over (it lives in abandoned_); or a replacement still
-  // starting that an in-place re-form replaced (it lives in retired_). Its exit is not a
-  // failure.
-  bool released = false;
-  std::string page;       // its progress page ("": none)
-  // --in_place: the agent's end of its control channel, and what the worker said on it.
-  std::unique_ptr<Descriptor> control;
-  std::array<char, ops::control::kMaxMessageBytes + 1> control_buf;
-  // --spares: a spare (no rank yet), ready once it said `hello spare=1`; its environment.
-  bool spare = false;
-  bool spare_ready = false;
-  bool niced = false;  // started at limits::kSpareNice (the agent can give that back)
-  std::map<std::string, std::string> env;
-};
-
-// A stalled worker being dumped (--hang_timeout): reported once its stacks are written.
-struct WorkerGroup::Hang {
-  Worker* worker = nullptr;
-  std::string what;  // Stall::describe
-  std::string stack_file;
-  bool reported = false;
-};
-
-struct WorkerGroup::Timers {
-  explicit Timers(asio::io_context& io)
-      : grace(io), drain(io), unkillable(io), hang(io), warm(io) {}
-  void cancel() {
-    grace.cancel();
-    drain.cancel();
-    unkillable.cancel();
-  }
-  asio::steady_timer grace;       // SIGKILL after the shutdown grace
-  asio::steady_timer drain;       // pipes held open by a process that left the group
-  asio::steady_timer unkillable;  // after SIGKILL: for workers stuck in the kernel
-  asio::steady_timer hang;        // a Python worker's faulthandler dump
-  asio::steady_timer warm;        // --spares: the first workers' warm-up (not in cancel())
-};
+namespace asio = boost::asio;
+namespace limits = muster::rendezvous::limits;
+using namespace worker_group_internal;
 
 void WorkerGroup::OwnedFd::reset() {
   if (fd >= 0) ::close(fd);
@@ -363,132 +276,6 @@ std::optional<v1::WorkerFailure> WorkerGroup::spawn_one(int lr, const v1::Assign
   return std::nullopt;
 }
 
-// --- in place (docs/in_place.md) ----------------------------------------------------------
-
-void WorkerGroup::read_control(Worker* w) {
-  w->control->async_read_some(
-      asio::buffer(w->control_buf), [this, w](const boost::system::error_code& ec, std::size_t n) {
-        if (ec) {
-          if (ec != asio::error::operation_aborted && w->control) {
-            boost::system::error_code ignored;
-            w->control->close(ignored);
-          }
-          return;
-        }
-        auto m = ops::control::parse(std::string_view(w->control_buf.data(), n));
-        if (!m) {
-          spdlog::warn("control channel: worker rank {} (pid {}) sent a malformed message; "
-                       "ignored",
-                       w->rank, w->pid);
-        } else if (m->kind == ops::control::kHello && m->text("spare") == "1") {
-          if (w->spare) {
-            w->spare_ready = true;
-            spare_capable_ = true;
-            spdlog::info("--spares: spare pid {} is ready", w->pid);
-            if (warm_done_ && ready_spares() >= opts_.nproc_per_node) warm_done("");
-          } else if (!spare_capable_) {
-            spare_capable_ = true;  // the program can wait as a spare: keep some
-            top_up_spares();
-          }
-        } else if (w->spare) {
-          // A spare says nothing else before it is taken.
-        } else if (m->kind == ops::control::kHello && m->text("in_place") == "1") {
-          if (cb_.declared) cb_.declared(w->local_rank);
-        } else if (m->kind == ops::control::kResumed) {
-          const auto round = m->number("round");
-          if (cb_.resumed) cb_.resumed(w->local_rank, round ? static_cast<int>(*round) : -1);
-        }
-        read_control(w);  // last: a callback may have reformed the group, never released it
-      });
-}
-
-void WorkerGroup::send_control(Worker& w, const std::string& packet) {
-  if (!w.control || !w.control->is_open() || w.reaped) return;
-  if (::send(w.control->native_handle(), packet.data(), packet.size(),
-             MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
-    spdlog::warn("control channel: cannot write to worker rank {} (pid {}): {}", w.rank, w.pid,
-                 std::strerror(errno));
-  }
-}
-
-void WorkerGroup::abort_all(int round) {
-  const std::string packet =
-      ops::control::encode({ops::control::kAbort, {{"round", std::to_string(round)}}});
-  for (const auto& w : workers_) send_control(*w, packet);
-}
-
-WorkerGroup::Started WorkerGroup::reform(const v1::Assignment& a, const WorkerEnvSpec& round,
-                                         const std::vector<int>& lost_ranks,
-                                         const std::vector<int>& replace) {
-  std::string lost;
-  for (int r : lost_ranks) lost += (lost.empty() ? "" : ",") + std::to_string(r);
-  // Workers retired by earlier re-forms whose pipes and channel have closed have no handler
-  // left to run: they go (a long job recovers many times).
-  auto drained = [](const std::unique_ptr<Worker>& w) {
-    if (!w->reaped) return false;  // a replaced one still exiting: its exit is still watched
-    for (const Descriptor* d : {w->out ? &w->out->sd : nullptr, w->err ? &w->err->sd : nullptr,
-                                w->control.get()}) {
-      if (d != nullptr && d->is_open()) return false;
-    }
-    return true;
-  };
-  retired_.erase(std::remove_if(retired_.begin(), retired_.end(), drained), retired_.end());
-  group_rank_ = a.group_rank();
-  const bool watch_progress = a.hang_timeout_ms() > 0 || a.wants_progress();
-  std::vector<int> dead;
-  for (auto it = workers_.begin(); it != workers_.end();) {
-    Worker& w = **it;
-    const bool replaced =
-        std::find(replace.begin(), replace.end(), w.local_rank) != replace.end();
-    if (!w.reaped && !replaced) {
-      w.rank = a.rank_offset() + w.local_rank;
-      ops::control::Message m{ops::control::kWorld, {}};
-      auto& f = m.fields;
-      f["round"] = std::to_string(a.round());
-      f["rank"] = std::to_string(w.rank);
-      f["world_size"] = std::to_string(round.world_size);
-      f["local_rank"] = std::to_string(w.local_rank);
-      f["local_world_size"] = std::to_string(round.local_world_size);
-      f["group_rank"] = std::to_string(round.group_rank);
-      f["group_world_size"] = std::to_string(round.group_world_size);
-      f["restart_count"] = std::to_string(round.restart_count);
-      f["master_addr"] = round.master_addr;
-      f["master_port"] = std::to_string(round.master_port);
-      if (!lost.empty()) f["lost"] = lost;
-      send_control(w, ops::control::encode(m));
-      ++it;
-      continue;
-    }
-    // Dead (or a replacement still starting, which holds nothing): its process group goes; a
-    // new process takes its local rank. A live one's exit is then not a failure (released).
-    ::kill(-w.pid, SIGKILL);
-    if (w.reaped) {
-      if (opts_.supervisor != nullptr) opts_.supervisor->forget_group(w.pid);
-    } else {
-      w.released = true;  // its exit is not a failure
-      if (w.control) {    // nor is anything it still says (a late hello is not the new one's)
-        boost::system::error_code ignored;
-        w.control->close(ignored);
-      }
-    }
-    dead.push_back(w.local_rank);
-    retired_.push_back(std::move(*it));
-    it = workers_.erase(it);
-  }
-  spare_round_ = a;
-  spare_spec_ = round;
-  for (int lr : dead) {
-    if (take_spare(lr, a, round, watch_progress)) continue;
-    if (auto f = spawn_one(lr, a, round, watch_progress)) return {size(), std::move(f)};
-    spdlog::info("in place: local rank {} (rank {}) starts in a new process (pid {})", lr,
-                 workers_.back()->rank, workers_.back()->pid);
-  }
-  top_up_spares();
-  std::sort(workers_.begin(), workers_.end(),
-            [](const auto& x, const auto& y) { return x->local_rank < y->local_rank; });
-  watch_round(a, watch_progress);
-  return {static_cast<int>(dead.size()), std::nullopt};
-}
 
 std::unique_ptr<WorkerGroup::Pipe> WorkerGroup::make_pipe(int fd, const std::string& prefix, int lr,
                                                           int bit, int console,
@@ -672,185 +459,6 @@ void WorkerGroup::check_gone() {
   cb_.changed();
 }
 
-// --- spares (--spares; docs/in_place_torch.md, "Warm spares") -----------------------------
-
-int WorkerGroup::ready_spares() const {
-  int n = 0;
-  for (const auto& s : spares_) n += s->spare_ready && !s->reaped;
-  return n;
-}
-
-int WorkerGroup::live_spares() const {
-  int n = 0;
-  for (const auto& s : spares_) n += s->pid > 0 && !s->reaped;
-  return n;
-}
-
-void WorkerGroup::top_up_spares() {
-  if (!spare_capable_ || opts_.spares <= 0 || stopping_ || ended_ || !spare_round_ ||
-      all_reaped()) {
-    return;
-  }
-  if (spare_failures_ >= limits::kMaxSpareFailures) return;
-  for (std::size_t i = 1; i < opts_.argv.size(); ++i) {
-    if (substitute_local_rank(opts_.argv[i], 0) != opts_.argv[i]) {
-      spdlog::warn("--spares: the program's arguments name the local rank; no spares");
-      spare_failures_ = limits::kMaxSpareFailures;
-      return;
-    }
-  }
-  int live = 0;
-  for (const auto& s : spares_) live += !s->reaped;
-  for (; live < opts_.spares; ++live) {
-    const std::size_t before = spares_.size();
-    spawn_one(0, *spare_round_, spare_spec_, false, true);
-    if (spares_.size() == before) return;  // could not start one (said why)
-    spdlog::info("--spares: spare started (pid {})", spares_.back()->pid);
-  }
-}
-
-bool WorkerGroup::take_spare(int lr, const v1::Assignment& a, const WorkerEnvSpec& round,
-                             bool watch_progress) {
-  auto it = std::find_if(spares_.begin(), spares_.end(), [](const auto& s) {
-    return s->spare_ready && !s->reaped && s->control && s->control->is_open();
-  });
-  if (it == spares_.end()) return false;
-  Worker& s = **it;
-  Worker probe;
-  probe.local_rank = lr;
-  probe.rank = a.rank_offset() + lr;
-  std::map<std::string, std::string> want = worker_env(lr, a, round, watch_progress, probe);
-  want[env::kControlFd] = s.env[env::kControlFd];  // its own channel stays
-  ops::control::Message m{ops::control::kTake, {}};
-  auto sayable = [](const std::string& text) {
-    if (text.empty()) return false;
-    for (unsigned char c : text) {
-      if (c <= ' ' || c > '~') return false;
-    }
-    return true;
-  };
-  for (const auto& [name, value] : want) {
-    auto had = s.env.find(name);
-    if (had != s.env.end() && had->second == value) continue;
-    if (!sayable(name) || name.find('=') != std::string::npos || !sayable(value)) {
-      spdlog::info("--spares: {} of local rank {} cannot be said in a take; a new process", name,
-                   lr);
-      return false;
-    }
-    m.fields[name] = value;
-  }
-  for (const auto& [name, value] : s.env) {
-    if (name != env::kSpare && want.count(name) == 0) {
-      spdlog::info("--spares: local rank {} has no {}, which the spare has; a new process", name,
-                   lr);
-      return false;
-    }
-  }
-  const std::string packet = ops::control::encode(m);
-  if (packet.size() > ops::control::kMaxMessageBytes) {
-    spdlog::info("--spares: local rank {}'s environment is too long for a take; a new process",
-                 lr);
-    return false;
-  }
-  if (::send(s.control->native_handle(), packet.data(), packet.size(),
-             MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(packet.size())) {
-    spdlog::warn("--spares: cannot write to spare pid {}: {}; a new process", s.pid,
-                 std::strerror(errno));
-    return false;
-  }
-  // It is that rank now: its lines say so, and the hang watch may read its page.
-  std::unique_ptr<Worker> w = std::move(*it);
-  spares_.erase(it);
-  w->spare = false;
-  w->spare_ready = false;
-  w->env.clear();
-  w->local_rank = lr;
-  w->rank = probe.rank;
-  w->error_file = probe.error_file;
-  w->page = probe.page;
-  const std::string tmpl =
-      opts_.prefix_template.empty() ? std::string(kDefaultPrefixTemplate) : opts_.prefix_template;
-  const std::string prefix = expand_prefix_template(tmpl, opts_.role, w->rank, lr);
-  w->out->splitter.set_prefix(prefix);
-  w->err->splitter.set_prefix(prefix);
-  if (lr < static_cast<int>(opts_.numa_of.size())) bind_cpus(w->pid, opts_.numa_of[lr].cpus);
-  if (w->niced) set_nice(w->pid, 0);  // a worker now: as urgent as the others
-  spare_failures_ = 0;
-  spdlog::info("--spares: spare pid {} takes local rank {} (rank {})", w->pid, lr, w->rank);
-  workers_.push_back(std::move(w));
-  return true;
-}
-
-void WorkerGroup::on_spare_exit(Worker& w, int status) {
-  ::kill(-w.pid, SIGKILL);  // what it started goes with it
-  if (opts_.supervisor != nullptr) opts_.supervisor->forget_group(w.pid);
-  auto it = std::find_if(spares_.begin(), spares_.end(),
-                         [&](const auto& s) { return s.get() == &w; });
-  if (it != spares_.end()) {
-    retired_.push_back(std::move(*it));  // its pipes may still drain
-    spares_.erase(it);
-  }
-  if (warm_done_) {
-    warm_done(absl::StrCat("a spare (pid ", w.pid, ") exited before it waited in "
-                           "muster_inplace.await_rank()"));
-    return;
-  }
-  if (stopping_ || ended_ || all_reaped()) return;  // no round to wait for
-  ++spare_failures_;
-  const std::string how = WIFSIGNALED(status) ? absl::StrCat("signal ", WTERMSIG(status))
-                                              : absl::StrCat("exit code ", WEXITSTATUS(status));
-  if (spare_failures_ >= limits::kMaxSpareFailures) {
-    spdlog::warn("--spares: a spare (pid {}) exited ({}), {} in a row: going on without spares",
-                 w.pid, how, spare_failures_);
-    return;
-  }
-  spdlog::warn("--spares: a spare (pid {}) exited ({}); starting another", w.pid, how);
-  top_up_spares();
-}
-
-void WorkerGroup::warm_up(const v1::Assignment& a, const WorkerEnvSpec& spec,
-                          std::function<void()> done) {
-  spare_round_ = a;
-  spare_spec_ = spec;
-  warm_done_ = std::move(done);
-  for (int i = 0; i < opts_.nproc_per_node; ++i) {
-    const std::size_t before = spares_.size();
-    spawn_one(0, a, spec, false, true);
-    if (spares_.size() == before) {
-      warm_done("a spare could not be started");
-      return;
-    }
-  }
-  timers_->warm.expires_after(limits::kSpareWarmTimeout);
-  timers_->warm.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec && warm_done_) {
-      warm_done(absl::StrCat("no spare waited in muster_inplace.await_rank() within ",
-                             limits::kSpareWarmTimeout.count(), " s"));
-    }
-  });
-}
-
-// The warm-up is over: `why` empty when every spare is ready; else the program cannot wait
-// as a spare, and the node goes on without spares.
-void WorkerGroup::warm_done(const std::string& why) {
-  auto done = std::move(warm_done_);
-  warm_done_ = nullptr;
-  timers_->warm.cancel();
-  if (!why.empty()) {
-    spdlog::warn("--spares: {}: the program cannot wait as a spare; its workers start as usual",
-                 why);
-    spare_capable_ = false;
-    spare_failures_ = limits::kMaxSpareFailures;
-    kill_spares();
-  }
-  if (done) boost::asio::post(io_, std::move(done));  // not from inside a handler of ours
-}
-
-void WorkerGroup::kill_spares() {
-  for (const auto& s : spares_) {
-    if (s->pid > 0 && !s->reaped) ::kill(-s->pid, SIGKILL);
-  }
-}
 
 // --- stop ----------------------------------------------------------------------------------
 
@@ -976,86 +584,6 @@ void WorkerGroup::end() {
   timers_->cancel();
   timers_->hang.cancel();
   if (hang_watch_) hang_watch_->stop();
-}
-
-// --- hangs and timers ----------------------------------------------------------------------
-
-void WorkerGroup::dump_stalled(int rank, const std::string& description) {
-  if (hang_) return;
-  Worker* w = nullptr;
-  for (const auto& x : workers_) {
-    if (x->rank == rank && !x->reaped) w = x.get();
-  }
-  if (w == nullptr) return;
-  if (hang_watch_) hang_watch_->stop();
-  hang_ = std::make_unique<Hang>();
-  hang_->worker = w;
-  hang_->what = description;
-  hang_->stack_file = (std::filesystem::path(w->error_file).parent_path() / "stacks.txt").string();
-  spdlog::warn("hang: {}; writing its stacks to {}", hang_->what, hang_->stack_file);
-  if (!opts_.python_interpreter.empty() && w->err && w->err->sd.is_open()) {
-    w->err->capture = open_log(hang_->stack_file);
-    ::kill(w->pid, SIGABRT);  // faulthandler prints every thread's traceback, then it dies
-    timers_->hang.expires_after(limits::kStackDumpBudget);
-    timers_->hang.async_wait([this](const boost::system::error_code& ec) {
-      if (!ec) finish_hang();
-    });
-    return;
-  }
-  stack_dump_ = StackDump::start(io_, w->pid, hang_->stack_file, limits::kStackDumpBudget,
-                                 opts_.gdb_path, [this](const std::string&) { finish_hang(); });
-}
-
-void WorkerGroup::finish_hang() {
-  if (!hang_ || hang_->reported) return;
-  hang_->reported = true;
-  timers_->hang.cancel();
-  Worker& w = *hang_->worker;
-  if (w.err && w.err->capture >= 0) {
-    ::close(w.err->capture);
-    w.err->capture = -1;
-  }
-  v1::WorkerFailure f = describe(w);
-  f.set_message("hang: " + hang_->what + " (stacks: " + hang_->stack_file + ")");
-  std::ifstream in(hang_->stack_file);
-  std::string stacks(limits::kMaxFailureTracebackBytes, '\0');
-  in.read(stacks.data(), static_cast<std::streamsize>(stacks.size()));
-  stacks.resize(static_cast<std::size_t>(in.gcount()));
-  f.set_traceback(stacks);
-  cb_.hang_dumped(f);  // last: it may release the group
-}
-
-void WorkerGroup::on_file_timer(const FileTimerTable::Expired& e) {
-  for (const auto& w : workers_) {
-    if (w->pid != e.pid || w->reaped) continue;
-    if (e.signal <= 0) {
-      spdlog::warn("file timer: scope '{}' of worker rank {} (pid {}) expired; no signal was "
-                   "given, so it is left running",
-                   e.scopes.front(), w->rank, w->pid);
-      return;
-    }
-    spdlog::warn("file timer: scope '{}' of worker rank {} (local rank {}, pid {}) expired; "
-                 "sending {}",
-                 e.scopes.front(), w->rank, w->local_rank, w->pid, signal_name(e.signal));
-    w->timer_scope = e.scopes.front();
-    ::kill(w->pid, e.signal);
-    return;
-  }
-  spdlog::debug("file timer: pid {} is not one of this agent's workers; not signalled", e.pid);
-}
-
-std::string WorkerGroup::python_hint(const v1::WorkerFailure& root, int group_rank) const {
-  if (root.host() == opts_.host && root.group_rank() == group_rank) {
-    std::string h = module_not_found_hint(root.message() + "\n" + root.traceback(), root.rank(),
-                                          opts_.python_interpreter);
-    if (!h.empty()) return h;
-  }
-  for (const auto& w : workers_) {
-    if (w->err == nullptr) continue;
-    std::string h = module_not_found_hint(w->err->tail, w->rank, opts_.python_interpreter);
-    if (!h.empty()) return h;
-  }
-  return "";
 }
 
 }  // namespace muster::agent

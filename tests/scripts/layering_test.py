@@ -31,7 +31,7 @@ CLIENT_SOURCES = {"client.cc", "grpc_store.cc", "kv_table.cc", "memory_store.cc"
 CLIENT_HEADERS = {"client.h", "grpc_store.h", "kv_table.h", "memory_store.h",
                   "resolve.h", "tls.h", "limits.h", "store.h", "prefix_store.h",
                   "timeouts.h", "status_convert.h", "stall.h", "local_session.h",
-                  "store_relay.h"}
+                  "store_relay.h", "credentials.h"}
 # What the worker runtime and the agent may include of the rendezvous: both link the client
 # side only (a training program, and an agent, never link the server).
 CLIENT_ONLY_ROOMS = {"worker", "agent"}

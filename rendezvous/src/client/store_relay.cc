@@ -21,6 +21,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "client/peer_uid.h"
+#include "client/relay_rules.h"
+#include "client/relay_upstream.h"
 #include "client/replay_log.h"
 #include "common/tcpstore_protocol.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
@@ -131,8 +133,8 @@ struct Waiters {
 };
 
 struct World {
-  World(int round, asio::io_context& io, std::size_t log_bytes)
-      : round(round), acceptor(io), log(log_bytes) {}
+  World(int round, asio::io_context& io, std::size_t log_bytes, std::size_t cache_bytes)
+      : round(round), acceptor(io), log(log_bytes), cache(cache_bytes) {}
   const int round;
   tcp::acceptor acceptor;
   tcp::endpoint accepted_from;  // the pending accept's peer
@@ -142,8 +144,7 @@ struct World {
   bool log_warned = false;
   // What this node's workers SET in this world and nobody has written since, as far as the
   // server has said (RelayFrame.dropped): reads of these keys are answered here.
-  std::unordered_map<std::string, std::string> cache;
-  std::size_t cache_bytes = 0;
+  relay::WorldCache cache;
   // Combined ADDs: per key; the relay's own connection on this stream that carries them
   // (0: none yet); the keys whose ADD went up on it, in order (its answers come in that order).
   std::unordered_map<std::string, Adder> adders;
@@ -152,112 +153,15 @@ struct World {
   // WAITs that others ride on, by their keys (waiters_name).
   std::unordered_map<std::string, Waiters> waits;
   bool closing = false;  // its connections are being closed: no WAIT is handed on
-  void forget_all() {
-    cache.clear();
-    cache_bytes = 0;
-  }
+  void forget_all() { cache.forget_all(); }
 };
 
 }  // namespace
 
 
-// The stream to the server. Its reactions run on gRPC's threads and hand over to the loop; a
-// hold keeps it until the loop gives it up (abandon).
-class RelayUpstream final : public grpc::ClientBidiReactor<v1::RelayUp, v1::RelayDown> {
- public:
-  RelayUpstream(std::shared_ptr<StoreRelay::Impl> impl, asio::io_context& io)
-      : impl_(std::move(impl)), io_(io) {}
 
-  void begin(v1::StoreRelay::Stub* stub);
-  // Frames up (the loop's thread). The first message carries the run and the token.
-  // `later`: a write nobody waits on (a SET), sent with the next frame that is not, or by
-  // kick() (the relay's write-behind timer).
-  void send(v1::RelayFrame frame, bool later = false) {
-    bool start = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (abandoned_) return;
-      pending_bytes_ += frame.ByteSizeLong();
-      pending_.push_back(std::move(frame));
-      if (!later && !writing_ && started_) {
-        writing_ = true;
-        take_batch();
-        start = true;
-      }
-    }
-    if (start) StartWrite(&sending_);
-  }
-  // Sends what waits (frames sent `later`).
-  void kick() {
-    {
-      absl::MutexLock lock(&mu_);
-      if (abandoned_ || writing_ || !started_ || pending_.empty()) return;
-      writing_ = true;
-      take_batch();
-    }
-    StartWrite(&sending_);
-  }
-  // Whether more than `bound` bytes wait for the stream; if so, the loop is told (drained())
-  // once the stream has taken them down to half of it.
-  bool full(std::size_t bound) {
-    absl::MutexLock lock(&mu_);
-    if (pending_bytes_ <= bound) return false;
-    wake_below_ = bound / 2;
-    return true;
-  }
-  // The loop is done with it: the call is cancelled and the object goes with OnDone.
-  void abandon() {
-    {
-      absl::MutexLock lock(&mu_);
-      if (abandoned_) return;
-      abandoned_ = true;
-    }
-    ctx_.TryCancel();
-    RemoveHold();
-  }
-
-  void OnReadDone(bool ok) override;
-  void OnWriteDone(bool ok) override;
-  void OnDone(const grpc::Status& s) override;
-
-  grpc::ClientContext ctx_;
-  v1::RelayUp first_;
-  v1::RelayDown down_;
-
- private:
-  void take_batch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    sending_.Clear();
-    std::size_t bytes = 0;
-    if (!first_sent_) {
-      sending_.Swap(&first_);
-      first_sent_ = true;
-      bytes = sending_.ByteSizeLong();
-    }
-    while (!pending_.empty() && (bytes == 0 || bytes + pending_.front().ByteSizeLong() <=
-                                                   limits::kRelayBatchBytes)) {
-      const std::size_t n = pending_.front().ByteSizeLong();
-      bytes += n;
-      pending_bytes_ -= std::min(pending_bytes_, n);
-      *sending_.add_frames() = std::move(pending_.front());
-      pending_.pop_front();
-    }
-  }
-
-  friend class StoreRelay::Impl;
-  std::shared_ptr<StoreRelay::Impl> impl_;
-  asio::io_context& io_;
-  absl::Mutex mu_;
-  std::deque<v1::RelayFrame> pending_ ABSL_GUARDED_BY(mu_);
-  std::size_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  v1::RelayUp sending_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool started_ ABSL_GUARDED_BY(mu_) = false;
-  bool first_sent_ ABSL_GUARDED_BY(mu_) = false;
-  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<std::size_t> wake_below_ ABSL_GUARDED_BY(mu_);  // full() said yes
-};
-
-class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
+class StoreRelay::Impl : public RelayUpstreamSink,
+                         public std::enable_shared_from_this<StoreRelay::Impl> {
  public:
   Impl(StoreRelayOptions o, asio::io_context& io)
       : opts_(std::move(o)),
@@ -266,7 +170,8 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
                opts_.limits.max_keys_per_request, opts_.max_frame_bytes},
         reconnect_(io),
         ready_timer_(io),
-        behind_(io),
+        behind_(opts_.write_behind, opts_.write_behind_max),
+        behind_timer_(io),
         buf_(kReadChunk) {}
 
   // --- any thread ---------------------------------------------------------------------------
@@ -283,7 +188,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       stopping_ = true;
       reconnect_.cancel();
       ready_timer_.cancel();
-      behind_.cancel();
+      behind_timer_.cancel();
       while (!worlds_.empty()) close_world(worlds_.begin());
       if (up_ != nullptr) std::exchange(up_, nullptr)->abandon();
       done.set_value();
@@ -315,18 +220,18 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   // --- the upstream's, handed over to the loop -----------------------------------------------
 
   // The stream has taken what made read() pause: the paused connections are read on.
-  void drained(RelayUpstream* up) {
+  void drained(RelayUpstream* up) override {
     if (up != up_ || !ready_) return;
     for (const LocalPtr& c : std::exchange(paused_, {})) read(c);
   }
 
-  void on_down(RelayUpstream* up, v1::RelayDown& msg) {
+  void on_down(RelayUpstream* up, v1::RelayDown& msg) override {
     if (up != up_) return;
     for (v1::RelayFrame& f : *msg.mutable_frames()) {
       if (f.conn() == 0 && f.dropped_size() > 0) {
         auto w = worlds_.find(f.round());
         if (w == worlds_.end()) continue;
-        for (const std::string& key : f.dropped()) keep(*w->second, key, nullptr);
+        for (const std::string& key : f.dropped()) w->second->cache.keep(key, nullptr, caches_);
         continue;
       }
       if (f.conn() == 0) {
@@ -365,7 +270,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   }
 
   // The stream failed (its read ended): the connections wait for the next one.
-  void on_lost(RelayUpstream* up) {
+  void on_lost(RelayUpstream* up) override {
     if (up != up_ || stopping_) return;
     up_ = nullptr;
     up->abandon();
@@ -381,7 +286,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
 
   // Why a stream ended, in the log (once while the same reason repeats). A refusal that
   // another try cannot change (a token that does not open the run) ends the connections.
-  void ended(const grpc::Status& s) {
+  void ended(const grpc::Status& s) override {
     if (stopping_ || s.error_code() == grpc::StatusCode::CANCELLED) return;
     std::string why = s.error_message().empty() ? "no reason given" : s.error_message();
     if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
@@ -400,7 +305,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     last_end_ = std::move(why);
   }
 
-  void upstream_done() {
+  void upstream_done() override {
     absl::MutexLock lock(&live_mu_);
     --live_upstreams_;
   }
@@ -413,7 +318,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       return absl::FailedPreconditionError("store relay: round " + std::to_string(round) +
                                            " is older than the worlds kept");
     }
-    auto w = std::make_unique<World>(round, io_, opts_.limits.max_bytes);
+    auto w = std::make_unique<World>(round, io_, opts_.limits.max_bytes, opts_.max_cached_bytes);
     boost::system::error_code ec;
     const tcp::endpoint ep(asio::ip::address_v4::loopback(), 0);
     w->acceptor.open(ep.protocol(), ec);
@@ -569,8 +474,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     // A new server (a failover, a restart) knows nothing of what this node holds; what waited
     // behind in the stream lost is in the replay.
     forget_all();
-    behind_since_.reset();
-    behind_busy_ = false;
+    behind_.sent();
     up->first_.set_run_id(opts_.run_id);
     up->first_.set_token(opts_.token);
     up->first_.set_caches(opts_.cache);
@@ -819,7 +723,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   bool note(Local& c, const Request& req, const char* frame, std::size_t size) {
     World& w = *c.world;
     log_write(w, req);
-    remember(w, req);
+    w.cache.remember(req, caches_);
     if (req.op == Op::kWatchKey) c.watching = true;
     if (req.op == Op::kCancelWait) {  // the WAIT is answered no more (the CANCEL_WAIT is)
       for (auto it = c.inflight.rbegin(); it != c.inflight.rend(); ++it) {
@@ -879,7 +783,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   // c's ADD joins the next combined ADD of its key; c is held until it is answered.
   void join_add(const LocalPtr& c, const Request& req) {
     World& w = *c->world;
-    remember(w, req);  // written to the log when it goes up (a failover replays what went)
+    w.cache.remember(req, caches_);  // written to the log when it goes up (a failover replays what went)
     c->held = true;
     ++n_adds_held_;
     Adder& a = w.adders[req.keys[0]];
@@ -934,7 +838,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     f.set_conn(w.adds_conn);
     f.set_data(std::move(data));
     up_->send(std::move(f));
-    went_behind();
+    nothing_behind();
     w.adds_flying.push_back(key);
   }
 
@@ -978,11 +882,13 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       Adder& a = it->second;
       a.flies = false;
       AddBatch b = std::exchange(a.flying, {});
-      std::uint64_t v = static_cast<std::uint64_t>(total) - b.sum;
-      for (auto& [m, delta] : b.members) {
-        v += static_cast<std::uint64_t>(delta);
+      std::vector<std::int64_t> deltas;
+      for (const auto& [m, delta] : b.members) deltas.push_back(delta);
+      const std::vector<std::int64_t> each = relay::combined_answers(total, deltas);
+      for (std::size_t i = 0; i < b.members.size(); ++i) {
+        const LocalPtr& m = b.members[i].first;
         if (m->closed) continue;
-        tcpstore::put_i64(m->out, static_cast<std::int64_t>(v));
+        tcpstore::put_i64(m->out, each[i]);
         m->held = false;
         --n_adds_held_;
         answered.push_back(m);
@@ -1074,62 +980,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   // A read c's node set the keys of, answered here (c waits for no answer of the server: the
   // replies stay in order). False: the server answers it.
   bool answer_here(Local& c, const Request& req) {
-    if (!caches_ || !c.inflight.empty()) return false;
-    if (req.op != Op::kWait && req.op != Op::kCheck && req.op != Op::kGet &&
-        req.op != Op::kMultiGet) {
-      return false;
-    }
-    const auto& cache = c.world->cache;
-    for (const std::string& k : req.keys) {
-      if (cache.find(k) == cache.end()) return false;
-    }
-    switch (req.op) {
-      case Op::kWait:
-        tcpstore::put_u8(c.out, tcpstore::kStopWaiting);
-        break;
-      case Op::kCheck:
-        tcpstore::put_u8(c.out, tcpstore::kCheckReady);
-        break;
-      default:
-        for (const std::string& k : req.keys) tcpstore::put_bytes(c.out, cache.find(k)->second);
-    }
-    return true;
-  }
-
-  // What a write of this node does to its cache: a SET's value is kept (within the bound);
-  // any other write forgets the key (its value is the server's to say).
-  void remember(World& w, const Request& req) {
-    switch (req.op) {
-      case Op::kSet:
-      case Op::kMultiSet:
-        for (std::size_t i = 0; i < req.keys.size(); ++i) keep(w, req.keys[i], &req.values[i]);
-        return;
-      case Op::kAdd:
-      case Op::kAppend:
-      case Op::kCompareSet:
-      case Op::kDelete:
-        return keep(w, req.keys[0], nullptr);
-      default:
-        return;
-    }
-  }
-
-  // `key` is `value` (null: forgotten).
-  void keep(World& w, const std::string& key, const std::string* value) {
-    auto it = w.cache.find(key);
-    if (it != w.cache.end()) w.cache_bytes -= key.size() + it->second.size();
-    const bool fits = value != nullptr && caches_ &&
-                      w.cache_bytes + key.size() + value->size() <= opts_.max_cached_bytes;
-    if (!fits) {
-      if (it != w.cache.end()) w.cache.erase(it);
-      return;
-    }
-    if (it != w.cache.end()) {
-      it->second = *value;
-    } else {
-      w.cache.emplace(key, *value);
-    }
-    w.cache_bytes += key.size() + value->size();
+    return caches_ && c.inflight.empty() && c.world->cache.answer(req, c.out);
   }
 
   void forget_all() {
@@ -1155,9 +1006,8 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
     f.set_data(std::move(data));
     up_->send(std::move(f), later);
     if (!later) {
-      went_behind();  // they went with it
-    } else if (!behind_since_) {
-      behind_since_ = std::chrono::steady_clock::now();
+      nothing_behind();  // they went with it
+    } else if (behind_.held(std::chrono::steady_clock::now())) {
       arm_behind();
     }
   }
@@ -1168,18 +1018,12 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   // sent nothing more meanwhile, write_behind_max after it if they did (one wake-up to find
   // out, not one per pause of a busy node).
   void arm_behind() {
-    if (behind_armed_ || !behind_since_ || stopping_) return;
+    if (behind_armed_ || !behind_.holding() || stopping_) return;
     behind_armed_ = true;
-    behind_.expires_at(*behind_since_ +
-                       (behind_busy_ ? opts_.write_behind_max : opts_.write_behind));
-    behind_.async_wait([this, self = shared_from_this()](const boost::system::error_code& ec) {
+    behind_timer_.expires_at(*behind_.due());
+    behind_timer_.async_wait([this, self = shared_from_this()](const boost::system::error_code& ec) {
       behind_armed_ = false;
-      if (ec || !behind_since_) return arm_behind();
-      if (!behind_busy_ && last_query_ > *behind_since_ &&
-          opts_.write_behind < opts_.write_behind_max) {
-        behind_busy_ = true;
-        return arm_behind();
-      }
+      if (ec || !behind_.holding() || !behind_.fired(last_query_)) return arm_behind();
       send_behind(true);
     });
   }
@@ -1187,17 +1031,16 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   // The writes held back go up when due (`due`: the timer says so; otherwise checked as
   // queries come, which spares the loop the timer's wake-up when they keep coming).
   void send_behind(bool due) {
-    if (!behind_since_ || up_ == nullptr) return;
-    if (!due && last_query_ - *behind_since_ < opts_.write_behind_max) return;
-    went_behind();
+    if (!behind_.holding() || up_ == nullptr) return;
+    if (!due && !behind_.overdue(last_query_)) return;
+    nothing_behind();
     up_->kick();
   }
 
   // Nothing waits behind any more: the timer is called off (no wake-up for nothing).
-  void went_behind() {
-    behind_since_.reset();
-    behind_busy_ = false;
-    if (behind_armed_) behind_.cancel();
+  void nothing_behind() {
+    behind_.sent();
+    if (behind_armed_) behind_timer_.cancel();
   }
 
   void arm_partial(const LocalPtr& c, bool progressed) {
@@ -1283,11 +1126,10 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
   tcpstore::FrameLimits frame_;
   asio::steady_timer reconnect_;
   asio::steady_timer ready_timer_;
-  asio::steady_timer behind_;  // sends what waits in the stream's queue (write-behind)
+  // Writes waiting in the stream's queue for company (write-behind): the rule, and its timer.
+  relay::WriteBehind behind_;
+  asio::steady_timer behind_timer_;
   bool behind_armed_ = false;
-  bool behind_busy_ = false;  // the node's workers sent more after it: write_behind_max
-  // Since when writes wait in the stream's queue for company (none: nothing waits).
-  std::optional<std::chrono::steady_clock::time_point> behind_since_;
   std::chrono::steady_clock::time_point last_query_{};  // when a worker's frames came last
   std::vector<char> buf_;
   const std::string validate_ = [] {
@@ -1319,70 +1161,6 @@ class StoreRelay::Impl : public std::enable_shared_from_this<StoreRelay::Impl> {
       n_gets_here_{0}, n_replayed_{0}, n_reads_here_{0}, n_combined_adds_{0},
       n_adds_combined_{0}, n_waits_joined_{0}, n_waits_sent_{0};
 };
-
-void RelayUpstream::begin(v1::StoreRelay::Stub* stub) {
-  stub->async()->Relay(&ctx_, this);
-  AddHold();
-  StartRead(&down_);
-  bool start = false;
-  {
-    absl::MutexLock lock(&mu_);
-    started_ = true;
-    if (!writing_) {
-      writing_ = true;
-      take_batch();
-      start = true;
-    }
-  }
-  if (start) StartWrite(&sending_);
-  StartCall();
-}
-
-void RelayUpstream::OnReadDone(bool ok) {
-  if (!ok) {  // the loop gives the stream up; OnDone follows
-    asio::post(io_, [this] { impl_->on_lost(this); });
-    return;
-  }
-  auto msg = std::make_shared<v1::RelayDown>();
-  msg->Swap(&down_);
-  asio::post(io_, [this, msg] {
-    impl_->on_down(this, *msg);
-    bool more = false;
-    {
-      absl::MutexLock lock(&mu_);
-      more = !abandoned_;
-    }
-    if (more) StartRead(&down_);
-  });
-}
-
-void RelayUpstream::OnWriteDone(bool ok) {
-  bool start = false, wake = false;
-  {
-    absl::MutexLock lock(&mu_);
-    if (ok && !abandoned_ && !pending_.empty()) {
-      take_batch();
-      start = true;
-    } else {
-      writing_ = false;
-    }
-    if (wake_below_ && pending_bytes_ <= *wake_below_ && !abandoned_) {
-      wake_below_.reset();
-      wake = true;
-    }
-  }
-  if (start) StartWrite(&sending_);
-  // Before OnDone's post, so `this` is still there when it runs.
-  if (wake) asio::post(io_, [this] { impl_->drained(this); });
-}
-
-void RelayUpstream::OnDone(const grpc::Status& s) {
-  asio::post(io_, [this, s] {
-    impl_->ended(s);
-    impl_->upstream_done();
-    delete this;
-  });
-}
 
 StoreRelay::StoreRelay(std::shared_ptr<StoreRelayLoop> loop, std::shared_ptr<Impl> impl)
     : loop_(std::move(loop)), impl_(std::move(impl)) {}

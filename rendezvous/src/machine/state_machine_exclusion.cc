@@ -70,18 +70,8 @@ bool StateMachine::consider_exclusion(Run& run, TimePoint now, std::vector<Outgo
   if (pick == nullptr) return false;
   const Straggler s = *pick;
 
-  // Its node: ranks are contiguous per node, by group rank.
-  auto member = run.members.end();
-  int first = 0;
-  for (auto m = run.members.begin(); m != run.members.end(); ++m) {
-    const int count = m->join.local_world_size();
-    if (s.rank >= first && s.rank < first + count) {
-      member = m;
-      break;
-    }
-    first += count;
-  }
-  if (member == run.members.end()) return false;
+  const Node* member = member_holding(run.members, s.rank).node;
+  if (member == nullptr) return false;
   const std::string node_id = member->join.node_id();
   const SessionId session = member->session;
 
@@ -124,7 +114,7 @@ bool StateMachine::consider_exclusion(Run& run, TimePoint now, std::vector<Outgo
   msg.mutable_restart()->set_restart_count(run.restart_count);
   msg.mutable_restart()->set_excluded_ms(x.cooldown.count());
   out.push_back(send(session, std::move(msg)));
-  run.members.erase(member);
+  run.members.erase(find_session(run.members, session));
   run.nodes.set_succeeded(session, false);
   run.nodes.set_excluded(session, true);
   restart(run, reason, "straggler_excluded", false, now, out);

@@ -81,4 +81,41 @@ bool run_held(const Run& run) {
   return !run.nodes.all().empty();
 }
 
+// A member of the round with its first global rank. Ranks are contiguous per node, in the
+// members' order (by group rank); node null: none.
+template <typename Node>
+struct Placed {
+  const Node* node = nullptr;
+  int first_rank = 0;
+};
+
+// The first member for which `is(member)` holds.
+template <typename Nodes, typename Pred>
+auto place_member(const Nodes& members, Pred is) {
+  Placed<typename Nodes::value_type> p;
+  for (const auto& n : members) {
+    if (is(n)) {
+      p.node = &n;
+      return p;
+    }
+    p.first_rank += n.join.local_world_size();
+  }
+  return Placed<typename Nodes::value_type>{};
+}
+
+// The member that holds global `rank`.
+template <typename Nodes>
+auto member_holding(const Nodes& members, int rank) {
+  Placed<typename Nodes::value_type> p;
+  for (const auto& n : members) {
+    const int count = n.join.local_world_size();
+    if (rank >= p.first_rank && rank < p.first_rank + count) {
+      p.node = &n;
+      return p;
+    }
+    p.first_rank += count;
+  }
+  return Placed<typename Nodes::value_type>{};
+}
+
 }  // namespace muster::rendezvous::internal

@@ -22,14 +22,10 @@ Straggler as_straggler(const Run& run, const SlowLink& l) {
   Straggler s;
   s.cause = "network";
   s.slowdown = l.slowdown();
-  int first = 0;
-  for (const auto& n : run.members) {
-    if (n.join.node_id() == l.node) {
-      s.rank = first;
-      s.node = n.join.host();
-      break;
-    }
-    first += n.join.local_world_size();
+  const auto at = place_member(run.members, [&l](const auto& n) { return n.join.node_id() == l.node; });
+  if (at.node != nullptr) {
+    s.rank = at.first_rank;
+    s.node = at.node->join.host();
   }
   s.link_mbps = l.mbps;
   s.link_median = l.median;
@@ -51,15 +47,9 @@ bool StateMachine::watch_stragglers(Run& run, SessionId session, const v1::Progr
                                     TimePoint now, std::vector<Outgoing>& out) {
   // The node, and its global ranks (contiguous per node, by group rank): a report of a rank
   // that is not the node's own is not scored (a node cannot make the table grow).
-  const Node* node = nullptr;
-  int first = 0;
-  for (const Node& n : run.members) {
-    if (n.session == session) {
-      node = &n;
-      break;
-    }
-    first += n.join.local_world_size();
-  }
+  const auto at = place_member(run.members, [session](const Node& n) { return n.session == session; });
+  const Node* node = at.node;
+  const int first = at.first_rank;
   if (node == nullptr) return false;
   for (const v1::RankProgress& r : p.ranks()) {
     if (r.reports() == 0 || r.rank() < first ||
@@ -78,15 +68,9 @@ bool StateMachine::watch_stragglers(Run& run, SessionId session, const v1::Progr
   if (run.next_straggler_check && now < *run.next_straggler_check) return false;
   run.next_straggler_check = after(now, limits::kStragglerSampling);
   StragglerChange change = run.stragglers.evaluate();
-  // Ranks are contiguous per node, by group rank.
   auto node_of = [&run](int rank) -> std::string {
-    int first = 0;
-    for (const Node& n : run.members) {
-      const int count = n.join.local_world_size();
-      if (rank >= first && rank < first + count) return n.join.node_id();
-      first += count;
-    }
-    return "";
+    const auto at = member_holding(run.members, rank);
+    return at.node != nullptr ? at.node->join.node_id() : "";
   };
   for (const Straggler& s : change.named) {
     run.straggler_named_at[s.rank] = now;
@@ -148,18 +132,14 @@ std::vector<Straggler> StateMachine::named_stragglers(const Run& run) const {
 void StateMachine::straggler_status(const Run& run, v1::RunStatus& s,
                                     std::optional<TimePoint> now) const {
   s.set_watching_stragglers(run.watch_stragglers);
-  int first = 0;
-  std::map<int, std::string> node_ids;
-  for (const Node& n : run.members) {
-    for (int r = 0; r < n.join.local_world_size(); ++r) node_ids[first + r] = n.join.node_id();
-    first += n.join.local_world_size();
-  }
   for (const Straggler& named : named_stragglers(run)) {
     const int rank = named.rank;
     v1::StragglerStatus* x = s.add_stragglers();
     x->set_rank(rank);
     x->set_host(named.node);
-    if (auto it = node_ids.find(rank); it != node_ids.end()) x->set_node_id(it->second);
+    if (const auto at = member_holding(run.members, rank); at.node != nullptr) {
+      x->set_node_id(at.node->join.node_id());
+    }
     x->set_cause(named.cause);
     x->set_slowdown(named.slowdown);
     x->set_step(named.step);

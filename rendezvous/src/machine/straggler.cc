@@ -3,20 +3,14 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "muster/ops/median.h"
+#include "muster/ops/progress_page.h"
 
 namespace muster::rendezvous {
 namespace {
 
-constexpr std::size_t kData = 0, kComm = 2, kKnownKinds = 3;  // ops/progress_page.h's PhaseKind
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  const std::size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
-  if (v.size() % 2 == 1) return v[mid];
-  const double hi = v[mid];
-  return (*std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)) + hi) / 2;
-}
+// A page must keep at least the data, compute and comm kinds' times to be scored.
+constexpr std::size_t kKnownKinds = worker::kComm + 1;
 
 }  // namespace
 
@@ -77,8 +71,8 @@ StragglerChange StragglerWatch::evaluate() {
       total += static_cast<double>(d[k]);
     }
     Window x;
-    x.own = (total - static_cast<double>(d[kComm])) / steps;
-    x.data = static_cast<double>(d[kData]) / steps;
+    x.own = (total - static_cast<double>(d[worker::kComm])) / steps;
+    x.data = static_cast<double>(d[worker::kData]) / steps;
     x.work = x.own - x.data;
     w[rank] = x;
     r.start = r.latest;

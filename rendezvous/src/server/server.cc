@@ -33,7 +33,7 @@
 #include "server/rendezvous_service.h"
 #include "server/server_core.h"
 #include "server/session_reactor.h"
-#include "server/local_session.h"
+#include "server/local_sessions.h"
 #include "server/on_demand.h"
 
 namespace muster::rendezvous {

@@ -30,6 +30,19 @@ Core::Core(boost::asio::io_context& io, ServerOptions opts,
   if (opts_.agent_store) agent_stores_ = std::make_shared<AgentStores>(opts_.store_limits);
 }
 
+absl::Status Core::admit(const v1::AgentMsg& msg) const {
+  if (msg.ByteSizeLong() > limits::kMaxAgentMessageBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("rendezvous: a message of ",
+                                                     msg.ByteSizeLong(), " bytes is over the limit of ",
+                                                     limits::kMaxAgentMessageBytes));
+  }
+  if (msg.has_join() && !credentials_->allows(msg.join().run_id(), msg.join().token())) {
+    return absl::PermissionDeniedError(
+        "rendezvous refused the join: wrong or missing token for this run");
+  }
+  return absl::OkStatus();
+}
+
 void Core::open_tables(const std::string& run) {
   if (store_ != nullptr) store_->open_run(run);
   if (agent_stores_) agent_stores_->open(run);

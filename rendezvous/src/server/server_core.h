@@ -41,7 +41,7 @@ namespace muster::rendezvous::server_internal {
 grpc::Status standby_refusal(const std::string& leader, const char* when = "");
 
 // A session's server end, as the core sees it: a gRPC stream's reactor
-// (session_reactor.h) or an agent in this process (local_session.h). Called on the io
+// (session_reactor.h) or an agent in this process (local_sessions.h). Called on the io
 // thread, under the session's SessionLink::mu; neither call may call back into the core.
 class SessionSink {
  public:
@@ -78,6 +78,11 @@ class Core : public std::enable_shared_from_this<Core> {
   boost::asio::io_context& io() { return io_; }
   // Any thread.
   const Credentials& credentials() const { return *credentials_; }
+  // Any thread: the edge's checks of an agent's message, a gRPC stream's or a local
+  // session's, before the state machine sees it: its size (kMaxAgentMessageBytes; the
+  // server's receive cap is the store's), and a join's token must open its run (a join this
+  // token does not open cannot hold that run's round or change it). OK, or why not.
+  absl::Status admit(const v1::AgentMsg& msg) const;
   // Any thread: the id of a new session (gRPC streams and local ones share the count).
   SessionId new_session_id() { return next_session_id_.fetch_add(1); }
 

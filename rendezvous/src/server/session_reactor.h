@@ -1,6 +1,7 @@
 // One agent's Session stream on the server (private to server*.cc).
 #pragma once
 
+#include "client/status_convert.h"
 #include "server/server_core.h"
 
 namespace muster::rendezvous::server_internal {
@@ -55,22 +56,9 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::AgentMsg, v1::Se
       finish(grpc::Status::OK);
       return;
     }
-    // The server's receive cap is the store's (values of megabytes share the port); an
-    // agent's message has the tighter bound of its own.
-    if (in_.ByteSizeLong() > limits::kMaxAgentMessageBytes) {
+    if (absl::Status why = core_->admit(in_); !why.ok()) {
       post_closed();
-      finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("rendezvous: a message of ", in_.ByteSizeLong(),
-                                       " bytes is over the limit of ",
-                                       limits::kMaxAgentMessageBytes)));
-      return;
-    }
-    // Before the state machine sees it: a join to a run this token does not open cannot
-    // hold that run's round or change it in any way.
-    if (in_.has_join() && !core_->credentials().allows(in_.join().run_id(), in_.join().token())) {
-      post_closed();
-      finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          "rendezvous refused the join: wrong or missing token for this run"));
+      finish(to_grpc(why));
       return;
     }
     boost::asio::post(core_->io(),

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "muster/v1/rendezvous.pb.h"
@@ -25,6 +26,28 @@ namespace muster::agent {
 // A connection must have moved this much since the last sample for its rate to count: a few
 // small messages measure the round trip, not the link.
 inline constexpr std::uint64_t kMinLinkBytes = 256 * 1024;
+
+// The rate rule, pure (no kernel, no clock): fed each sample's connections, it keeps what
+// each connection had acknowledged and been busy for, and gives per pair of addresses the best
+// rate of a connection that moved at least kMinLinkBytes since the sample before.
+class LinkRates {
+ public:
+  // One connection of this sample: its socket inode, its addresses, and the kernel's counters.
+  void observe(std::uint64_t inode, const std::string& local, const std::string& remote,
+               std::uint64_t acked, std::uint64_t busy_us);
+  // The sample's rates (bytes per microsecond: MB/s), by pair of addresses; the connections
+  // not observed in it are forgotten.
+  std::vector<v1::LinkRate> finish();
+
+ private:
+  struct Seen {
+    std::uint64_t acked = 0;
+    std::uint64_t busy_us = 0;
+  };
+  std::map<std::uint64_t, Seen> seen_;  // by socket inode: the sample before
+  std::map<std::uint64_t, Seen> now_;   // this sample's
+  std::map<std::pair<std::string, std::string>, double> best_;
+};
 
 class LinkWatch {
  public:
@@ -38,12 +61,8 @@ class LinkWatch {
   std::vector<v1::LinkRate> sample(const std::vector<pid_t>& pids);
 
  private:
-  struct Seen {
-    std::uint64_t acked = 0;
-    std::uint64_t busy_us = 0;
-  };
   int fd_ = -1;
-  std::map<std::uint64_t, Seen> seen_;  // by socket inode
+  LinkRates rates_;
 };
 
 }  // namespace muster::agent

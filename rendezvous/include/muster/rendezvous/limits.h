@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "muster/ops/progress_page.h"
+
 namespace muster::rendezvous::limits {
 
 using std::chrono::milliseconds;
@@ -239,7 +241,7 @@ inline constexpr double kStragglerRatio = 1.3;
 inline constexpr int kStragglerWindowSteps = 6;
 inline constexpr int kStragglerWindows = 5;
 inline constexpr milliseconds kStragglerSampling = std::chrono::milliseconds(250);
-inline constexpr int kMaxPhaseKinds = 5;
+inline constexpr int kMaxPhaseKinds = worker::kPhaseKinds;  // progress_page.h's kinds
 // Slow links (docs/stragglers.md, "Slow links"): a node's link is slow below this share of
 // the nodes' median (a third: tbf's bursts make healthy links' rates vary by 2x on the
 // namespace hosts, a link capped to a fifth measured 17-22x below); each node's last

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "state/etcd/client.h"
+#include "state/etcd/etcd_client.h"
 #include "muster/rendezvous/etcd.h"
 
 namespace muster::rendezvous {

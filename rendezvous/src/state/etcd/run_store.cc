@@ -6,7 +6,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "state/etcd/client.h"
+#include "state/etcd/etcd_client.h"
 #include "muster/rendezvous/etcd_layout.h"
 #include "muster/rendezvous/limits.h"
 

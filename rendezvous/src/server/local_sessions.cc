@@ -1,4 +1,4 @@
-#include "server/local_session.h"
+#include "server/local_sessions.h"
 
 #include <boost/asio/post.hpp>
 
@@ -47,17 +47,9 @@ class LocalSessions::Session final : public SessionSink,
   // The same checks as a stream's reactor, before the core sees a message.
   bool send(const v1::AgentMsg& msg) {
     if (ended_) return false;
-    if (msg.ByteSizeLong() > limits::kMaxAgentMessageBytes) {
+    if (absl::Status why = core_->admit(msg); !why.ok()) {
       detach();
-      end_with(absl::ResourceExhaustedError(
-          absl::StrCat("rendezvous: a message of ", msg.ByteSizeLong(),
-                       " bytes is over the limit of ", limits::kMaxAgentMessageBytes)));
-      return false;
-    }
-    if (msg.has_join() && !core_->credentials().allows(msg.join().run_id(), msg.join().token())) {
-      detach();
-      end_with(absl::PermissionDeniedError(
-          "rendezvous refused the join: wrong or missing token for this run"));
+      end_with(std::move(why));
       return false;
     }
     boost::asio::post(core_->io(), [core = core_, id = id_, msg] { core->on_message(id, msg); });

@@ -1,4 +1,4 @@
-#include "state/etcd/client.h"
+#include "state/etcd/etcd_client.h"
 
 #include <condition_variable>
 #include <mutex>

@@ -1,0 +1,176 @@
+// The store relay's per-world rules apart from its sockets and stream
+// (rendezvous/src/client/relay_rules.h): the node's read cache, a combined ADD's answers, and
+// write-behind on a fake clock.
+#include "client/relay_rules.h"
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <limits>
+
+using muster::rendezvous::relay::combined_answers;
+using muster::rendezvous::relay::WorldCache;
+using muster::rendezvous::relay::WriteBehind;
+using muster::rendezvous::tcpstore::Op;
+using muster::rendezvous::tcpstore::Request;
+using namespace std::chrono_literals;
+
+namespace {
+
+Request req(Op op, std::vector<std::string> keys, std::vector<std::string> values = {}) {
+  Request r;
+  r.op = op;
+  r.keys = std::move(keys);
+  r.values = std::move(values);
+  return r;
+}
+
+// A reply as the wire has it: a value is its 8-byte length, then its bytes.
+std::string bytes_reply(const std::vector<std::string>& values) {
+  std::string out;
+  for (const std::string& v : values) {
+    const std::uint64_t n = v.size();
+    out.append(reinterpret_cast<const char*>(&n), 8);
+    out += v;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("relay cache: a node's SET answers its GET, MULTI_GET, CHECK and WAIT here, and a key "
+          "it did not set goes to the server",
+          "[relay_rules]") {
+  WorldCache cache(1 << 20);
+  cache.remember(req(Op::kSet, {"a"}, {"1"}), true);
+  cache.remember(req(Op::kMultiSet, {"b", "c"}, {"22", "333"}), true);
+  std::string out;
+  CHECK(cache.answer(req(Op::kGet, {"a"}), out));
+  CHECK(out == bytes_reply({"1"}));
+  out.clear();
+  CHECK(cache.answer(req(Op::kMultiGet, {"c", "b"}), out));
+  CHECK(out == bytes_reply({"333", "22"}));
+  out.clear();
+  CHECK(cache.answer(req(Op::kCheck, {"a", "b"}), out));
+  CHECK(out == std::string(1, '\0'));  // kCheckReady
+  out.clear();
+  CHECK(cache.answer(req(Op::kWait, {"c"}), out));
+  CHECK(out == std::string(1, '\0'));  // kStopWaiting
+  out.clear();
+  CHECK_FALSE(cache.answer(req(Op::kGet, {"elsewhere"}), out));
+  CHECK_FALSE(cache.answer(req(Op::kMultiGet, {"a", "elsewhere"}), out));
+  CHECK_FALSE(cache.answer(req(Op::kAdd, {"a"}), out));  // not a read
+  CHECK(out.empty());
+  CHECK(cache.size() == 3);
+  CHECK(cache.bytes() == 1 + 1 + 1 + 2 + 1 + 3);
+}
+
+TEST_CASE("relay cache: any write but a SET forgets its key, its value is the server's to say",
+          "[relay_rules]") {
+  for (Op op : {Op::kAdd, Op::kAppend, Op::kCompareSet, Op::kDelete}) {
+    WorldCache cache(1 << 20);
+    cache.remember(req(Op::kSet, {"k"}, {"v"}), true);
+    cache.remember(req(op, {"k"}, {"x", "y"}), true);
+    std::string out;
+    CHECK_FALSE(cache.answer(req(Op::kGet, {"k"}), out));
+    CHECK(cache.bytes() == 0);
+  }
+  WorldCache cache(1 << 20);
+  cache.remember(req(Op::kSet, {"k"}, {"old"}), true);
+  cache.remember(req(Op::kSet, {"k"}, {"newer"}), true);  // the last SET is the value
+  std::string out;
+  CHECK(cache.answer(req(Op::kGet, {"k"}), out));
+  CHECK(out == bytes_reply({"newer"}));
+  CHECK(cache.bytes() == 1 + 5);
+  cache.keep("k", nullptr, true);  // the server said another node wrote it (dropped)
+  CHECK_FALSE(cache.answer(req(Op::kGet, {"k"}), out));
+}
+
+TEST_CASE("relay cache: within its bound only, off when the node does not cache, and emptied "
+          "at once for a new server",
+          "[relay_rules]") {
+  WorldCache cache(10);
+  cache.remember(req(Op::kSet, {"a"}, {"12345"}), true);  // 6 bytes
+  cache.remember(req(Op::kSet, {"b"}, {"1234"}), true);   // 5 more: over 10, not kept
+  std::string out;
+  CHECK(cache.answer(req(Op::kGet, {"a"}), out));
+  CHECK_FALSE(cache.answer(req(Op::kGet, {"b"}), out));
+  CHECK(cache.bytes() == 6);
+  // A SET that no longer fits forgets the key's older value too.
+  cache.remember(req(Op::kSet, {"a"}, {"123456789012"}), true);
+  CHECK_FALSE(cache.answer(req(Op::kGet, {"a"}), out));
+  CHECK(cache.bytes() == 0);
+
+  cache.remember(req(Op::kSet, {"c"}, {"1"}), false);  // caching off (store_cache=false)
+  CHECK_FALSE(cache.answer(req(Op::kGet, {"c"}), out));
+  cache.remember(req(Op::kSet, {"d"}, {"1"}), true);
+  cache.forget_all();
+  CHECK_FALSE(cache.answer(req(Op::kGet, {"d"}), out));
+  CHECK(cache.size() == 0);
+  CHECK(cache.bytes() == 0);
+}
+
+TEST_CASE("relay combined ADD: each member gets what it would have had with the ADDs one after "
+          "another, in their order",
+          "[relay_rules]") {
+  // The key was 10; members added 1, 5, -2: the server's answer to the sum (4) is 14.
+  CHECK(combined_answers(14, {1, 5, -2}) == std::vector<std::int64_t>{11, 16, 14});
+  CHECK(combined_answers(7, {7}) == std::vector<std::int64_t>{7});
+  CHECK(combined_answers(3, {}).empty());
+  // Wrapping as the server's 64-bit sum does.
+  const std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t min = std::numeric_limits<std::int64_t>::min();
+  CHECK(combined_answers(min, {1, 0}) == std::vector<std::int64_t>{min, min});
+  CHECK(combined_answers(min + 1, {1, 1}) == std::vector<std::int64_t>{min, min + 1});
+  CHECK(combined_answers(max, {max, 0}) == std::vector<std::int64_t>{max, max});
+}
+
+TEST_CASE("relay write-behind: a held write goes up `quiet` after it when the workers sent "
+          "nothing more, `busy` after it when they did",
+          "[relay_rules]") {
+  const WriteBehind::Clock::time_point t0{};
+  WriteBehind b(100us, 2000us);
+  CHECK_FALSE(b.holding());
+  CHECK_FALSE(b.due().has_value());
+  CHECK(b.held(t0));              // the first: the caller arms its timer
+  CHECK_FALSE(b.held(t0 + 10us));  // later ones ride with it
+  REQUIRE(b.due().has_value());
+  CHECK(*b.due() == t0 + 100us);
+  SECTION("quiet: no query since the first held write, it goes up at `quiet`") {
+    CHECK(b.fired(t0 - 5us));
+    b.sent();
+    CHECK_FALSE(b.holding());
+    CHECK_FALSE(b.due().has_value());
+  }
+  SECTION("busy: a query came after it, the timer waits on to `busy` (one wake-up)") {
+    CHECK_FALSE(b.fired(t0 + 50us));
+    REQUIRE(b.due().has_value());
+    CHECK(*b.due() == t0 + 2000us);
+    CHECK(b.fired(t0 + 1900us));  // the second firing sends, busy or not
+    b.sent();
+    // The next held write starts quiet again.
+    CHECK(b.held(t0 + 3000us));
+    CHECK(*b.due() == t0 + 3100us);
+  }
+}
+
+TEST_CASE("relay write-behind: as queries come, what is held is overdue at `busy`, and a query "
+          "that waits takes it up at once",
+          "[relay_rules]") {
+  const WriteBehind::Clock::time_point t0{};
+  WriteBehind b(100us, 2000us);
+  CHECK_FALSE(b.overdue(t0 + 5000us));  // nothing held
+  b.held(t0);
+  CHECK_FALSE(b.overdue(t0 + 1999us));
+  CHECK(b.overdue(t0 + 2000us));
+  b.sent();  // a query that waits went up, and what was held with it
+  CHECK_FALSE(b.holding());
+  CHECK_FALSE(b.fired(t0 + 3000us));  // a timer that fires after: nothing to send
+}
+
+TEST_CASE("relay write-behind: with `quiet` as long as `busy` the timer fires once", "[relay_rules]") {
+  const WriteBehind::Clock::time_point t0{};
+  WriteBehind b(2000us, 2000us);
+  b.held(t0);
+  CHECK(b.fired(t0 + 500us));
+}
