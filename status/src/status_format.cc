@@ -332,7 +332,7 @@ std::string event_json(const rendezvous::RunEvent& e, std::chrono::system_clock:
       break;
     case Kind::kNodeLost:
       node();
-      j.add("cause", e.cause).add("member", e.nodes == 1);
+      j.add("cause", e.cause).add("member", e.member);
       break;
     case Kind::kRoundFormed:
       j.add("nodes", e.nodes).add("world_size", e.world_size).add("spares", e.spares);
@@ -358,16 +358,16 @@ std::string event_json(const rendezvous::RunEvent& e, std::chrono::system_clock:
       j.add("cause", e.cause).add("reason", e.reason);
       break;
     case Kind::kRunRestored:  // docs/rendezvous.md, "Restarting the server without ..."
-      j.add("held", e.nodes);
+      j.add("held", e.detached);
       break;
     case Kind::kNodeReattached:
       node();
-      j.add("still_detached", e.nodes);
+      j.add("still_detached", e.detached);
       break;
     case Kind::kInPlaceResumed:  // docs/in_place.md
       node();
-      j.add("resumed", e.in_place)
-          .add("in_place", e.nodes)
+      j.add("resumed", e.resumed)
+          .add("in_place", e.in_place)
           .add("took_ms", static_cast<long long>(e.took.count()))
           .add("abort_ms", static_cast<long long>(e.abort.count()))
           .add("rendezvous_ms", static_cast<long long>(e.rendezvous.count()))
@@ -387,7 +387,7 @@ std::string event_json(const rendezvous::RunEvent& e, std::chrono::system_clock:
           .add("step", static_cast<long long>(e.step))
           .add("reason", e.reason);
       if (e.kind == Kind::kStragglerExcluded) {
-        j.add("cooldown_ms", static_cast<long long>(e.took.count())).add("times", e.nodes);
+        j.add("cooldown_ms", static_cast<long long>(e.cooldown.count())).add("times", e.times_excluded);
       }
       break;
   }

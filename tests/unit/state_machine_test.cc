@@ -1592,8 +1592,8 @@ TEST_CASE("exclusion: a straggler's node leaves in place, is kept out for its co
   CHECK(x.node_id == "c");
   CHECK(x.rank == job.rank[3]);
   CHECK(x.cause == "compute");
-  CHECK(x.took == 10s);
-  CHECK(x.nodes == 1);
+  CHECK(x.cooldown == 10s);
+  CHECK(x.times_excluded == 1);
   // Not at once: once what it cost since its naming (half of each step) passed a re-form's
   // (limits::kDefaultReformCost), so at least 15 steps of 140 ms after it was named.
   const RunEvent& named = *std::find_if(job.events.begin(), job.events.end(), [](const RunEvent& e) {

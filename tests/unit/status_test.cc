@@ -227,7 +227,7 @@ TEST_CASE("status format: an event as JSON has only the fields of its kind", "[s
   l.run_id = "job";
   l.node_id = "n";
   l.cause = "silent";
-  l.nodes = 1;
+  l.member = true;
   CHECK_THAT(muster::status::event_json(l, wall), Catch::EndsWith("\"node\":\"n\",\"cause\":\"silent\",\"member\":true}"));
 
   RunEvent r;
@@ -308,8 +308,8 @@ TEST_CASE("status: an in-place recovery with its phases (noticed, formed, resume
   const RunEvent* back = find_event(first.events, RunEvent::Kind::kInPlaceResumed);
   REQUIRE(back != nullptr);
   CHECK(back->node_id == "a");
-  CHECK(back->in_place == 1);
-  CHECK(back->nodes == 2);
+  CHECK(back->resumed == 1);
+  CHECK(back->in_place == 2);
   CHECK(back->took == 30ms);
   CHECK(back->reform == 8ms);
   CHECK(sm.on_message(1, resumed(2, 1, 19, 8), now).events.empty());
@@ -318,6 +318,7 @@ TEST_CASE("status: an in-place recovery with its phases (noticed, formed, resume
   auto last = sm.on_message(3, resumed(2, 3, 17, 12), now);
   back = find_event(last.events, RunEvent::Kind::kInPlaceResumed);
   REQUIRE(back != nullptr);
+  CHECK(back->resumed == 2);  // the last: the run's recovery is done
   CHECK(back->in_place == 2);
   CHECK(back->took == 35ms);
   CHECK(muster::status::event_json(*back, std::chrono::system_clock::time_point()) ==

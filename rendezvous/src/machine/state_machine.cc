@@ -182,12 +182,12 @@ std::map<std::string, StateMachine::Run>::iterator StateMachine::create_run(cons
   run.min_nodes = join.min_nodes();
   run.max_nodes = join.max_nodes();
   run.max_restarts = join.max_restarts();
-  run.max_restarts_without_progress =
+  run.budget.max_restarts_without_progress =
       std::clamp(join.max_restarts_without_progress(), 0, limits::kMaxRestartsWithoutProgress);
-  run.budget_reset_steps = std::max<std::int64_t>(0, join.restart_budget_reset_after_steps());
-  run.watch_stragglers = join.watch_stragglers() || join.exclude_stragglers();
-  run.exclude_stragglers = join.exclude_stragglers();
-  run.straggler_cooldown = client_duration(join.straggler_cooldown_ms(),
+  run.budget.reset_steps = std::max<std::int64_t>(0, join.restart_budget_reset_after_steps());
+  run.stragglers.watch = join.watch_stragglers() || join.exclude_stragglers();
+  run.stragglers.exclude = join.exclude_stragglers();
+  run.stragglers.cooldown = client_duration(join.straggler_cooldown_ms(),
                                            limits::kDefaultStragglerCooldown,
                                            limits::kMaxStragglerCooldown);
   // The first node sets the run's timing, within bounds: one client must not be able to
@@ -218,7 +218,7 @@ bool StateMachine::give_up_held_place(Run& run, const v1::Join& join, TimePoint 
   if (m == run.members.end()) return false;
   RunEvent& e = emit(RunEvent::Kind::kNodeLost, run, now);
   e.cause = "rejoined";
-  e.nodes = 1;
+  e.member = true;
   e.node_id = m->join.node_id();
   e.host = m->join.host();
   run.nodes.erase(m->session);
@@ -334,7 +334,7 @@ std::vector<Outgoing> StateMachine::on_reattach(SessionId session, const v1::Joi
     RunEvent& e = emit(RunEvent::Kind::kNodeReattached, run, now);
     e.node_id = member.join.node_id();
     e.host = member.join.host();
-    e.nodes = static_cast<int>(run.nodes.detached_count());  // places still waiting
+    e.detached = static_cast<int>(run.nodes.detached_count());  // places still waiting
   }
   answer(true, "", &run);
   return out;
@@ -351,7 +351,7 @@ std::vector<std::string> StateMachine::drop_detached(Run& run, TimePoint now,
     }
     RunEvent& e = emit(RunEvent::Kind::kNodeLost, run, now);
     e.cause = std::string(cause);
-    e.nodes = 1;
+    e.member = true;
     e.node_id = m->join.node_id();
     e.host = m->join.host();
     lost.push_back(m->join.node_id());
@@ -399,7 +399,7 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
   run.nodes.clear_all_progress();
   run.stall_sent = false;
   run.next_stall_check.reset();
-  run.round_steps.clear();
+  run.budget.new_round();
   const int count = std::min<int>(run.max_nodes, run.waiting.size());
   // Who gets in: requested ranks and previous members first, then join order.
   std::stable_partition(run.waiting.begin(), run.waiting.end(), [&](const Node& n) {
@@ -464,9 +464,9 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
     a->set_restart_count(run.restart_count);
     a->set_hang_timeout_ms(run.timeouts.hang_timeout.count());
     a->set_wants_progress(run.timeouts.hang_timeout.count() > 0 ||
-                          run.max_restarts_without_progress > 0 || run.budget_reset_steps > 0 ||
-                          run.watch_stragglers);
-    a->set_watch_stragglers(run.watch_stragglers);
+                          run.budget.max_restarts_without_progress > 0 || run.budget.reset_steps > 0 ||
+                          run.stragglers.watch);
+    a->set_watch_stragglers(run.stragglers.watch);
     // Only a server that keeps its runs can take a node back whose stream ended.
     if (recording_) a->set_reattach_timeout_ms(run.timeouts.reattach_timeout.count());
     out.push_back(send(n.session, std::move(msg)));
@@ -487,7 +487,7 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
 void StateMachine::restart(Run& run, const std::string& reason, std::string_view cause,
                            bool counts, TimePoint now, std::vector<Outgoing>& out) {
   if (counts) ++run.restart_count;
-  run.restart_cause = std::string(cause);
+  run.in_place.restart_cause = std::string(cause);
   // Members still detached cannot be told: their places go (they re-attach in vain, then
   // join again).
   drop_detached(run, now, "not_reattached");
@@ -600,19 +600,19 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
   }
   // The budget that knows progress: the most steps a rank made in this round.
   std::uint64_t steps = 0;
-  for (const auto& [rank, span] : run.round_steps) steps = std::max(steps, span.second - span.first);
+  for (const auto& [rank, span] : run.budget.round_steps) steps = std::max(steps, span.second - span.first);
   std::string note;
-  if (run.budget_reset_steps > 0 && steps >= static_cast<std::uint64_t>(run.budget_reset_steps) &&
-      run.restart_count > run.budget_from) {
-    run.budget_from = run.restart_count;  // long progress: the whole budget is back
+  if (run.budget.reset_steps > 0 && steps >= static_cast<std::uint64_t>(run.budget.reset_steps) &&
+      run.restart_count > run.budget.from) {
+    run.budget.from = run.restart_count;  // long progress: the whole budget is back
     note = absl::StrCat(" (", steps, " steps made: the restart budget is back)");
   }
   bool no_progress_stop = false;
-  if (run.max_restarts_without_progress > 0) {
-    run.restarts_without_progress = steps > 0 ? 0 : run.restarts_without_progress + 1;
-    no_progress_stop = run.restarts_without_progress > run.max_restarts_without_progress;
+  if (run.budget.max_restarts_without_progress > 0) {
+    run.budget.restarts_without_progress = steps > 0 ? 0 : run.budget.restarts_without_progress + 1;
+    no_progress_stop = run.budget.restarts_without_progress > run.budget.max_restarts_without_progress;
   }
-  const int spent = run.restart_count - run.budget_from;
+  const int spent = run.restart_count - run.budget.from;
   if (spent < run.max_restarts && !no_progress_stop) {
     const std::string reason = absl::StrCat(
         "worker rank ", rc.rank(), " on ", ops::printable_utf8(rc.host(), limits::kMaxIdBytes),
@@ -625,10 +625,10 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
   v1::Fail* fail = msg.mutable_fail();
   if (no_progress_stop) {
     fail->set_do_not_requeue(true);
-    fail->set_reason(absl::StrCat("a worker failed in ", run.restarts_without_progress,
+    fail->set_reason(absl::StrCat("a worker failed in ", run.budget.restarts_without_progress,
                                   " rounds in a row before any rank made a step "
                                   "(max_restarts_without_progress ",
-                                  run.max_restarts_without_progress, "); do not requeue"));
+                                  run.budget.max_restarts_without_progress, "); do not requeue"));
   } else {
     fail->set_reason(run.max_restarts == 0 ? std::string("a worker failed and max_restarts is 0")
                                            : absl::StrCat("a worker failed and all ",
@@ -699,8 +699,8 @@ std::optional<std::string> StateMachine::remove_session(Run& run, SessionId sess
     if (auto w = find_session(run.waiting, session); w != run.waiting.end()) node = &*w;
     RunEvent& e = emit(RunEvent::Kind::kNodeLost, run, now);
     e.cause = std::string(cause);
-    e.nodes = run.phase == Phase::kRunning &&
-              find_session(run.members, session) != run.members.end();  // 1: a member
+    e.member = run.phase == Phase::kRunning &&
+               find_session(run.members, session) != run.members.end();
     if (node != nullptr) {
       e.node_id = node->join.node_id();
       e.host = node->join.host();

@@ -34,8 +34,8 @@ std::int64_t ms_left(TimePoint until, TimePoint now) {
 }  // namespace
 
 bool StateMachine::consider_exclusion(Run& run, TimePoint now, std::vector<Outgoing>& out) {
-  if (!run.exclude_stragglers || run.phase != Phase::kRunning ||
-      (run.stragglers.named().empty() && run.links.named().empty())) {
+  if (!run.stragglers.exclude || run.phase != Phase::kRunning ||
+      (run.stragglers.ranks.named().empty() && run.stragglers.links.named().empty())) {
     return false;
   }
   // Join.in_place says a node came back in place; on a first round nobody has. Each node that
@@ -44,8 +44,8 @@ bool StateMachine::consider_exclusion(Run& run, TimePoint now, std::vector<Outgo
     return n.join.in_place() || n.join.exclude_stragglers();
   });
   const milliseconds reform =
-      run.recovery && run.recovery->status.resumed_ms() > 0
-          ? milliseconds(run.recovery->status.resumed_ms())
+      run.in_place.recovery && run.in_place.recovery->status.resumed_ms() > 0
+          ? milliseconds(run.in_place.recovery->status.resumed_ms())
           : limits::kDefaultReformCost;
   // The candidate: the slowest named rank whose node may leave now.
   const Straggler* pick = nullptr;
@@ -59,13 +59,13 @@ bool StateMachine::consider_exclusion(Run& run, TimePoint now, std::vector<Outgo
     c.in_place = in_place;
     c.cause = s.cause;
     c.slowdown = s.slowdown;
-    if (auto at = run.straggler_named_at.find(rank); at != run.straggler_named_at.end()) {
+    if (auto at = run.stragglers.named_at.find(rank); at != run.stragglers.named_at.end()) {
       c.named_for = std::chrono::duration_cast<milliseconds>(now - at->second);
     }
     c.reform_cost = reform;
     std::string kept = exclusion_kept(c);
     if (kept.empty() && (pick == nullptr || s.slowdown > pick->slowdown)) pick = &s;
-    run.straggler_kept[rank] = std::move(kept);
+    run.stragglers.kept[rank] = std::move(kept);
   }
   if (pick == nullptr) return false;
   const Straggler s = *pick;
@@ -77,18 +77,18 @@ bool StateMachine::consider_exclusion(Run& run, TimePoint now, std::vector<Outgo
 
   // The run remembers a bounded number of excluded nodes: the one whose cool-down ended
   // first goes when another must be kept.
-  if (run.excluded.count(node_id) == 0 &&
-      static_cast<int>(run.excluded.size()) >= limits::kMaxExcludedNodes) {
-    auto oldest = std::min_element(run.excluded.begin(), run.excluded.end(),
+  if (run.stragglers.excluded.count(node_id) == 0 &&
+      static_cast<int>(run.stragglers.excluded.size()) >= limits::kMaxExcludedNodes) {
+    auto oldest = std::min_element(run.stragglers.excluded.begin(), run.stragglers.excluded.end(),
                                    [](const auto& a, const auto& b) {
                                      return a.second.until < b.second.until;
                                    });
-    run.excluded.erase(oldest);
+    run.stragglers.excluded.erase(oldest);
   }
-  Run::Excluded& x = run.excluded[node_id];
+  Run::Stragglers::Excluded& x = run.stragglers.excluded[node_id];
   x.host = member->join.host();
   ++x.times;
-  x.cooldown = doubled(run.straggler_cooldown, x.times);
+  x.cooldown = doubled(run.stragglers.cooldown, x.times);
   x.until = after(now, x.cooldown);
   x.slowdown = s.slowdown;
   x.cause = s.cause;
@@ -105,8 +105,8 @@ bool StateMachine::consider_exclusion(Run& run, TimePoint now, std::vector<Outgo
     e.slowdown = s.slowdown;
     e.step = s.step;
     e.reason = reason;
-    e.took = x.cooldown;
-    e.nodes = x.times;
+    e.cooldown = x.cooldown;
+    e.times_excluded = x.times;
   }
   // The node hears it first; it stays connected, out of the round, until it joins again.
   v1::ServerMsg msg;
@@ -123,8 +123,8 @@ bool StateMachine::consider_exclusion(Run& run, TimePoint now, std::vector<Outgo
 
 absl::Status StateMachine::excluded_join(const Run& run, const v1::Join& join,
                                          TimePoint now) const {
-  auto x = run.excluded.find(join.node_id());
-  if (x == run.excluded.end() || x->second.until <= now) return absl::OkStatus();
+  auto x = run.stragglers.excluded.find(join.node_id());
+  if (x == run.stragglers.excluded.end() || x->second.until <= now) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrFormat(
       "node %s was excluded from run '%s' as a straggler; it may join again in %.1f s",
       join.node_id(), run.id, ms_left(x->second.until, now) / 1000.0));
@@ -132,8 +132,8 @@ absl::Status StateMachine::excluded_join(const Run& run, const v1::Join& join,
 
 void StateMachine::exclusion_status(const Run& run, v1::RunStatus& s,
                                     std::optional<TimePoint> now) const {
-  s.set_excluding_stragglers(run.exclude_stragglers);
-  for (const auto& [node_id, x] : run.excluded) {
+  s.set_excluding_stragglers(run.stragglers.exclude);
+  for (const auto& [node_id, x] : run.stragglers.excluded) {
     v1::ExcludedStatus* e = s.add_excluded();
     e->set_node_id(node_id);
     e->set_host(x.host);

@@ -27,11 +27,11 @@ std::int64_t ms_between(TimePoint from, TimePoint to) {
 // The round after a restart has formed (close_round): the recovery it is. How many of its
 // members kept their workers.
 int StateMachine::recovery_formed(Run& run, TimePoint now) {
-  Run::Recovery& r = run.recovery.emplace();
+  Run::InPlace::Recovery& r = run.in_place.recovery.emplace();
   r.formed = now;
   v1::RecoveryStatus& st = r.status;
   st.set_round(run.round);
-  st.set_cause(run.restart_cause);
+  st.set_cause(run.in_place.restart_cause);
   st.set_nodes(static_cast<int>(run.members.size()));
   st.set_nodes_in_place(static_cast<int>(std::count_if(
       run.members.begin(), run.members.end(), [](const Node& n) { return n.join.in_place(); })));
@@ -52,24 +52,24 @@ void StateMachine::on_resumed(Run& run, SessionId session, const v1::ReportResum
   // (an older round's report, or one that crossed a restart) and changes nothing.
   auto m = find_session(run.members, session);
   if (run.phase != Phase::kRunning || m == run.members.end() || !m->join.in_place() ||
-      r.round() != run.round || !run.recovery || run.recovery->status.round() != run.round ||
-      !run.recovery->resumed.insert(session).second) {
+      r.round() != run.round || !run.in_place.recovery || run.in_place.recovery->status.round() != run.round ||
+      !run.in_place.recovery->resumed.insert(session).second) {
     return;
   }
-  v1::RecoveryStatus& st = run.recovery->status;
-  st.set_nodes_resumed(static_cast<int>(run.recovery->resumed.size()));
+  v1::RecoveryStatus& st = run.in_place.recovery->status;
+  st.set_nodes_resumed(static_cast<int>(run.in_place.recovery->resumed.size()));
   st.set_abort_ms(std::max(st.abort_ms(), r.abort_ms()));
   st.set_reform_ms(std::max(st.reform_ms(), r.reform_ms()));
-  const std::int64_t since_restart = st.formed_ms() + ms_between(run.recovery->formed, now);
+  const std::int64_t since_restart = st.formed_ms() + ms_between(run.in_place.recovery->formed, now);
   if (st.nodes_resumed() == st.nodes_in_place()) {
     st.set_resumed_ms(since_restart);
-    ++run.in_place_recoveries;
+    ++run.in_place.recoveries;
   }
   RunEvent& e = emit(RunEvent::Kind::kInPlaceResumed, run, now);
   e.node_id = m->join.node_id();
   e.host = m->join.host();
-  e.in_place = st.nodes_resumed();
-  e.nodes = st.nodes_in_place();
+  e.resumed = st.nodes_resumed();
+  e.in_place = st.nodes_in_place();
   e.took = milliseconds(since_restart);
   e.abort = milliseconds(r.abort_ms());
   e.rendezvous = milliseconds(r.rendezvous_ms());
@@ -82,7 +82,7 @@ void StateMachine::on_in_place_fallback(Run& run, SessionId session, const v1::R
                                         TimePoint now) {
   auto m = find_session(run.members, session);
   if (m == run.members.end()) return;
-  ++run.in_place_fallbacks;
+  ++run.in_place.fallbacks;
   RunEvent& e = emit(RunEvent::Kind::kInPlaceFallback, run, now);
   e.node_id = m->join.node_id();
   e.host = m->join.host();

@@ -113,8 +113,8 @@ absl::Status check_joining(const std::string& id, const Run& run) {
 template <typename Run>
 absl::Status check_phase(const std::string& id, const Run& run) {
   using Phase = decltype(run.phase);
-  if (run.restart_count - run.budget_from > run.max_restarts ||
-      run.budget_from > run.restart_count) {
+  if (run.restart_count - run.budget.from > run.max_restarts ||
+      run.budget.from > run.restart_count) {
     return broken("run '", id, "' over its budget");
   }
   const int members = static_cast<int>(run.members.size());

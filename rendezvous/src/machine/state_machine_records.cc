@@ -93,13 +93,13 @@ v1::RunRecord StateMachine::record_of(const Run& run) const {
   r.set_hang_timeout_ms(t.hang_timeout.count());
   r.set_finished_run_grace_ms(t.finished_run_grace.count());
   r.set_reattach_timeout_ms(t.reattach_timeout.count());
-  r.set_max_restarts_without_progress(run.max_restarts_without_progress);
-  r.set_budget_reset_steps(run.budget_reset_steps);
-  r.set_restarts_without_progress(run.restarts_without_progress);
-  r.set_budget_from(run.budget_from);
-  r.set_watch_stragglers(run.watch_stragglers);
-  r.set_exclude_stragglers(run.exclude_stragglers);
-  r.set_straggler_cooldown_ms(run.straggler_cooldown.count());
+  r.set_max_restarts_without_progress(run.budget.max_restarts_without_progress);
+  r.set_budget_reset_steps(run.budget.reset_steps);
+  r.set_restarts_without_progress(run.budget.restarts_without_progress);
+  r.set_budget_from(run.budget.from);
+  r.set_watch_stragglers(run.stragglers.watch);
+  r.set_exclude_stragglers(run.stragglers.exclude);
+  r.set_straggler_cooldown_ms(run.stragglers.cooldown.count());
   if (run.phase == Phase::kRunning) {
     for (const Node& n : run.members) *r.add_members() = n.join;
   }
@@ -163,14 +163,14 @@ StateMachine::RestoreResult StateMachine::restore(const std::vector<v1::RunRecor
     run.max_restarts = rec.max_restarts();
     run.round = rec.round();
     run.restart_count = rec.restart_count();
-    run.max_restarts_without_progress =
+    run.budget.max_restarts_without_progress =
         std::clamp(rec.max_restarts_without_progress(), 0, limits::kMaxRestartsWithoutProgress);
-    run.budget_reset_steps = std::max<std::int64_t>(0, rec.budget_reset_steps());
-    run.restarts_without_progress = rec.restarts_without_progress();
-    run.budget_from = rec.budget_from();
-    run.watch_stragglers = rec.watch_stragglers();
-    run.exclude_stragglers = rec.exclude_stragglers();
-    run.straggler_cooldown = client_duration(rec.straggler_cooldown_ms(),
+    run.budget.reset_steps = std::max<std::int64_t>(0, rec.budget_reset_steps());
+    run.budget.restarts_without_progress = rec.restarts_without_progress();
+    run.budget.from = rec.budget_from();
+    run.stragglers.watch = rec.watch_stragglers();
+    run.stragglers.exclude = rec.exclude_stragglers();
+    run.stragglers.cooldown = client_duration(rec.straggler_cooldown_ms(),
                                              limits::kDefaultStragglerCooldown,
                                              limits::kMaxStragglerCooldown);
     // The timing within the bounds a Join gets, or the operator's own (unclamped) defaults
@@ -206,7 +206,7 @@ StateMachine::RestoreResult StateMachine::restore(const std::vector<v1::RunRecor
     run.phase_since = now;  // for status(): the phase as this server has seen it
     {
       RunEvent& e = emit(RunEvent::Kind::kRunRestored, run, now);
-      e.nodes = static_cast<int>(run.members.size());
+      e.detached = static_cast<int>(run.members.size());
     }
     if (recording_) recorded_[run.id] = record_of(run).SerializeAsString();
     // What was just loaded is what the store holds: nothing to write for it.

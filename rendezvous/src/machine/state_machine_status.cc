@@ -74,11 +74,11 @@ std::vector<v1::RunStatus> StateMachine::status(const std::string& run_id,
       s.mutable_last_failure()->set_age_ms(age_ms(run.last_failure_at));
     }
     s.set_phase_age_ms(age_ms(run.phase_since));
-    s.set_in_place_recoveries(run.in_place_recoveries);
-    s.set_in_place_fallbacks(run.in_place_fallbacks);
-    if (run.recovery) {
-      *s.mutable_last_recovery() = run.recovery->status;
-      s.mutable_last_recovery()->set_age_ms(age_ms(run.recovery->formed));
+    s.set_in_place_recoveries(run.in_place.recoveries);
+    s.set_in_place_fallbacks(run.in_place.fallbacks);
+    if (run.in_place.recovery) {
+      *s.mutable_last_recovery() = run.in_place.recovery->status;
+      s.mutable_last_recovery()->set_age_ms(age_ms(run.in_place.recovery->formed));
     }
     straggler_status(run, s, now);
     if (run.phase == Phase::kFinished) {

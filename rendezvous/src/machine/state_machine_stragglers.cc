@@ -56,46 +56,46 @@ bool StateMachine::watch_stragglers(Run& run, SessionId session, const v1::Progr
         r.rank() >= first + node->join.local_world_size()) {
       continue;
     }
-    run.stragglers.update(r.rank(), node->join.host(), r.step(),
+    run.stragglers.ranks.update(r.rank(), node->join.host(), r.step(),
                           std::vector<std::uint64_t>(r.kind_ns().begin(), r.kind_ns().end()));
   }
   if (p.links_size() > 0) {
     std::vector<LinkJudge::Link> links;
     for (const v1::LinkRate& l : p.links()) links.push_back({l.local(), l.remote(), l.mbps()});
-    run.links.update(node->join.node_id(), std::move(links));
+    run.stragglers.links.update(node->join.node_id(), std::move(links));
   }
   // Over every rank: at most once per sampling period, not on every node's report.
-  if (run.next_straggler_check && now < *run.next_straggler_check) return false;
-  run.next_straggler_check = after(now, limits::kStragglerSampling);
-  StragglerChange change = run.stragglers.evaluate();
+  if (run.stragglers.next_check && now < *run.stragglers.next_check) return false;
+  run.stragglers.next_check = after(now, limits::kStragglerSampling);
+  StragglerChange change = run.stragglers.ranks.evaluate();
   auto node_of = [&run](int rank) -> std::string {
     const auto at = member_holding(run.members, rank);
     return at.node != nullptr ? at.node->join.node_id() : "";
   };
   for (const Straggler& s : change.named) {
-    run.straggler_named_at[s.rank] = now;
+    run.stragglers.named_at[s.rank] = now;
     RunEvent& e = emit(RunEvent::Kind::kStragglerNamed, run, now);
     fill(e, s);
     e.node_id = node_of(s.rank);
   }
   for (const Straggler& s : change.cleared) {
-    run.straggler_named_at.erase(s.rank);
-    run.straggler_kept.erase(s.rank);
+    run.stragglers.named_at.erase(s.rank);
+    run.stragglers.kept.erase(s.rank);
     RunEvent& e = emit(RunEvent::Kind::kStragglerCleared, run, now);
     fill(e, s);
     e.node_id = node_of(s.rank);
   }
   // Slow links: a node, named as its first rank with cause "network".
-  LinkJudge::Change links = run.links.evaluate();
+  LinkJudge::Change links = run.stragglers.links.evaluate();
   for (const auto* list : {&links.named, &links.cleared}) {
     for (const SlowLink& l : *list) {
       const Straggler s = as_straggler(run, l);
       const bool named = list == &links.named;
       if (named) {
-        run.straggler_named_at[s.rank] = now;
+        run.stragglers.named_at[s.rank] = now;
       } else {
-        run.straggler_named_at.erase(s.rank);
-        run.straggler_kept.erase(s.rank);
+        run.stragglers.named_at.erase(s.rank);
+        run.stragglers.kept.erase(s.rank);
       }
       RunEvent& e =
           emit(named ? RunEvent::Kind::kStragglerNamed : RunEvent::Kind::kStragglerCleared, run,
@@ -115,23 +115,19 @@ void StateMachine::end_straggler_round(Run& run, TimePoint now) {
     fill(e, s);
     e.reason = s.describe() + "; the round ended";
   }
-  run.stragglers.reset();
-  run.links.reset();
-  run.straggler_named_at.clear();
-  run.straggler_kept.clear();
-  run.next_straggler_check.reset();
+  run.stragglers.new_round();
 }
 
 std::vector<Straggler> StateMachine::named_stragglers(const Run& run) const {
   std::vector<Straggler> out;
-  for (const auto& [rank, s] : run.stragglers.named()) out.push_back(s);
-  for (const auto& [node, l] : run.links.named()) out.push_back(as_straggler(run, l));
+  for (const auto& [rank, s] : run.stragglers.ranks.named()) out.push_back(s);
+  for (const auto& [node, l] : run.stragglers.links.named()) out.push_back(as_straggler(run, l));
   return out;
 }
 
 void StateMachine::straggler_status(const Run& run, v1::RunStatus& s,
                                     std::optional<TimePoint> now) const {
-  s.set_watching_stragglers(run.watch_stragglers);
+  s.set_watching_stragglers(run.stragglers.watch);
   for (const Straggler& named : named_stragglers(run)) {
     const int rank = named.rank;
     v1::StragglerStatus* x = s.add_stragglers();
@@ -143,11 +139,11 @@ void StateMachine::straggler_status(const Run& run, v1::RunStatus& s,
     x->set_cause(named.cause);
     x->set_slowdown(named.slowdown);
     x->set_step(named.step);
-    auto at = run.straggler_named_at.find(rank);
-    if (now && at != run.straggler_named_at.end() && *now >= at->second) {
+    auto at = run.stragglers.named_at.find(rank);
+    if (now && at != run.stragglers.named_at.end() && *now >= at->second) {
       x->set_age_ms(std::chrono::duration_cast<milliseconds>(*now - at->second).count());
     }
-    if (auto k = run.straggler_kept.find(rank); k != run.straggler_kept.end()) {
+    if (auto k = run.stragglers.kept.find(rank); k != run.stragglers.kept.end()) {
       x->set_kept(k->second);
     }
   }

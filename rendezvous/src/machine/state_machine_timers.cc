@@ -77,10 +77,10 @@ void StateMachine::on_progress(Run& run, SessionId session, const v1::Progress& 
   }
   for (const v1::RankProgress& r : p.ranks()) {
     if (r.reports() == 0) continue;
-    auto [it, fresh] = run.round_steps.try_emplace(r.rank(), r.step(), r.step());
+    auto [it, fresh] = run.budget.round_steps.try_emplace(r.rank(), r.step(), r.step());
     if (!fresh) it->second.second = std::max(it->second.second, r.step());
   }
-  if (run.watch_stragglers && watch_stragglers(run, session, p, now, out)) return;
+  if (run.stragglers.watch && watch_stragglers(run, session, p, now, out)) return;
   if (run.timeouts.hang_timeout.count() == 0 || run.stall_sent) return;  // nobody asked, or told
   run.nodes.set_progress(session, now, p);
   if (run.next_stall_check && now < *run.next_stall_check) return;

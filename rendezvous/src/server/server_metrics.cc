@@ -177,7 +177,7 @@ void ServerMetrics::on_event(const RunEvent& e) {
       break;
     case RunEvent::Kind::kInPlaceResumed:
       // The last in-place node of the round: the run's recovery is done.
-      if (e.in_place == e.nodes) {
+      if (e.resumed == e.in_place) {
         m.in_place.inc();
         m.in_place_resumed.observe(std::chrono::duration<double>(e.took).count());
       }

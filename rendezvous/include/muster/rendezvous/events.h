@@ -21,14 +21,14 @@ struct RunEvent {
                     // was silent past the liveness window ("silent")
     kSucceeded,     // every member succeeded: the run finished
     kFailed,        // the run finished failed (budget spent, join timeout): reason
-    kRunRestored,   // a restarted server loaded the run (RunStore): nodes = places held for
-                    // re-attach (0 for a joining or finished run)
+    kRunRestored,   // a restarted server loaded the run (RunStore): detached = places held
+                    // for re-attach (0 for a joining or finished run)
     kNodeReattached,  // a member's new stream took its place (no restart): node_id, host;
-                      // nodes = places still waiting for their nodes
+                      // detached = places still waiting for their nodes
     // In-place recovery (docs/in_place.md):
     kInPlaceResumed,   // a node that joined in place reported every worker resumed: node_id,
-                       // host, the node's phases, took (from the restart); in_place = nodes
-                       // resumed so far, nodes = nodes in place (done when they are equal)
+                       // host, the node's phases, took (from the restart); resumed = nodes
+                       // resumed so far, in_place = nodes in place (done when they are equal)
     kInPlaceFallback,  // a node's in-place recovery did not complete: node_id, host, reason;
                        // its failure report (kWorkerFailed, then kRestart) follows
     // The straggler watch (docs/stragglers.md): rank, node_id, host, cause ("compute",
@@ -36,7 +36,7 @@ struct RunEvent {
     kStragglerNamed,
     kStragglerCleared,  // a named rank is no longer slow (same fields)
     // launch --exclude_stragglers: a named rank's node left the world (node_id, host, rank,
-    // cause, slowdown, step, reason); took = its cool-down; nodes = times it was excluded.
+    // cause, slowdown, step, reason), its cool-down and the times it was excluded.
     // A kRestart (cause "straggler_excluded") follows.
     kStragglerExcluded,
   };
@@ -55,10 +55,15 @@ struct RunEvent {
   std::string reason;  // the text the agents were given
   bool counts = false;  // kRestart: spent from the restart budget
   int restart_count = 0;
-  int nodes = 0;        // kRoundFormed: members; kNodeLost: whether it was a member (1) or not (0)
+  int nodes = 0;        // kRoundFormed: members
   int world_size = 0;   // kRoundFormed
   int spares = 0;       // kRoundFormed: nodes left waiting
-  int in_place = 0;     // kRoundFormed: members that kept their workers (Join.in_place)
+  // kRoundFormed: members that kept their workers (Join.in_place); kInPlaceResumed: the
+  // round's nodes in place.
+  int in_place = 0;
+  int resumed = 0;       // kInPlaceResumed: nodes in place that resumed so far
+  bool member = false;   // kNodeLost: it was a member of the running round (not waiting)
+  int detached = 0;      // kRunRestored, kNodeReattached: places held for their nodes
   // kRoundFormed after a restart: from the restart to this round; zero for a first round.
   // kInPlaceResumed: from the restart to this report.
   std::chrono::milliseconds took{0};
@@ -71,6 +76,9 @@ struct RunEvent {
   // kStragglerNamed, kStragglerCleared, kStragglerExcluded
   double slowdown = 0;
   std::uint64_t step = 0;
+  // kStragglerExcluded: how long its node stays out, and how many times it was excluded.
+  std::chrono::milliseconds cooldown{0};
+  int times_excluded = 0;
 };
 
 // "round_formed", "worker_failed", ...: the names the event log and metrics use.

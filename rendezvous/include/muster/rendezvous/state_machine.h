@@ -313,14 +313,19 @@ class StateMachine {
     // The rule runs over every rank, so at most once per quarter of the timeout, not on every
     // node's report (1,000 nodes would make that quadratic).
     std::optional<TimePoint> next_stall_check;
-    // The budget that knows progress (docs/hangs.md): each rank's first and last reported step
-    // in the running round; restarts in a row after rounds without a step; where the budget
-    // counts from (restart_count only grows: it is the workers' TORCHELASTIC_RESTART_COUNT).
-    int max_restarts_without_progress = 0;
-    std::int64_t budget_reset_steps = 0;
-    std::map<int, std::pair<std::uint64_t, std::uint64_t>> round_steps;
-    int restarts_without_progress = 0;
-    int budget_from = 0;
+    // The restart budget that knows progress (docs/hangs.md).
+    struct ProgressBudget {
+      int max_restarts_without_progress = 0;  // set by the first Join
+      std::int64_t reset_steps = 0;           // set by the first Join
+      // Each rank's first and last reported step in the running round.
+      std::map<int, std::pair<std::uint64_t, std::uint64_t>> round_steps;
+      int restarts_without_progress = 0;  // in a row, after rounds without a step
+      // Where the budget counts from (restart_count only grows: it is the workers'
+      // TORCHELASTIC_RESTART_COUNT).
+      int from = 0;
+      // A round closes: its steps are counted afresh.
+      void new_round() { round_steps.clear(); }
+    } budget;
     // Since the last restart, until the next round closes (its kRoundFormed's `took`).
     std::optional<TimePoint> restarted_since;
     // A restored run: when the places of its detached members go; a joining run held for
@@ -334,40 +339,55 @@ class StateMachine {
     std::optional<v1::FailureStatus> last_failure;
     TimePoint last_failure_at;
     // In-place recovery (docs/in_place.md; machine/state_machine_in_place.cc), for status()
-    // and events, not durable: the last restart's cause; the recovery that the round after
-    // it is (formed, then each in-place node's resumed report); counts.
-    std::string restart_cause;
-    struct Recovery {
-      v1::RecoveryStatus status;  // age_ms filled in by status()
-      TimePoint formed;
-      std::set<SessionId> resumed;
-    };
-    std::optional<Recovery> recovery;
-    int in_place_recoveries = 0;
-    int in_place_fallbacks = 0;
-    // The straggler watch (docs/stragglers.md; machine/state_machine_stragglers.cc), set by
-    // the first Join; the running round's scores, evaluated at most every
-    // limits::kStragglerSampling; when each named rank was named. Not durable.
-    bool watch_stragglers = false;
-    StragglerWatch stragglers;
-    LinkJudge links;  // slow links, by node id
-    std::optional<TimePoint> next_straggler_check;
-    std::map<int, TimePoint> straggler_named_at;
-    // Exclusion (machine/state_machine_exclusion.cc), set by the first Join: the cool-down
-    // (limits::kDefaultStragglerCooldown when not asked); why each named rank is kept for now;
-    // the nodes excluded, by node id (at most limits::kMaxExcludedNodes). Not durable.
-    bool exclude_stragglers = false;
-    std::chrono::milliseconds straggler_cooldown = limits::kDefaultStragglerCooldown;
-    std::map<int, std::string> straggler_kept;
-    struct Excluded {
-      std::string host;
-      int times = 0;
-      std::chrono::milliseconds cooldown{0};
-      TimePoint until;
-      double slowdown = 0;
-      std::string cause;
-    };
-    std::map<std::string, Excluded> excluded;
+    // and events, not durable.
+    struct InPlace {
+      std::string restart_cause;  // the last restart's
+      // The recovery that the round after it is: formed, then each in-place node's resumed
+      // report.
+      struct Recovery {
+        v1::RecoveryStatus status;  // age_ms filled in by status()
+        TimePoint formed;
+        std::set<SessionId> resumed;
+      };
+      std::optional<Recovery> recovery;
+      int recoveries = 0;
+      int fallbacks = 0;
+    } in_place;
+    // The straggler watch (docs/stragglers.md; machine/state_machine_stragglers.cc) and
+    // exclusion (machine/state_machine_exclusion.cc). Not durable.
+    struct Stragglers {
+      bool watch = false;    // set by the first Join
+      bool exclude = false;  // set by the first Join
+      // limits::kDefaultStragglerCooldown when the first Join does not ask for one.
+      std::chrono::milliseconds cooldown = limits::kDefaultStragglerCooldown;
+      // The running round's: the ranks' scores and the slow links (by node id), evaluated at
+      // most every limits::kStragglerSampling; when each named rank was named; why each
+      // named rank is kept for now.
+      StragglerWatch ranks;
+      LinkJudge links;
+      std::optional<TimePoint> next_check;
+      std::map<int, TimePoint> named_at;
+      std::map<int, std::string> kept;
+      // The nodes excluded, by node id (at most limits::kMaxExcludedNodes), kept across
+      // rounds.
+      struct Excluded {
+        std::string host;
+        int times = 0;
+        std::chrono::milliseconds cooldown{0};
+        TimePoint until;
+        double slowdown = 0;
+        std::string cause;
+      };
+      std::map<std::string, Excluded> excluded;
+      // A round ends: its ranks are scored afresh (a rank number may be another process).
+      void new_round() {
+        ranks.reset();
+        links.reset();
+        next_check.reset();
+        named_at.clear();
+        kept.clear();
+      }
+    } stragglers;
   };
 
   // The decision of the input just handled: `out`, and the events and touched runs it made.
