@@ -94,6 +94,8 @@ session::Config session_config(const AgentOptions& o) {
   c.nproc_per_node = o.nproc_per_node;
   c.in_place = o.in_place;
   c.in_place_timeout = o.in_place_timeout;
+  c.preflight = o.preflight;
+  c.preflight_wait = preflight::kStoreWait;
   c.join = join_template(o);
   return c;
 }
@@ -153,7 +155,8 @@ class Agent::Impl {
                   apply(machine_.on_worker_resumed(lr, round, now()));
                 }}),
         timers_{asio::steady_timer(io), asio::steady_timer(io), asio::steady_timer(io),
-                asio::steady_timer(io), asio::steady_timer(io), asio::steady_timer(io)} {}
+                asio::steady_timer(io), asio::steady_timer(io), asio::steady_timer(io),
+                asio::steady_timer(io)} {}
 
   int run() {
     if (!opts_.file_timer_path.empty()) {
@@ -257,16 +260,8 @@ class Agent::Impl {
     probe_role_.reset();
   }
   void carry_out(session::Send& s) { send_on(client_.get(), s.msg); }
-  void carry_out(session::StartWorkers& s) {
-    // --preflight: the first round's workers start once every node has measured the others.
-    if (opts_.preflight && !preflight_started_ && s.assignment.round() == 1 &&
-        s.assignment.group_world_size() > 1) {
-      preflight_started_ = true;
-      start_preflight(s.assignment);
-      return;
-    }
-    start_workers(s.assignment);
-  }
+  void carry_out(session::StartWorkers& s) { start_workers(s.assignment); }
+  void carry_out(session::RunPreflight& p) { start_preflight(p.assignment); }
   void start_workers(const v1::Assignment& a) {
     WorkerGroup::Started started = group_.start(a, round_spec(a, open_store_relay(a)));
     if (started.failure) {
@@ -390,9 +385,7 @@ class Agent::Impl {
   }
 
   // docs/stragglers.md, "Pre-flight": on a thread of its own, through the run's store; the
-  // verdict comes back to the loop. A node named leaves (exit 1, one line); the others wait
-  // for the round without it (its stream's end restarts them), or start their workers after
-  // preflight::kStoreWait if it never leaves. A pre-flight that cannot run names nobody.
+  // verdict goes back to the machine (session_preflight.cc), which decides what follows.
   void start_preflight(const v1::Assignment& a) {
     const WorkerEnvSpec spec = round_spec(a, open_store_relay(a));
     rendezvous::GrpcStoreOptions store;
@@ -413,46 +406,27 @@ class Agent::Impl {
         });
   }
   void after_preflight(const v1::Assignment& a, const absl::StatusOr<preflight::Verdict>& v) {
-    if (exiting_ || machine_.phase() != session::SessionMachine::Phase::kRunning ||
-        machine_.assignment().round() != a.round()) {
-      return;  // the round is over already: the machine has moved on
-    }
+    if (exiting_) return;
+    session::PreflightVerdict verdict;
     if (!v.ok()) {
-      spdlog::warn("pre-flight could not run ({}); the workers start",
-                   std::string(v.status().message()));
-      start_workers(a);
-      return;
-    }
-    const int me = a.group_rank();
-    spdlog::info("pre-flight: this node's link {:.1f} MB/s (median {:.1f}), compute {:.0f} "
-                 "(median {:.0f})",
-                 v->link[me], v->link_median, v->compute[me], v->compute_median);
-    if (v->named(me)) {
-      apply(machine_.on_preflight_failed(
-          absl::StrCat("pre-flight failed on ", opts_.host, ": ", v->why(me),
-                       "; this node leaves the run"),
-          now()));
-      return;
-    }
-    std::vector<std::string> named;
-    for (int i = 0; i < a.group_world_size(); ++i) {
-      if (v->named(i)) named.push_back(absl::StrCat("node ", i, " (", v->why(i), ")"));
-    }
-    if (named.empty()) {
-      start_workers(a);
-      return;
-    }
-    spdlog::warn("pre-flight: {} leaves the run; waiting for the round without it",
-                 absl::StrJoin(named, ", "));
-    preflight_wait_.expires_after(preflight::kStoreWait);
-    preflight_wait_.async_wait([this, a](const boost::system::error_code& ec) {
-      if (ec || exiting_ || machine_.phase() != session::SessionMachine::Phase::kRunning ||
-          machine_.assignment().round() != a.round()) {
-        return;
+      verdict.ran = false;
+      verdict.error = std::string(v.status().message());
+    } else {
+      const int me = a.group_rank();
+      spdlog::info("pre-flight: this node's link {:.1f} MB/s (median {:.1f}), compute {:.0f} "
+                   "(median {:.0f})",
+                   v->link[me], v->link_median, v->compute[me], v->compute_median);
+      for (int i = 0; i < a.group_world_size(); ++i) {
+        if (!v->named(i)) continue;
+        if (i == me) {
+          verdict.named_me = absl::StrCat("pre-flight failed on ", opts_.host, ": ", v->why(me),
+                                          "; this node leaves the run");
+        } else {
+          verdict.named_others.push_back(absl::StrCat("node ", i, " (", v->why(i), ")"));
+        }
       }
-      spdlog::warn("pre-flight: the named node did not leave; the workers start");
-      start_workers(a);
-    });
+    }
+    apply(machine_.on_preflight_done(a.round(), verdict, now()));
   }
 
   // The loopback port of the round's TCPStore-protocol listener (store_relay.h), opened here
@@ -499,6 +473,7 @@ class Agent::Impl {
   WorkerGroup group_;
   bool exiting_ = false;  // Exit carried out: a warm-up that ends now joins nothing
   asio::steady_timer timers_[session::kTimers];  // by session::Timer
+  static_assert(session::kTimers == 7, "one timer per session::Timer in the constructor");
   std::unique_ptr<rendezvous::SessionClient> client_;
   // The probe (session_machine.h), and whether its callbacks still go to the machine as the
   // probe's.
@@ -508,10 +483,8 @@ class Agent::Impl {
   const std::string host_identity_ = ops::host_identity();
   std::unique_ptr<rendezvous::StoreRelay> relay_;  // the workers' TCPStore, relayed
   LinkWatch links_;  // the straggler watch's link rates
-  // --preflight: started once (the first round), its wait for a named node to leave.
-  bool preflight_started_ = false;
+  // --preflight: the measure under way (session_preflight.cc decides what follows).
   std::unique_ptr<preflight::Background> preflight_;
-  asio::steady_timer preflight_wait_{io_};
 };
 
 Agent::Agent(asio::io_context& io, AgentOptions options)

@@ -173,6 +173,9 @@ Actions SessionMachine::on_timer(Timer timer, Time now) {
     case Timer::kInPlace:
       in_place_due(s);
       break;
+    case Timer::kPreflight:
+      preflight_due(s);
+      break;
     case Timer::kCooldown:
       if (cooling_ && phase_ == Phase::kJoining && after_ == After::kNone) {
         cooling_ = false;
@@ -421,7 +424,7 @@ void SessionMachine::on_assignment(Step& s, const v1::Assignment& a) {
   enter_round(s, a);
   reset_in_place();  // new processes: each declares for itself
   in_place_off_ = false;
-  s.add(StartWorkers{a});
+  start_workers(s);
   arm_silence(s);  // a round can be probed for: maybe sooner than the armed window
 }
 
@@ -609,14 +612,6 @@ void SessionMachine::stop(Step& s, int sig) {
   if (phase_ == Phase::kExiting) return;
   phase_ = Phase::kStopping;
   s.add(StopWorkers{sig});
-}
-
-Actions SessionMachine::on_preflight_failed(const std::string& why, Time now) {
-  Step s(now);
-  if (phase_ == Phase::kExiting || after_ == After::kExit) return {};
-  s.log(Level::kError, why);
-  exit_with(s, 1);
-  return std::move(s.out);
 }
 
 // Stops the workers, then exits with `code`.

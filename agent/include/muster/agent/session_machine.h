@@ -107,8 +107,9 @@ enum class Timer {
   kProbe,      // the next probe to open (armed for "now")
   kInPlace,    // the end of the wait for an in-place round's workers to report resumed
   kCooldown,   // an excluded straggler's cool-down is over: it joins again
+  kPreflight,  // the pre-flight named another node: the end of the wait for it to leave
 };
-inline constexpr int kTimers = 6;
+inline constexpr int kTimers = 7;
 
 enum class Level { kDebug, kInfo, kWarn, kError };
 
@@ -141,6 +142,12 @@ struct Send {
 };
 // Spawn this round's workers, then report on_workers_started or on_spawn_failed.
 struct StartWorkers {
+  v1::Assignment assignment;
+};
+// launch --preflight (docs/stragglers.md, "Pre-flight"): measure this node's compute and its
+// links to the round's other nodes, before the first round's workers start; then report
+// on_preflight_done.
+struct RunPreflight {
   v1::Assignment assignment;
 };
 // Signal every worker's process group (SIGKILL follows after the shutdown grace); the group
@@ -196,7 +203,7 @@ struct Exit {
 };
 
 using Action = std::variant<OpenStream, CloseStream, OpenProbe, CloseProbe, AdoptProbe, Send,
-                            StartWorkers, StopWorkers, AbortWorkers, ReformWorkers, KillWorkers,
+                            StartWorkers, RunPreflight, StopWorkers, AbortWorkers, ReformWorkers, KillWorkers,
                             ReleaseWorkers, DumpStalled, ArmTimer, CancelTimer, Emit, Log,
                             PrintFailure, Exit>;
 using Actions = std::vector<Action>;
@@ -214,9 +221,22 @@ struct Config {
   // --in_place and --in_place_timeout (see the header comment).
   bool in_place = false;
   std::chrono::milliseconds in_place_timeout{std::chrono::seconds(30)};
+  // --preflight, and how long the nodes wait for a node it named to leave before their
+  // workers start anyway (agent.cc gives preflight::kStoreWait).
+  bool preflight = false;
+  std::chrono::milliseconds preflight_wait{std::chrono::seconds(30)};
   // Every Join this node sends: the node, its run's rules (agent.cc's join_template). The
   // machine adds the re-attach fields.
   v1::Join join;
+};
+
+// What the pre-flight found (RunPreflight's answer): whether it ran (`error`: why not); this
+// node named (`named_me`: why, one line); the other nodes it named ("node 2 (why)").
+struct PreflightVerdict {
+  bool ran = true;
+  std::string error;
+  std::string named_me;
+  std::vector<std::string> named_others;
 };
 
 class SessionMachine {
@@ -270,9 +290,13 @@ class SessionMachine {
   Actions on_worker_declared(int local_rank, Time now);
   Actions on_worker_resumed(int local_rank, int round, Time now);
   Actions on_workers_reformed(int replaced, Time now);
-  // launch --preflight named this node (docs/stragglers.md, "Pre-flight"): it leaves the run
-  // with `why` (one line) and exit 1; its workers never started.
-  Actions on_preflight_failed(const std::string& why, Time now);
+  // After RunPreflight for the round `round` (session_preflight.cc; docs/stragglers.md,
+  // "Pre-flight"): nothing named, or it could not run, the workers start; this node named,
+  // it leaves the run with one line and exit 1, its workers never started; another node
+  // named, the workers wait for the round without it (its stream's end restarts this one),
+  // or start after preflight_wait if it never leaves. A verdict for a round that is over
+  // does nothing.
+  Actions on_preflight_done(int round, const PreflightVerdict& verdict, Time now);
   // A signal launch received: the node leaves; a second one skips the grace.
   Actions on_signal(int sig, Time now);
 
@@ -337,6 +361,9 @@ class SessionMachine {
   void fall_back(Step& s, const std::string& why);
   void in_place_due(Step& s);
   void reset_in_place();
+  // The pre-flight (session_preflight.cc).
+  void start_workers(Step& s);
+  void preflight_due(Step& s);
 
   const Config config_;
   const std::chrono::milliseconds window_;  // the liveness window
@@ -390,6 +417,10 @@ class SessionMachine {
   // Excluded as a straggler: the cool-down the server gave, and whether it is under way.
   std::chrono::milliseconds cooldown_{0};
   bool cooling_ = false;
+  // --preflight: run once (the first round); a named node awaited in round preflight_round_.
+  bool preflight_started_ = false;
+  bool preflight_waiting_ = false;
+  int preflight_round_ = 0;
   int exit_code_ = 1;
 
   // In place, by local rank: declared support; failed in this round; reported resumed. The
