@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -173,4 +174,92 @@ TEST_CASE("relay write-behind: with `quiet` as long as `busy` the timer fires on
   WriteBehind b(2000us, 2000us);
   b.held(t0);
   CHECK(b.fired(t0 + 500us));
+}
+
+using Groups = muster::rendezvous::relay::WaitGroups<int>;
+
+TEST_CASE("relay WAIT groups: the first WAIT for some keys leads, later ones for the same keys "
+          "ride on it and are answered with it",
+          "[relay_rules]") {
+  Groups g;
+  CHECK_FALSE(g.has({"k"}));
+  CHECK(g.lead(1, {"k"}));
+  CHECK(g.has({"k"}));
+  CHECK_FALSE(g.has({"k", "j"}));  // other keys: another group
+  CHECK_FALSE(g.lead(2, {"k"}));   // one group per keys: 2 rides instead
+  g.follow(2, {"k"});
+  g.follow(3, {"k"});
+  CHECK(g.leads(1));
+  CHECK(g.follows(2));
+  CHECK(g.follows(3));
+  auto ended = g.answered(1);
+  REQUIRE(ended.has_value());
+  CHECK(ended->keys == std::vector<std::string>{"k"});
+  CHECK(ended->followers == std::vector<int>{2, 3});
+  CHECK_FALSE(g.has({"k"}));
+  CHECK_FALSE(g.leads(1));
+  CHECK_FALSE(g.follows(2));
+  CHECK(g.size() == 0);
+  CHECK_FALSE(g.answered(1).has_value());  // once
+  CHECK_FALSE(g.answered(2).has_value());  // a follower leads nothing
+}
+
+TEST_CASE("relay WAIT groups: a group's name tells keys apart by their lengths", "[relay_rules]") {
+  CHECK(Groups::name_of({"a:b"}) != Groups::name_of({"a", "b"}));
+  CHECK(Groups::name_of({"ab", "c"}) != Groups::name_of({"a", "bc"}));
+  Groups g;
+  CHECK(g.lead(1, {"a:b"}));
+  CHECK(g.lead(2, {"a", "b"}));
+  CHECK(g.size() == 2);
+}
+
+TEST_CASE("relay WAIT groups: a leader that goes hands its group to the last follower, which "
+          "must ask for itself, and none left or its connections closing ends the group",
+          "[relay_rules]") {
+  Groups g;
+  g.lead(1, {"k"});
+  g.follow(2, {"k"});
+  g.follow(3, {"k"});
+  auto next = g.hand_on(1, false);
+  REQUIRE(next.has_value());
+  CHECK(next->leader == 3);
+  CHECK(next->keys == std::vector<std::string>{"k"});
+  CHECK(g.leads(3));
+  CHECK_FALSE(g.follows(3));
+  CHECK_FALSE(g.leads(1));
+  CHECK(g.follows(2));
+  // The new leader answered: 2 with it.
+  auto ended = g.answered(3);
+  REQUIRE(ended.has_value());
+  CHECK(ended->followers == std::vector<int>{2});
+
+  g.lead(4, {"j"});
+  CHECK_FALSE(g.hand_on(4, false).has_value());  // nobody rode on it
+  CHECK_FALSE(g.has({"j"}));
+  g.lead(5, {"j"});
+  g.follow(6, {"j"});
+  CHECK_FALSE(g.hand_on(5, true).has_value());  // closing: no WAIT is handed on
+  CHECK_FALSE(g.follows(6));
+  CHECK(g.size() == 0);
+  CHECK_FALSE(g.hand_on(7, false).has_value());  // leads nothing
+}
+
+TEST_CASE("relay WAIT groups: a follower that goes or sends more leaves its group, the others "
+          "stay in it",
+          "[relay_rules]") {
+  Groups g;
+  g.lead(1, {"k"});
+  for (int f = 2; f <= 5; ++f) g.follow(f, {"k"});
+  auto keys = g.leave(3);  // from the middle
+  REQUIRE(keys.has_value());
+  CHECK(*keys == std::vector<std::string>{"k"});
+  CHECK_FALSE(g.follows(3));
+  CHECK_FALSE(g.leave(3).has_value());  // once
+  CHECK(g.leave(5).has_value());        // the last
+  CHECK_FALSE(g.leave(1).has_value());  // the leader follows nothing
+  auto ended = g.answered(1);
+  REQUIRE(ended.has_value());
+  std::vector<int> rest = ended->followers;
+  std::sort(rest.begin(), rest.end());
+  CHECK(rest == std::vector<int>{2, 4});
 }

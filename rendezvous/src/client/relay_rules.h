@@ -1,6 +1,6 @@
 // The store relay's per-world rules that need no socket (store_relay.h; docs/store.md): what a
-// node's own writes let it answer here, what a combined ADD's members each get back, and when
-// the writes held back go up. Pure: no sockets, no stream, no clock (the caller says when).
+// node's own writes let it answer here, what a combined ADD's members each get back, when
+// the writes held back go up, and whose WAIT rides on whose. Pure: no sockets, no stream, no clock (the caller says when).
 // Private to client/store_relay*.cc; unit-tested in tests/unit/relay_rules_test.cc.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/tcpstore_protocol.h"
@@ -77,6 +78,125 @@ class WriteBehind {
   const Clock::duration quiet_, busy_;
   std::optional<Clock::time_point> since_;  // the first held write's time
   bool busy_seen_ = false;                  // the workers sent more while it waited
+};
+
+
+// WAITs of a node's connections for the same keys: the first one's (the leader's) goes up, the
+// others ride on it (followers) and are answered with it. `M` names a connection (the relay's
+// LocalPtr; a number in the tests): hashable, compared by value.
+template <typename M>
+class WaitGroups {
+ public:
+  // A group's name: its keys, each with its length (["a:b"] is not ["a", "b"]).
+  static std::string name_of(const std::vector<std::string>& keys) {
+    std::string name;
+    for (const std::string& k : keys) name += std::to_string(k.size()) + ":" + k;
+    return name;
+  }
+
+  // Whether a WAIT for `keys` can ride on one at the server now.
+  bool has(const std::vector<std::string>& keys) const { return groups_.count(name_of(keys)) != 0; }
+  bool leads(const M& m) const { return leads_.count(m) != 0; }
+  bool follows(const M& m) const { return follows_.count(m) != 0; }
+  std::size_t size() const { return groups_.size(); }
+
+  // m's WAIT for `keys` went up: it leads a group that others may ride on. False (it leads
+  // none) when a group for those keys is there already or m leads one.
+  bool lead(const M& m, const std::vector<std::string>& keys) {
+    if (leads(m)) return false;
+    auto [g, made] = groups_.try_emplace(name_of(keys));
+    if (!made) return false;
+    g->second.keys = keys;
+    g->second.leader = m;
+    leads_[m] = g->first;
+    return true;
+  }
+  // m's WAIT for `keys` rides on the group's (has(keys) must hold).
+  void follow(const M& m, const std::vector<std::string>& keys) {
+    auto g = groups_.find(name_of(keys));
+    if (g == groups_.end() || leads(m) || follows(m)) return;
+    slot_[m] = g->second.followers.size();
+    g->second.followers.push_back(m);
+    follows_[m] = g->first;
+  }
+
+  // The leader m's WAIT was answered: its group ends, and each follower is to be answered
+  // too. None when m leads no group.
+  struct Ended {
+    std::vector<std::string> keys;
+    std::vector<M> followers;
+  };
+  std::optional<Ended> answered(const M& m) {
+    auto l = leads_.find(m);
+    if (l == leads_.end()) return std::nullopt;
+    auto g = groups_.find(l->second);
+    leads_.erase(l);
+    Ended e{std::move(g->second.keys), std::move(g->second.followers)};
+    groups_.erase(g);
+    for (const M& f : e.followers) {
+      follows_.erase(f);
+      slot_.erase(f);
+    }
+    return e;
+  }
+
+  // The leader m goes, cancels its WAIT or sends more: the last follower leads in its place
+  // and must send its own WAIT for `keys`. None when m leads no group, or the group ends
+  // (no followers, or `closing`: its connections are being closed).
+  struct Next {
+    M leader;
+    std::vector<std::string> keys;
+  };
+  std::optional<Next> hand_on(const M& m, bool closing) {
+    auto l = leads_.find(m);
+    if (l == leads_.end()) return std::nullopt;
+    auto g = groups_.find(l->second);
+    leads_.erase(l);
+    Group& group = g->second;
+    if (group.followers.empty() || closing) {
+      for (const M& f : group.followers) {
+        follows_.erase(f);
+        slot_.erase(f);
+      }
+      groups_.erase(g);
+      return std::nullopt;
+    }
+    M next = std::move(group.followers.back());
+    group.followers.pop_back();
+    follows_.erase(next);
+    slot_.erase(next);
+    group.leader = next;
+    leads_[next] = g->first;
+    return Next{std::move(next), group.keys};
+  }
+
+  // The follower m goes or asks for itself (it sends more): out of its group. Its keys (for
+  // its own WAIT) when it followed one.
+  std::optional<std::vector<std::string>> leave(const M& m) {
+    auto f = follows_.find(m);
+    if (f == follows_.end()) return std::nullopt;
+    auto g = groups_.find(f->second);
+    follows_.erase(f);
+    const std::size_t at = slot_[m];
+    slot_.erase(m);
+    std::vector<M>& fs = g->second.followers;
+    if (at < fs.size() && fs[at] == m) {  // swapped with the last: no shift of the others
+      fs[at] = std::move(fs.back());
+      fs.pop_back();
+      if (at < fs.size()) slot_[fs[at]] = at;
+    }
+    return g->second.keys;
+  }
+
+ private:
+  struct Group {
+    std::vector<std::string> keys;
+    M leader;
+    std::vector<M> followers;
+  };
+  std::unordered_map<std::string, Group> groups_;  // by name_of(keys)
+  std::unordered_map<M, std::string> leads_, follows_;  // a connection's group
+  std::unordered_map<M, std::size_t> slot_;  // a follower's place in its group's followers
 };
 
 }  // namespace muster::rendezvous::relay

@@ -16,13 +16,7 @@ using namespace relay_internal;
 bool StoreRelay::Impl::combines(const Local& c, const Request& req) const {
   if (!opts_.combine || !c.inflight.empty()) return false;
   if (req.op == Op::kAdd) return true;
-  return req.op == Op::kWait && c.world->waits.count(waiters_name(req.keys)) != 0;
-}
-
-std::string StoreRelay::Impl::waiters_name(const std::vector<std::string>& keys) {
-  std::string name;
-  for (const std::string& k : keys) name += std::to_string(k.size()) + ":" + k;
-  return name;
+  return req.op == Op::kWait && c.world->waits.has(req.keys);
 }
 
 void StoreRelay::Impl::join_add(const LocalPtr& c, const Request& req) {
@@ -146,43 +140,24 @@ void StoreRelay::Impl::on_adds(int round, v1::RelayFrame& f) {
 }
 
 void StoreRelay::Impl::join_wait(const LocalPtr& c, const Request& req) {
-  auto g = c->world->waits.find(waiters_name(req.keys));
-  g->second.add(c);
-  c->follows = g->first;
+  c->world->waits.follow(c, req.keys);
   ++n_waits_joined_;
 }
 
 void StoreRelay::Impl::answer_followers(const LocalPtr& c, const std::string* value) {
-  auto g = c->world->waits.find(c->leads);
-  c->leads.clear();
-  if (g == c->world->waits.end()) return;
-  Waiters ws = std::move(g->second);
-  c->world->waits.erase(g);
-  for (const LocalPtr& m : ws.followers) {
-    m->follows.clear();
+  auto ended = c->world->waits.answered(c);
+  if (!ended) return;
+  for (const LocalPtr& m : ended->followers) {
     if (m->closed) continue;
     tcpstore::put_u8(m->out, tcpstore::kStopWaiting);
-    if (value != nullptr && ws.keys.size() == 1) m->stash.emplace(ws.keys[0], *value);
+    if (value != nullptr && ended->keys.size() == 1) m->stash.emplace(ended->keys[0], *value);
     flush(m);
   }
 }
 
 void StoreRelay::Impl::hand_on(Local& c) {
-  auto g = c.world->waits.find(c.leads);
-  c.leads.clear();
-  if (g == c.world->waits.end()) return;
-  Waiters& ws = g->second;
-  if (ws.followers.empty() || c.world->closing) {
-    for (const LocalPtr& m : ws.followers) m->follows.clear();
-    c.world->waits.erase(g);
-    return;
-  }
-  LocalPtr next = std::move(ws.followers.back());
-  ws.followers.pop_back();
-  next->follows.clear();
-  ws.leader = next;
-  next->leads = g->first;
-  send_wait(next, ws.keys, true);
+  auto next = c.world->waits.hand_on(c.shared_from_this(), c.world->closing);
+  if (next) send_wait(next->leader, next->keys, true);
 }
 
 void StoreRelay::Impl::stop_leading(Local& c) {
@@ -191,11 +166,7 @@ void StoreRelay::Impl::stop_leading(Local& c) {
 }
 
 void StoreRelay::Impl::ask_alone(const LocalPtr& c) {
-  auto g = c->world->waits.find(c->follows);
-  c->follows.clear();
-  if (g == c->world->waits.end()) return;
-  g->second.remove(*c);
-  send_wait(c, g->second.keys, false);
+  if (auto keys = c->world->waits.leave(c)) send_wait(c, *keys, false);
 }
 
 void StoreRelay::Impl::send_wait(const LocalPtr& c, const std::vector<std::string>& keys, bool leads) {

@@ -56,8 +56,8 @@ void StoreRelay::Impl::process(const LocalPtr& c) {
     // It sends more after its WAIT: the server may answer that first (torch's own client
     // sends nothing but CANCEL_WAIT there). One that rode on another's WAIT asks for
     // itself; one that led stops leading (another asks in its place).
-    if (!c->follows.empty()) ask_alone(c);
-    if (!c->leads.empty()) stop_leading(*c);
+    if (c->world->waits.follows(c)) ask_alone(c);
+    if (c->world->waits.leads(c)) stop_leading(*c);
     const auto r = tcpstore::parse(c->dialect, c->in.data() + pos, c->in.size() - pos, frame_,
                                    req);
     if (r.what == Parsed::kNeedMore) break;
@@ -134,15 +134,9 @@ bool StoreRelay::Impl::note(Local& c, const Request& req, const char* frame, std
   c.inflight.push_back(Owed{req.op, std::string(frame, size)});
   c.inflight_bytes += size;
   if (req.op == Op::kWait) ++n_waits_sent_;
-  if (req.op == Op::kWait && opts_.combine && c.leads.empty()) {
-    // Others' WAITs for these keys may ride on it.
-    auto [g, made] = w.waits.try_emplace(waiters_name(req.keys));
-    if (made) {
-      g->second.keys = req.keys;
-      g->second.leader = c.shared_from_this();
-      c.leads = g->first;
-      c.inflight.back().leads = true;
-    }
+  // Others' WAITs for these keys may ride on it.
+  if (req.op == Op::kWait && opts_.combine && w.waits.lead(c.shared_from_this(), req.keys)) {
+    c.inflight.back().leads = true;
   }
   return c.inflight_bytes <= opts_.max_unsent_bytes;
 }
@@ -275,12 +269,8 @@ void StoreRelay::Impl::drop(const LocalPtr& c, bool tell) {
     f.set_closed(true);
     up_->send(std::move(f));
   }
-  if (!c->leads.empty()) hand_on(*c);
-  if (!c->follows.empty()) {
-    auto g = c->world->waits.find(c->follows);
-    if (g != c->world->waits.end()) g->second.remove(*c);
-    c->follows.clear();
-  }
+  if (c->world->waits.leads(c)) hand_on(*c);
+  c->world->waits.leave(c);
   boost::system::error_code ec;
   c->partial.cancel();
   c->sock.close(ec);

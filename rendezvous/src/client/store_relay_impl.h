@@ -54,7 +54,7 @@ constexpr std::size_t kAcceptBurst = PeerUid::kMaxBatch;
 struct World;
 
 // A query the server owes a connection an answer to: its frame (a new stream asks again those
-// that only read); `leads`: a WAIT other connections' WAITs ride on (Waiters).
+// that only read); `leads`: a WAIT other connections' WAITs ride on (World::waits).
 struct Owed {
   Op op;
   std::string frame;
@@ -80,9 +80,6 @@ struct Local : std::enable_shared_from_this<Local> {
   std::list<Owed> inflight;
   std::size_t inflight_bytes = 0;
   bool held = false;    // its ADD went up in a combined one: what it sent after waits
-  std::string leads;    // the keys (Waiters' name) of its WAIT others ride on
-  std::string follows;  // the keys of another's WAIT its own WAIT rides on
-  std::size_t follow_slot = 0;  // where it is in that Waiters' followers
   std::optional<std::string> wait_key;  // its WAIT's key, when the value comes with the answer
   std::optional<std::pair<std::string, std::string>> stash;  // key, value: for the next GET
 };
@@ -98,26 +95,6 @@ struct Adder {
   AddBatch next;    // the next one
   bool flies = false;
   bool queued = false;  // a launch is posted
-};
-
-// WAITs for the same keys: the leader's went up, the followers' ride on it. A follower knows
-// its place in `followers` (Local::follow_slot): one leaving is swapped with the last.
-struct Waiters {
-  std::vector<std::string> keys;
-  LocalPtr leader;
-  std::vector<LocalPtr> followers;
-
-  void add(const LocalPtr& c) {
-    c->follow_slot = followers.size();
-    followers.push_back(c);
-  }
-  void remove(const Local& c) {
-    const std::size_t at = c.follow_slot;
-    if (at >= followers.size() || followers[at].get() != &c) return;
-    followers[at] = std::move(followers.back());
-    followers[at]->follow_slot = at;
-    followers.pop_back();
-  }
 };
 
 struct World {
@@ -138,8 +115,8 @@ struct World {
   std::unordered_map<std::string, Adder> adders;
   std::uint64_t adds_conn = 0;
   std::deque<std::string> adds_flying;
-  // WAITs that others ride on, by their keys (waiters_name).
-  std::unordered_map<std::string, Waiters> waits;
+  // WAITs that others ride on, and who rides on them (relay_rules.h).
+  relay::WaitGroups<LocalPtr> waits;
   bool closing = false;  // its connections are being closed: no WAIT is handed on
   void forget_all() { cache.forget_all(); }
 };
@@ -155,7 +132,6 @@ class StoreRelay::Impl : public RelayUpstreamSink,
   using Local = relay_internal::Local;
   using LocalPtr = relay_internal::LocalPtr;
   using AddBatch = relay_internal::AddBatch;
-  using Waiters = relay_internal::Waiters;
   using tcp = relay_internal::tcp;
   using Request = relay_internal::Request;
 
@@ -247,7 +223,6 @@ class StoreRelay::Impl : public RelayUpstreamSink,
   // the node waits for at the server; c waits for no answer of the server (its replies stay
   // in order).
   bool combines(const Local& c, const Request& req) const;
-  static std::string waiters_name(const std::vector<std::string>& keys);
 
   // c's ADD joins the next combined ADD of its key; c is held until it is answered.
   void join_add(const LocalPtr& c, const Request& req);
