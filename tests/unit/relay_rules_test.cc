@@ -83,7 +83,7 @@ TEST_CASE("relay cache: any write but a SET forgets its key, its value is the se
   CHECK(cache.answer(req(Op::kGet, {"k"}), out));
   CHECK(out == bytes_reply({"newer"}));
   CHECK(cache.bytes() == 1 + 5);
-  cache.keep("k", nullptr, true);  // the server said another node wrote it (dropped)
+  cache.forget("k");  // the server said another node wrote it (dropped)
   CHECK_FALSE(cache.answer(req(Op::kGet, {"k"}), out));
 }
 

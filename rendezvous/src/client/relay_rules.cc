@@ -10,35 +10,32 @@ void WorldCache::remember(const Request& req, bool caching) {
     case Op::kSet:
     case Op::kMultiSet:
       for (std::size_t i = 0; i < req.keys.size() && i < req.values.size(); ++i) {
-        keep(req.keys[i], &req.values[i], caching);
+        keep(req.keys[i], req.values[i], caching);
       }
       return;
     case Op::kAdd:
     case Op::kAppend:
     case Op::kCompareSet:
     case Op::kDelete:
-      if (!req.keys.empty()) keep(req.keys[0], nullptr, caching);
+      if (!req.keys.empty()) forget(req.keys[0]);
       return;
     default:
       return;
   }
 }
 
-void WorldCache::keep(const std::string& key, const std::string* value, bool caching) {
+void WorldCache::keep(const std::string& key, const std::string& value, bool caching) {
+  forget(key);
+  if (!caching || bytes_ + key.size() + value.size() > max_bytes_) return;
+  values_.emplace(key, value);
+  bytes_ += key.size() + value.size();
+}
+
+void WorldCache::forget(const std::string& key) {
   auto it = values_.find(key);
-  if (it != values_.end()) bytes_ -= key.size() + it->second.size();
-  const bool fits =
-      value != nullptr && caching && bytes_ + key.size() + value->size() <= max_bytes_;
-  if (!fits) {
-    if (it != values_.end()) values_.erase(it);
-    return;
-  }
-  if (it != values_.end()) {
-    it->second = *value;
-  } else {
-    values_.emplace(key, *value);
-  }
-  bytes_ += key.size() + value->size();
+  if (it == values_.end()) return;
+  bytes_ -= key.size() + it->second.size();
+  values_.erase(it);
 }
 
 bool WorldCache::answer(const Request& req, std::string& out) const {

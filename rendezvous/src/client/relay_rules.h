@@ -28,8 +28,10 @@ class WorldCache {
   // agree to); any other write (ADD, APPEND, COMPARE_SET, DELETE) forgets its key: its value
   // is the server's to say.
   void remember(const tcpstore::Request& req, bool caching);
-  // `key` is `value` (null: forgotten).
-  void keep(const std::string& key, const std::string* value, bool caching);
+  // `key` is `value` (kept when `caching` and it fits, else forgotten).
+  void keep(const std::string& key, const std::string& value, bool caching);
+  // `key`'s value is not known here any more (another node wrote it, or a write of ours).
+  void forget(const std::string& key);
   // The reply to `req` appended to `out`, when every key it reads is here; false (nothing
   // appended) when the server must answer it.
   bool answer(const tcpstore::Request& req, std::string& out) const;

@@ -88,7 +88,7 @@ void StoreRelay::Impl::on_down(RelayUpstream* up, v1::RelayDown& msg) {
     if (f.conn() == 0 && f.dropped_size() > 0) {
       auto w = worlds_.find(f.round());
       if (w == worlds_.end()) continue;
-      for (const std::string& key : f.dropped()) w->second->cache.keep(key, nullptr, caches_);
+      for (const std::string& key : f.dropped()) w->second->cache.forget(key);
       continue;
     }
     if (f.conn() == 0) {
