@@ -98,8 +98,9 @@ class WaitGroups {
 
   // Whether a WAIT for `keys` can ride on one at the server now.
   bool has(const std::vector<std::string>& keys) const { return groups_.count(name_of(keys)) != 0; }
-  bool leads(const M& m) const { return leads_.count(m) != 0; }
-  bool follows(const M& m) const { return follows_.count(m) != 0; }
+  // Asked for every frame a worker sends: no hashing while no WAIT is shared.
+  bool leads(const M& m) const { return !leads_.empty() && leads_.count(m) != 0; }
+  bool follows(const M& m) const { return !follows_.empty() && follows_.count(m) != 0; }
   std::size_t size() const { return groups_.size(); }
 
   // m's WAIT for `keys` went up: it leads a group that others may ride on. False (it leads

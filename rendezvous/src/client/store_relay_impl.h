@@ -13,11 +13,9 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
-#include <future>
 #include <list>
 #include <map>
 #include <optional>
-#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
