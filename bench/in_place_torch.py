@@ -44,6 +44,8 @@ TORCHRUN = os.environ.get("TORCHRUN", os.path.join(ROOT, "..", "shared", "peer",
 SCRIPT = os.path.join(ROOT, "examples", "python", "ddp_in_place.py")
 
 STEP = r"\]:step (\d+): loss"
+# An agent's or a worker's words on a recovery that did not stay in place.
+WHY = r"falling back|failed|[Aa]bort|Traceback|Error|SIG[A-Z]+|terminate"
 
 
 def wrap(i):
@@ -136,6 +138,10 @@ def inner(a):
                                  else None, 30)
             res["survivors_same_params"] = bool(digests) and len(set(digests)) == 1
         res["checkpoint_read"] = any(p.first(r"resuming from the checkpoint", t_kill) for p in survivors.values())
+        if res["new_processes_on_survivors"]:
+            # What the survivors' agents and workers said of the fault (a failed test's output).
+            res["why"] = [f"{p.name}: {m.string[-300:]}" for p in survivors.values()
+                          for _, m in p.all(WHY, t_kill)][:8]
     except Exception as e:  # noqa: BLE001 (the result says what went wrong)
         res["error"] = str(e)
     finally:

@@ -472,8 +472,8 @@ class Job:
                 step = self._recover("a collective failed")
                 continue
             self._done = step
-            # Not for a world the agent has left already (it would take an answer for an old
-            # round as a failed recovery): the next world's recovery answers for that one.
+            # Not for a world the agent has left already (the next world's recovery answers
+            # for that one; an answer that crosses the abort is ignored by the agent).
             if self._resume_due and self._channel.epoch() == self._seen:
                 self._resume_due = False
                 self._channel.resumed(self.round)

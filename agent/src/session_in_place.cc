@@ -112,6 +112,11 @@ Actions SessionMachine::on_worker_resumed(int local_rank, int round, Time now) {
       local_rank >= static_cast<int>(resumed_.size())) {
     return {};
   }
+  // An answer for an earlier round is late, not wrong: a worker that finished its first step
+  // of that round as this re-form's abort was on its way answered for it (its check and its
+  // send are not one step with the agent's abort). It answers for this round once it has
+  // re-formed; the in-place timer bounds that wait.
+  if (round < assignment_.round()) return {};
   if (round != assignment_.round()) {
     fall_back(s, absl::StrFormat("local rank %d reported resumed for round %d, not round %d",
                                  local_rank, round, assignment_.round()));

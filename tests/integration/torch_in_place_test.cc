@@ -52,6 +52,18 @@ bool gave_up(const std::string& out, const std::string& err) {
 
 std::set<std::string> distinct(const std::vector<std::string>& v) { return {v.begin(), v.end()}; }
 
+// One line first in a failure's message (a CI summary may keep only that): what the agent
+// said of restarts, fallbacks and failures, joined.
+std::string what_happened(const std::string& err) {
+  static const std::regex re(R"([^\n]*(restart|falling back|failed|gave up|still blocked|spent)[^\n]*)");
+  std::string line;
+  for (auto it = std::sregex_iterator(err.begin(), err.end(), re); it != std::sregex_iterator();
+       ++it) {
+    line += (line.empty() ? "" : " | ") + it->str().substr(0, 200);
+  }
+  return line.empty() ? "(no restart, fallback or failure said)" : line;
+}
+
 // Every "round N params D" line in `all` names one digest per round, and there is one.
 void check_rounds_agree(const std::string& all) {
   std::map<std::string, std::set<std::string>> by_round;
@@ -639,7 +651,7 @@ TEST_CASE("torch in place with --spares: a node lost while it joins leaves the o
           return false;
         },
         120s);
-    INFO(p->out() << p->err());
+    INFO(what_happened(p->err()) << "\n" << p->out() << p->err());
     REQUIRE(ok);
   }
   auto largest = [](const std::vector<std::string>& v) {

@@ -131,16 +131,33 @@ TEST_CASE("in place: another node's loss (the server's Restart) keeps every work
   CHECK(e->event.recovery->cause == "restart");
 }
 
-TEST_CASE("in place: a worker that answers for another round makes the node fall back") {
+TEST_CASE("in place: a late answer for the round before the re-form is ignored, the "
+          "recovery completes with this round's answers") {
   Node n;
   n.in_place();
   declared_running(n);
   n.restart();
   n.hear(assignment(2));
-  Actions& a = n.go(n.m->on_worker_resumed(0, 1, n.t));
+  // Local rank 0 finished its first step of round 1 as round 2's abort was on its way.
+  CHECK(n.go(n.m->on_worker_resumed(0, 1, n.t)).empty());
+  n.go(n.m->on_worker_resumed(0, 2, n.t));
+  Actions& done = n.go(n.m->on_worker_resumed(1, 2, n.t));
+  CHECK(emitted(done, AgentEvent::Kind::kInPlaceResumed) != nullptr);
+  CHECK(emitted(done, AgentEvent::Kind::kInPlaceFallback) == nullptr);
+  CHECK(sent(done, v1::AgentMsg::kResumed) != nullptr);
+}
+
+TEST_CASE("in place: a worker that answers for a round the node was not given makes the node "
+          "fall back") {
+  Node n;
+  n.in_place();
+  declared_running(n);
+  n.restart();
+  n.hear(assignment(2));
+  Actions& a = n.go(n.m->on_worker_resumed(0, 3, n.t));
   const auto* e = emitted(a, AgentEvent::Kind::kInPlaceFallback);
   REQUIRE(e != nullptr);
-  CHECK_THAT(e->event.reason, Catch::Contains("reported resumed for round 1, not round 2"));
+  CHECK_THAT(e->event.reason, Catch::Contains("reported resumed for round 3, not round 2"));
   const auto* rep = sent(a, v1::AgentMsg::kFailure);
   REQUIRE(rep != nullptr);
   CHECK(rep->msg.failure().round() == 2);
