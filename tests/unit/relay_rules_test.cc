@@ -1,6 +1,6 @@
 // The store relay's per-world rules apart from its sockets and stream
-// (rendezvous/src/client/relay_rules.h): the node's read cache, a combined ADD's answers, and
-// write-behind on a fake clock.
+// (rendezvous/src/client/relay_rules.h): the node's read cache, combined ADDs and their answers,
+// write-behind on a fake clock, and WAIT groups.
 #include "client/relay_rules.h"
 
 #include <catch2/catch.hpp>
@@ -262,4 +262,112 @@ TEST_CASE("relay WAIT groups: a follower that goes or sends more leaves its grou
   std::vector<int> rest = ended->followers;
   std::sort(rest.begin(), rest.end());
   CHECK(rest == std::vector<int>{2, 4});
+}
+
+using Adds = muster::rendezvous::relay::AddCombiner<int>;
+
+TEST_CASE("relay combined ADD: ADDs of a key gather while none of it flies, go up as their sum "
+          "on the launch, and the next ones gather behind it",
+          "[relay_rules]") {
+  Adds a;
+  CHECK(a.join("k", 1, 2));         // the first: the caller posts a launch
+  CHECK_FALSE(a.join("k", 2, 3));   // queued already
+  CHECK(a.join("other", 9, 1));     // keys apart
+  CHECK_FALSE(a.launch("k", false).has_value());  // no stream: nothing goes, no longer queued
+  CHECK(a.flying_members("k") == 0);
+  // The new stream finds it waiting ("other" is queued still) and queues its launch.
+  CHECK(a.unlaunched() == std::vector<std::string>{"k"});
+  CHECK(a.unlaunched().empty());    // queued now
+  CHECK_FALSE(a.join("k", 3, 5));   // it gathers on
+  auto sum = a.launch("k", true);
+  REQUIRE(sum.has_value());
+  CHECK(*sum == 10);
+  CHECK(a.flying_members("k") == 3);
+  CHECK_FALSE(a.join("k", 4, 7));   // flies: gathers behind it, no launch
+  CHECK_FALSE(a.launch("k", true).has_value());  // one flies already
+  auto r = a.answer(110);           // the server had 100 before
+  REQUIRE(r.has_value());
+  CHECK(r->key == "k");
+  REQUIRE(r->each.size() == 3);
+  CHECK(r->each[0] == std::pair<int, std::int64_t>{1, 102});
+  CHECK(r->each[1] == std::pair<int, std::int64_t>{2, 105});
+  CHECK(r->each[2] == std::pair<int, std::int64_t>{3, 110});
+  CHECK(r->launch_next);            // 4's ADD waits
+  sum = a.launch("k", true);
+  REQUIRE(sum.has_value());
+  CHECK(*sum == 7);
+  r = a.answer(117);
+  REQUIRE(r.has_value());
+  CHECK(r->each == std::vector<std::pair<int, std::int64_t>>{{4, 117}});
+  CHECK_FALSE(r->launch_next);
+  CHECK_FALSE(a.flying());
+  CHECK(a.keys() == 1);             // "other" only: "k" is gone with its last answer
+  CHECK_FALSE(a.answer(1).has_value());  // nothing flies
+}
+
+TEST_CASE("relay combined ADD: answers come in the order the ADDs went, across keys",
+          "[relay_rules]") {
+  Adds a;
+  a.join("x", 1, 1);
+  a.join("y", 2, 10);
+  REQUIRE(a.launch("y", true).has_value());
+  REQUIRE(a.launch("x", true).has_value());
+  auto r = a.answer(10);
+  REQUIRE(r.has_value());
+  CHECK(r->key == "y");
+  r = a.answer(1);
+  REQUIRE(r.has_value());
+  CHECK(r->key == "x");
+  CHECK(a.keys() == 0);
+}
+
+TEST_CASE("relay combined ADD: the server failing the first flying ADD loses its members only: "
+          "the later ones go again in their order, and its key's next batch is launched again",
+          "[relay_rules]") {
+  Adds a;
+  a.join("x", 1, 1);
+  a.join("x", 2, 1);
+  a.launch("x", true);
+  a.join("y", 3, 5);
+  a.launch("y", true);
+  a.join("z", 4, 6);
+  a.launch("z", true);
+  a.join("x", 5, 1);  // gathers behind x's flying one
+  auto f = a.first_failed();
+  CHECK(f.lost == std::vector<int>{1, 2});
+  REQUIRE(f.relaunch.has_value());
+  CHECK(*f.relaunch == "x");
+  CHECK(a.resend() == std::vector<std::pair<std::string, std::int64_t>>{{"y", 5}, {"z", 6}});
+  CHECK(a.answer(5)->key == "y");  // the resent ones are answered in their order
+  CHECK(a.answer(6)->key == "z");
+  auto sum = a.launch("x", true);  // the relaunch
+  REQUIRE(sum.has_value());
+  CHECK(*sum == 1);
+  // A failed key with nothing behind it is gone.
+  f = a.first_failed();
+  CHECK(f.lost == std::vector<int>{5});
+  CHECK_FALSE(f.relaunch.has_value());
+  CHECK(a.keys() == 0);
+  CHECK(a.first_failed().lost.empty());  // nothing flies
+}
+
+TEST_CASE("relay combined ADD: a lost stream loses every flying ADD's members, keeps what "
+          "gathers behind them for the new stream",
+          "[relay_rules]") {
+  Adds a;
+  a.join("x", 1, 1);
+  a.launch("x", true);
+  a.join("x", 2, 1);  // behind it
+  a.join("y", 3, 1);
+  a.launch("y", true);
+  std::vector<int> lost = a.lose_flying();
+  std::sort(lost.begin(), lost.end());
+  CHECK(lost == std::vector<int>{1, 3});
+  CHECK_FALSE(a.flying());
+  CHECK(a.keys() == 1);  // y had nothing behind it
+  CHECK(a.unlaunched() == std::vector<std::string>{"x"});
+  auto sum = a.launch("x", true);
+  REQUIRE(sum.has_value());
+  CHECK(*sum == 1);
+  CHECK(a.flying_members("x") == 1);
 }

@@ -1,12 +1,14 @@
 // The store relay's per-world rules that need no socket (store_relay.h; docs/store.md): what a
-// node's own writes let it answer here, what a combined ADD's members each get back, when
-// the writes held back go up, and whose WAIT rides on whose. Pure: no sockets, no stream, no clock (the caller says when).
-// Private to client/store_relay*.cc; unit-tested in tests/unit/relay_rules_test.cc.
+// node's own writes let it answer here, how its ADDs of one key combine and what each gets
+// back, when the writes held back go up, and whose WAIT rides on whose. Pure: no sockets, no
+// stream, no clock (the caller says when). Private to client/store_relay*.cc; unit-tested in
+// tests/unit/relay_rules_test.cc.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -200,6 +202,159 @@ class WaitGroups {
   std::unordered_map<std::string, Group> groups_;  // by name_of(keys)
   std::unordered_map<M, std::string> leads_, follows_;  // a connection's group
   std::unordered_map<M, std::size_t> slot_;  // a follower's place in its group's followers
+};
+
+// ADDs of one key from a node's connections, combined into one ADD of their sum: while a
+// key's combined ADD is at the server (flying), the next ones gather behind it; the flying
+// ADDs go on one connection, so the server answers them in the order they went. A launch is
+// posted (queued) rather than sent at once, so that the ADDs a burst of readable sockets
+// brings go up as one. `M` names a connection (the relay's LocalPtr; a number in the tests).
+template <typename M>
+class AddCombiner {
+ public:
+  // m's ADD of `delta` to `key` joins the key's next batch. True: the caller posts a launch of
+  // the key (none was queued and none flies); it is queued until launch(key).
+  bool join(const std::string& key, M m, std::int64_t delta) {
+    Adder& a = adders_[key];
+    a.next.members.emplace_back(std::move(m), delta);
+    a.next.sum += static_cast<std::uint64_t>(delta);
+    if (a.flies || a.queued) return false;
+    a.queued = true;
+    return true;
+  }
+
+  // The key's next batch goes up now, as an ADD of the returned sum (it flies until its
+  // answer), when `can_send` (the stream is there) and none of the key flies; none otherwise.
+  // Either way the key's launch is no longer queued.
+  std::optional<std::int64_t> launch(const std::string& key, bool can_send) {
+    auto it = adders_.find(key);
+    if (it == adders_.end()) return std::nullopt;
+    Adder& a = it->second;
+    a.queued = false;
+    if (a.flies || a.next.members.empty() || !can_send) return std::nullopt;
+    a.flying = std::exchange(a.next, {});
+    a.flies = true;
+    order_.push_back(key);
+    return static_cast<std::int64_t>(a.flying.sum);
+  }
+
+  // How many connections the key's flying batch holds (0: none flies).
+  std::size_t flying_members(const std::string& key) const {
+    auto it = adders_.find(key);
+    return it == adders_.end() || !it->second.flies ? 0 : it->second.flying.members.size();
+  }
+
+  // The server answered the oldest flying ADD with `total`: its members, each with what it
+  // would have had alone (combined_answers), and whether the key's next batch is to go up now
+  // (the caller calls launch(key)). None when nothing flies.
+  struct Answered {
+    std::string key;
+    std::vector<std::pair<M, std::int64_t>> each;
+    bool launch_next = false;
+  };
+  std::optional<Answered> answer(std::int64_t total) {
+    if (order_.empty()) return std::nullopt;
+    Answered r;
+    r.key = std::move(order_.front());
+    order_.pop_front();
+    auto it = adders_.find(r.key);
+    if (it == adders_.end()) return r;
+    Adder& a = it->second;
+    a.flies = false;
+    Batch b = std::exchange(a.flying, {});
+    std::vector<std::int64_t> deltas;
+    deltas.reserve(b.members.size());
+    for (const auto& [m, delta] : b.members) deltas.push_back(delta);
+    const std::vector<std::int64_t> each = combined_answers(total, deltas);
+    for (std::size_t i = 0; i < b.members.size(); ++i) {
+      r.each.emplace_back(std::move(b.members[i].first), each[i]);
+    }
+    r.launch_next = !a.next.members.empty();
+    if (!r.launch_next && !a.queued) adders_.erase(it);
+    return r;
+  }
+
+  // The server failed the oldest flying ADD (it served none after it): its members are lost;
+  // the later ones go again in their order (resend(), on a new connection). `relaunch`: the
+  // failed key's next batch waits with no launch queued (the caller posts one; it is queued).
+  struct Failed {
+    std::vector<M> lost;
+    std::optional<std::string> relaunch;
+  };
+  Failed first_failed() {
+    Failed f;
+    if (order_.empty()) return f;
+    const std::string key = std::move(order_.front());
+    order_.pop_front();
+    auto it = adders_.find(key);
+    if (it == adders_.end()) return f;
+    Adder& a = it->second;
+    a.flies = false;
+    for (auto& [m, delta] : std::exchange(a.flying, {}).members) f.lost.push_back(std::move(m));
+    if (!a.next.members.empty() && !a.queued) {
+      a.queued = true;
+      f.relaunch = key;
+    } else if (a.next.members.empty() && !a.queued) {
+      adders_.erase(it);
+    }
+    return f;
+  }
+  // The ADDs flying, in the order they went (and their answers come): key and sum.
+  std::vector<std::pair<std::string, std::int64_t>> resend() const {
+    std::vector<std::pair<std::string, std::int64_t>> r;
+    for (const std::string& key : order_) {
+      r.emplace_back(key, static_cast<std::int64_t>(adders_.at(key).flying.sum));
+    }
+    return r;
+  }
+
+  // The stream to the server was lost: every flying ADD's members are lost (whether the
+  // server applied it cannot be known).
+  std::vector<M> lose_flying() {
+    std::vector<M> lost;
+    order_.clear();
+    for (auto it = adders_.begin(); it != adders_.end();) {
+      Adder& a = it->second;
+      if (a.flies) {
+        a.flies = false;
+        for (auto& [m, delta] : std::exchange(a.flying, {}).members) lost.push_back(std::move(m));
+      }
+      if (a.next.members.empty() && !a.queued) {
+        it = adders_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return lost;
+  }
+  // A new stream: the keys whose next batch waits with no launch queued (the caller posts
+  // one for each; they are queued).
+  std::vector<std::string> unlaunched() {
+    std::vector<std::string> keys;
+    for (auto& [key, a] : adders_) {
+      if (a.next.members.empty() || a.queued || a.flies) continue;
+      a.queued = true;
+      keys.push_back(key);
+    }
+    return keys;
+  }
+
+  std::size_t keys() const { return adders_.size(); }
+  bool flying() const { return !order_.empty(); }
+
+ private:
+  struct Batch {
+    std::vector<std::pair<M, std::int64_t>> members;  // in the order they came
+    std::uint64_t sum = 0;                            // wraps as the server's sum does
+  };
+  struct Adder {
+    Batch flying;  // sent, not yet answered
+    Batch next;    // the next one
+    bool flies = false;
+    bool queued = false;  // a launch is posted
+  };
+  std::unordered_map<std::string, Adder> adders_;
+  std::deque<std::string> order_;  // the keys of the flying ADDs, in the order they went
 };
 
 }  // namespace muster::rendezvous::relay

@@ -291,8 +291,8 @@ void StoreRelay::Impl::on_accept(World* w, tcp::socket s, const sockaddr_in& rem
     }
     return;
   }
-  s.non_blocking(true, ec);
   auto c = std::make_shared<Local>(std::move(s), io_, next_id_++, w);
+  c->wire.prepare();
   c->from = remote;
   w->conns.insert(c);
   by_id_.emplace(c->id, c);
@@ -329,9 +329,7 @@ void StoreRelay::Impl::ensure_stream() {
   for (auto& [round, w] : worlds_) lose_adds(*w);
   for (const auto& [id, c] : conns) carry_over(c);
   for (auto& [round, w] : worlds_) {
-    for (auto& [key, a] : w->adders) {
-      if (!a.next.members.empty() && !a.queued) queue_launch(*w, key);
-    }
+    for (const std::string& key : w->adds.unlaunched()) queue_launch(*w, key);
   }
   up->begin(stubs_[target_].get());
   ready_timer_.expires_after(limits::kRelayReadyTimeout);
@@ -418,20 +416,7 @@ void StoreRelay::Impl::carry_over(const LocalPtr& c) {
 
 void StoreRelay::Impl::lose_adds(World& w) {
   w.adds_conn = 0;
-  w.adds_flying.clear();
-  std::vector<LocalPtr> lost;
-  for (auto it = w.adders.begin(); it != w.adders.end();) {
-    Adder& a = it->second;
-    if (a.flies) {
-      a.flies = false;
-      for (auto& [m, delta] : std::exchange(a.flying, {}).members) lost.push_back(m);
-    }
-    if (a.next.members.empty() && !a.queued) {
-      it = w.adders.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  const std::vector<LocalPtr> lost = w.adds.lose_flying();
   for (const LocalPtr& m : lost) {
     if (m->closed) continue;
     ++n_closed_;

@@ -24,14 +24,10 @@ void StoreRelay::Impl::join_add(const LocalPtr& c, const Request& req) {
   w.cache.remember(req, caches_);  // written to the log when it goes up (a failover replays what went)
   c->held = true;
   ++n_adds_held_;
-  Adder& a = w.adders[req.keys[0]];
-  a.next.members.emplace_back(c, req.delta);
-  a.next.sum += static_cast<std::uint64_t>(req.delta);
-  if (!a.flies && !a.queued) queue_launch(w, req.keys[0]);
+  if (w.adds.join(req.keys[0], c, req.delta)) queue_launch(w, req.keys[0]);
 }
 
 void StoreRelay::Impl::queue_launch(World& w, const std::string& key) {
-  w.adders[key].queued = true;
   asio::post(io_, [this, self = shared_from_this(), round = w.round, key] {
     auto it = worlds_.find(round);
     if (it != worlds_.end()) launch(*it->second, key);
@@ -39,28 +35,24 @@ void StoreRelay::Impl::queue_launch(World& w, const std::string& key) {
 }
 
 void StoreRelay::Impl::launch(World& w, const std::string& key) {
-  auto it = w.adders.find(key);
-  if (it == w.adders.end()) return;
-  Adder& a = it->second;
-  a.queued = false;
-  if (a.flies || a.next.members.empty() || up_ == nullptr) return;  // a new stream sends it
-  a.flying = std::exchange(a.next, {});
-  a.flies = true;
-  log_write(w, add_of(key, a.flying));
-  send_add(w, key, a.flying);
+  // Without a stream the new one sends it (start_stream).
+  const std::optional<std::int64_t> sum = w.adds.launch(key, up_ != nullptr);
+  if (!sum) return;
+  log_write(w, add_of(key, *sum));
+  send_add(w, key, *sum);
   ++n_combined_adds_;
-  n_adds_combined_ += a.flying.members.size();
+  n_adds_combined_ += w.adds.flying_members(key);
 }
 
-Request StoreRelay::Impl::add_of(const std::string& key, const AddBatch& b) {
+Request StoreRelay::Impl::add_of(const std::string& key, std::int64_t sum) {
   Request add;
   add.op = Op::kAdd;
   add.keys = {key};
-  add.delta = static_cast<std::int64_t>(b.sum);
+  add.delta = sum;
   return add;
 }
 
-void StoreRelay::Impl::send_add(World& w, const std::string& key, const AddBatch& b) {
+void StoreRelay::Impl::send_add(World& w, const std::string& key, std::int64_t sum) {
   v1::RelayFrame f;
   std::string data;
   if (w.adds_conn == 0) {
@@ -69,12 +61,11 @@ void StoreRelay::Impl::send_add(World& w, const std::string& key, const AddBatch
     f.set_round(w.round);
     data = validate_;
   }
-  data += tcpstore::encode(Dialect::kTorch2, add_of(key, b));
+  data += tcpstore::encode(Dialect::kTorch2, add_of(key, sum));
   f.set_conn(w.adds_conn);
   f.set_data(std::move(data));
   up_->send(std::move(f));
   nothing_behind();
-  w.adds_flying.push_back(key);
 }
 
 void StoreRelay::Impl::on_adds(int round, v1::RelayFrame& f) {
@@ -85,17 +76,12 @@ void StoreRelay::Impl::on_adds(int round, v1::RelayFrame& f) {
     adds_conns_.erase(w.adds_conn);
     w.adds_conn = 0;
     w.forget_all();
-    std::deque<std::string> flying = std::exchange(w.adds_flying, {});
-    if (flying.empty()) return;
-    Adder& failed = w.adders[flying.front()];
-    failed.flies = false;
-    const AddBatch lost = std::exchange(failed.flying, {});
-    if (!failed.next.members.empty() && !failed.queued) queue_launch(w, flying.front());
-    flying.pop_front();
+    auto failed = w.adds.first_failed();
+    if (failed.relaunch) queue_launch(w, *failed.relaunch);
     // Those after it, not served, go again in their order on a new connection (their ADDs
     // are in the replay log already).
-    for (const std::string& key : flying) send_add(w, key, w.adders[key].flying);
-    for (const auto& [m, delta] : lost.members) {
+    for (const auto& [key, sum] : w.adds.resend()) send_add(w, key, sum);
+    for (const LocalPtr& m : failed.lost) {
       if (m->closed) continue;
       ++n_closed_;
       spdlog::warn("store relay: the server closed the connection from {}: {}", name_of(m->from),
@@ -105,32 +91,18 @@ void StoreRelay::Impl::on_adds(int round, v1::RelayFrame& f) {
     return;
   }
   std::vector<LocalPtr> answered;
-  for (std::size_t at = 0; at + 8 <= f.data().size() && !w.adds_flying.empty(); at += 8) {
+  for (std::size_t at = 0; at + 8 <= f.data().size() && w.adds.flying(); at += 8) {
     std::int64_t total = 0;
     std::memcpy(&total, f.data().data() + at, 8);
-    const std::string key = std::move(w.adds_flying.front());
-    w.adds_flying.pop_front();
-    auto it = w.adders.find(key);
-    if (it == w.adders.end()) continue;
-    Adder& a = it->second;
-    a.flies = false;
-    AddBatch b = std::exchange(a.flying, {});
-    std::vector<std::int64_t> deltas;
-    for (const auto& [m, delta] : b.members) deltas.push_back(delta);
-    const std::vector<std::int64_t> each = relay::combined_answers(total, deltas);
-    for (std::size_t i = 0; i < b.members.size(); ++i) {
-      const LocalPtr& m = b.members[i].first;
+    auto r = w.adds.answer(total);
+    for (auto& [m, each] : r->each) {
       if (m->closed) continue;
-      tcpstore::put_i64(m->out, each[i]);
+      tcpstore::put_i64(m->out, each);
       m->held = false;
       --n_adds_held_;
-      answered.push_back(m);
+      answered.push_back(std::move(m));
     }
-    if (!a.next.members.empty()) {
-      launch(w, key);
-    } else if (!a.queued) {
-      w.adders.erase(it);
-    }
+    if (r->launch_next) launch(w, r->key);
   }
   for (const LocalPtr& m : answered) {  // what they sent after their ADD goes on
     if (m->closed) continue;

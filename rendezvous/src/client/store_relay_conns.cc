@@ -14,18 +14,15 @@ namespace muster::rendezvous {
 using namespace relay_internal;
 
 void StoreRelay::Impl::read(const LocalPtr& c) {
-  if (c->closed || c->reading) return;
+  if (c->closed || c->wire.reading()) return;
   // Held behind its combined ADD: read on only to see it close (what it sends meanwhile
   // waits in `in`, one chunk at most; TCP holds the rest).
-  if (c->held && c->in.size() >= kReadChunk) return;
+  if (c->held && c->wire.in().size() >= kReadChunk) return;
   if (!ready_ || (up_ != nullptr && up_->full(opts_.max_queued_up_bytes))) {
     paused_.push_back(c);  // read on when the stream is there and takes more
     return;
   }
-  c->reading = true;
-  c->sock.async_wait(tcp::socket::wait_read, [this, self = shared_from_this(),
-                                              c](const boost::system::error_code& ec) {
-    c->reading = false;
+  c->wire.await_readable([this, self = shared_from_this(), c](const boost::system::error_code& ec) {
     if (c->closed) return;
     if (ec) return drop(c, true);
     on_readable(c);
@@ -34,32 +31,32 @@ void StoreRelay::Impl::read(const LocalPtr& c) {
 
 void StoreRelay::Impl::on_readable(const LocalPtr& c) {
   if (!ready_ || up_ == nullptr) return read(c);  // the stream went meanwhile: wait for it
-  boost::system::error_code ec;
-  const std::size_t n = c->sock.read_some(asio::buffer(buf_), ec);
-  if (ec == asio::error::would_block) return read(c);
-  if (ec || n == 0) return drop(c, true);
-  c->in.append(buf_.data(), n);
+  switch (c->wire.read_into(buf_)) {
+    case tcpstore::Socket::Read::kWouldBlock: return read(c);
+    case tcpstore::Socket::Read::kGone: return drop(c, true);
+    case tcpstore::Socket::Read::kRead: break;
+  }
   process(c);
   read(c);
 }
 
 void StoreRelay::Impl::process(const LocalPtr& c) {
   last_query_ = std::chrono::steady_clock::now();
+  const std::string& in = c->wire.in();
   std::size_t pos = 0, sent = 0;  // [sent, pos): frames parsed, not yet handed up
   bool asks = false;              // one of them has an answer to wait for
   auto hand_up = [&](std::size_t end) {
-    up_frame(c, c->in.substr(sent, end - sent), nullptr, !asks);
+    up_frame(c, in.substr(sent, end - sent), nullptr, !asks);
     asks = false;
   };
   Request req;
-  while (!c->closed && !c->held && pos < c->in.size()) {
+  while (!c->closed && !c->held && pos < in.size()) {
     // It sends more after its WAIT: the server may answer that first (torch's own client
     // sends nothing but CANCEL_WAIT there). One that rode on another's WAIT asks for
     // itself; one that led stops leading (another asks in its place).
     if (c->world->waits.follows(c)) ask_alone(c);
     if (c->world->waits.leads(c)) stop_leading(*c);
-    const auto r = tcpstore::parse(c->dialect, c->in.data() + pos, c->in.size() - pos, frame_,
-                                   req);
+    const auto r = tcpstore::parse(c->dialect, in.data() + pos, in.size() - pos, frame_, req);
     if (r.what == Parsed::kNeedMore) break;
     if (r.what == Parsed::kError) return fail(c, r.error);
     const std::size_t start = pos;
@@ -92,14 +89,14 @@ void StoreRelay::Impl::process(const LocalPtr& c) {
       sent = pos;
       continue;
     }
-    if (!note(*c, req, c->in.data() + start, r.consumed)) {
+    if (!note(*c, req, in.data() + start, r.consumed)) {
       return fail(c, "over " + std::to_string(opts_.max_unsent_bytes) +
                          " bytes of queries unanswered");
     }
     if (req.op == Op::kWait && req.keys.size() == 1) {
       hand_up(start);
       c->wait_key = req.keys[0];
-      up_frame(c, c->in.substr(start, r.consumed), &req.keys[0]);
+      up_frame(c, in.substr(start, r.consumed), &req.keys[0]);
       sent = pos;
       continue;
     }
@@ -107,8 +104,7 @@ void StoreRelay::Impl::process(const LocalPtr& c) {
   }
   if (c->closed) return;
   hand_up(pos);
-  c->in.erase(0, pos);
-  if (c->in.empty() && c->in.capacity() > 4096) std::string().swap(c->in);
+  c->wire.consumed(pos);
   arm_partial(c, pos > 0);
   flush(c);
   send_behind(false);  // after the replies: the worker reads them meanwhile
@@ -207,49 +203,31 @@ void StoreRelay::Impl::nothing_behind() {
 }
 
 void StoreRelay::Impl::arm_partial(const LocalPtr& c, bool progressed) {
-  if (c->in.empty() || c->held) {  // held: what it holds is whole frames that wait
-    if (c->partial_armed) c->partial.cancel();
-    c->partial_armed = false;
-    return;
-  }
-  if (c->partial_armed && !progressed) return;
-  c->partial_armed = true;
-  c->partial.expires_after(opts_.partial_frame_timeout);
-  c->partial.async_wait([this, self = shared_from_this(), c](const boost::system::error_code& ec) {
-    if (ec || c->closed || c->in.empty()) return;
-    fail(c, "a frame left half-sent for " +
-                std::to_string(opts_.partial_frame_timeout.count()) + " ms");
-  });
+  // held: what it holds is whole frames that wait
+  c->wire.arm_partial(c->wire.in().empty() || c->held, progressed, opts_.partial_frame_timeout,
+                      [this, self = shared_from_this(), c] {
+                        if (c->closed || c->wire.in().empty()) return;
+                        fail(c, "a frame left half-sent for " +
+                                    std::to_string(opts_.partial_frame_timeout.count()) + " ms");
+                      });
 }
 
 void StoreRelay::Impl::flush(const LocalPtr& c) {
-  if (c->closed || c->out.empty()) return;
-  if (c->out.size() + c->sending.size() > opts_.max_unsent_bytes) {
-    return fail(c, "it does not read its replies (" +
-                       std::to_string(c->out.size() + c->sending.size()) + " bytes unsent)");
+  if (c->closed) return;
+  const std::size_t unsent = c->wire.unsent(c->out);
+  switch (c->wire.send(c->out, opts_.max_unsent_bytes,
+                       [this, self = shared_from_this(), c](const boost::system::error_code& ec) {
+                         if (c->closed) return;
+                         if (ec) return drop(c, true);
+                         flush(c);
+                       })) {
+    case tcpstore::Socket::Send::kOverLimit:
+      return fail(c, "it does not read its replies (" + std::to_string(unsent) +
+                         " bytes unsent)");
+    case tcpstore::Socket::Send::kBroken: return drop(c, true);
+    case tcpstore::Socket::Send::kSent:
+    case tcpstore::Socket::Send::kWriting: return;
   }
-  if (c->writing) return;
-  boost::system::error_code ec;
-  const std::size_t n = c->sock.write_some(asio::buffer(c->out), ec);
-  if (ec && ec != asio::error::would_block) return drop(c, true);
-  if (!ec && n == c->out.size()) {
-    c->out.clear();
-    if (c->out.capacity() > (64 << 10)) std::string().swap(c->out);
-    return;
-  }
-  c->out.erase(0, ec ? 0 : n);
-  c->sending.swap(c->out);
-  c->out.clear();
-  c->writing = true;
-  asio::async_write(c->sock, asio::buffer(c->sending),
-                    [this, self = shared_from_this(), c](const boost::system::error_code& ec,
-                                                         std::size_t) {
-                      c->writing = false;
-                      if (c->closed) return;
-                      if (ec) return drop(c, true);
-                      c->sending.clear();
-                      flush(c);
-                    });
 }
 
 void StoreRelay::Impl::fail(const LocalPtr& c, const std::string& why) {
@@ -271,9 +249,7 @@ void StoreRelay::Impl::drop(const LocalPtr& c, bool tell) {
   }
   if (c->world->waits.leads(c)) hand_on(*c);
   c->world->waits.leave(c);
-  boost::system::error_code ec;
-  c->partial.cancel();
-  c->sock.close(ec);
+  c->wire.close();
   c->world->conns.erase(c);
   by_id_.erase(c->id);
   --n_conns_;

@@ -30,6 +30,7 @@
 #include "client/relay_upstream.h"
 #include "client/replay_log.h"
 #include "common/tcpstore_protocol.h"
+#include "common/tcpstore_socket.h"
 #include "muster/v1/rendezvous.grpc.pb.h"
 
 namespace muster::rendezvous {
@@ -43,8 +44,7 @@ using tcpstore::Parsed;
 using tcpstore::Request;
 
 
-// Bytes one readable event takes from a worker's socket at most.
-constexpr std::size_t kReadChunk = 64 << 10;
+using tcpstore::kReadChunk;
 // Connections one readable event of a listener takes at most (the loop's other work waits):
 // as many as one owner query asks about.
 constexpr std::size_t kAcceptBurst = PeerUid::kMaxBatch;
@@ -62,15 +62,14 @@ struct Owed {
 // One worker's connection (the loop's).
 struct Local : std::enable_shared_from_this<Local> {
   Local(tcp::socket s, asio::io_context& io, std::uint64_t id, World* w)
-      : sock(std::move(s)), partial(io), id(id), world(w) {}
-  tcp::socket sock;
-  asio::steady_timer partial;
+      : wire(std::move(s), io), id(id), world(w) {}
+  tcpstore::Socket wire;  // its socket: what it sent unparsed, replies being written
   const std::uint64_t id;
   World* const world;
   sockaddr_in from{};  // its address (sin_family 0: not known), named in logs only
   Dialect dialect = Dialect::kUnknown;
-  std::string in, out, sending;
-  bool reading = false, writing = false, closed = false, partial_armed = false;
+  std::string out;  // replies not yet handed to `wire`
+  bool closed = false;
   bool opened = false;     // the current stream has had its first frame (its round)
   bool watching = false;   // WATCH_KEY (torch 1.13): not carried over to a new stream
   // Its queries the server has not answered yet, in order.
@@ -82,18 +81,6 @@ struct Local : std::enable_shared_from_this<Local> {
   std::optional<std::pair<std::string, std::string>> stash;  // key, value: for the next GET
 };
 using LocalPtr = std::shared_ptr<Local>;
-
-// ADDs of one key from this node's connections, combined into one ADD of their sum.
-struct AddBatch {
-  std::vector<std::pair<LocalPtr, std::int64_t>> members;  // in the order they came
-  std::uint64_t sum = 0;                                   // wraps as the server's sum does
-};
-struct Adder {
-  AddBatch flying;  // sent, not yet answered
-  AddBatch next;    // the next one
-  bool flies = false;
-  bool queued = false;  // a launch is posted
-};
 
 struct World {
   World(int round, asio::io_context& io, std::size_t log_bytes, std::size_t cache_bytes)
@@ -108,11 +95,10 @@ struct World {
   // What this node's workers SET in this world and nobody has written since, as far as the
   // server has said (RelayFrame.dropped): reads of these keys are answered here.
   relay::WorldCache cache;
-  // Combined ADDs: per key; the relay's own connection on this stream that carries them
-  // (0: none yet); the keys whose ADD went up on it, in order (its answers come in that order).
-  std::unordered_map<std::string, Adder> adders;
+  // Combined ADDs (relay_rules.h) and the relay's own connection on this stream that carries
+  // them (0: none yet).
+  relay::AddCombiner<LocalPtr> adds;
   std::uint64_t adds_conn = 0;
-  std::deque<std::string> adds_flying;
   // WAITs that others ride on, and who rides on them (relay_rules.h).
   relay::WaitGroups<LocalPtr> waits;
   bool closing = false;  // its connections are being closed: no WAIT is handed on
@@ -129,7 +115,6 @@ class StoreRelay::Impl : public RelayUpstreamSink,
   using World = relay_internal::World;
   using Local = relay_internal::Local;
   using LocalPtr = relay_internal::LocalPtr;
-  using AddBatch = relay_internal::AddBatch;
   using tcp = relay_internal::tcp;
   using Request = relay_internal::Request;
 
@@ -229,10 +214,11 @@ class StoreRelay::Impl : public RelayUpstreamSink,
   // that came together go together).
   void queue_launch(World& w, const std::string& key);
   void launch(World& w, const std::string& key);
-  static Request add_of(const std::string& key, const AddBatch& b);
+  static Request add_of(const std::string& key, std::int64_t sum);
 
-  // The combined ADD `b` of `key` on w's connection for them (opened on this stream first).
-  void send_add(World& w, const std::string& key, const AddBatch& b);
+  // The combined ADD of `sum` to `key` on w's connection for them (opened on this stream
+  // first).
+  void send_add(World& w, const std::string& key, std::int64_t sum);
 
   // Answers on a world's connection for combined ADDs: each member gets the sum as if the
   // batch's ADDs had been applied one after another.

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/tcpstore_protocol.h"
+#include "common/tcpstore_socket.h"
 #include "store/tcpstore/loop.h"
 #include "store/tcpstore/table.h"
 
@@ -25,13 +26,7 @@ using tcpstore::Op;
 using tcpstore::Parsed;
 using tcpstore::Request;
 
-namespace {
-
-// Bytes one readable event takes from a socket at most (into the server's one buffer; only
-// what is left of a half-received frame is kept per connection).
-constexpr std::size_t kReadChunk = 64 << 10;
-
-}  // namespace
+using tcpstore::kReadChunk;
 
 std::shared_ptr<TcpStoreLoop> make_tcpstore_loop() { return std::make_shared<TcpStoreLoop>(); }
 
@@ -41,21 +36,14 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
  public:
   // A client's socket. The table calls flush and fail; the Impl carries them out.
   struct Sock final : tcpstore::Conn {
-    Sock(tcp::socket s, asio::io_context& io, Impl* owner)
-        : sock(std::move(s)), partial(io), owner(owner) {}
+    Sock(tcp::socket s, asio::io_context& io, Impl* owner) : wire(std::move(s), io), owner(owner) {}
     void flush() override { owner->flush(self()); }
     void fail(const std::string& why) override { owner->fail(self(), why); }
     std::shared_ptr<Sock> self() { return std::static_pointer_cast<Sock>(shared_from_this()); }
 
-    tcp::socket sock;
-    asio::steady_timer partial;  // a half-sent frame's deadline
+    tcpstore::Socket wire;
     Impl* const owner;
     std::string peer;
-    std::string in;       // the unparsed rest of what was read
-    std::string sending;  // replies the socket is writing now
-    bool writing = false;
-    bool reading = false;
-    bool partial_armed = false;  // `partial` runs for the frame `in` holds the start of
   };
   using ConnPtr = std::shared_ptr<Sock>;
 
@@ -140,9 +128,8 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
       s.close(ec);
       return;
     }
-    s.set_option(tcp::no_delay(true), ec);
-    s.non_blocking(true, ec);
     auto c = std::make_shared<Sock>(std::move(s), io_, this);
+    c->wire.prepare();
     c->peer = peer;
     conns_.insert(c);
     n_conns_ = conns_.size();
@@ -150,11 +137,8 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
   }
 
   void read(const ConnPtr& c) {
-    if (c->closed || c->reading) return;
-    c->reading = true;
-    c->sock.async_wait(tcp::socket::wait_read, [this, self = shared_from_this(),
-                                                c](const boost::system::error_code& ec) {
-      c->reading = false;
+    if (c->closed) return;
+    c->wire.await_readable([this, self = shared_from_this(), c](const boost::system::error_code& ec) {
       if (c->closed) return;
       if (ec) return drop(c);
       on_readable(c);
@@ -162,16 +146,16 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
   }
 
   void on_readable(const ConnPtr& c) {
-    boost::system::error_code ec;
-    const std::size_t n = c->sock.read_some(asio::buffer(buf_), ec);
-    if (ec == asio::error::would_block) return read(c);
-    if (ec || n == 0) return drop(c);  // EOF or reset: a client that went
-    c->in.append(buf_.data(), n);
+    switch (c->wire.read_into(buf_)) {
+      case tcpstore::Socket::Read::kWouldBlock: return read(c);
+      case tcpstore::Socket::Read::kGone: return drop(c);  // EOF or reset: a client that went
+      case tcpstore::Socket::Read::kRead: break;
+    }
+    std::string& in = c->wire.in();
     std::size_t pos = 0;
     Request req;
-    while (!c->closed && pos < c->in.size()) {
-      const auto r = tcpstore::parse(c->dialect, c->in.data() + pos, c->in.size() - pos, frame_,
-                                     req);
+    while (!c->closed && pos < in.size()) {
+      const auto r = tcpstore::parse(c->dialect, in.data() + pos, in.size() - pos, frame_, req);
       if (r.what == Parsed::kNeedMore) break;
       if (r.what == Parsed::kError) return fail(c, r.error);
       pos += r.consumed;
@@ -180,61 +164,33 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
     n_keys_ = table_.keys();
     n_waits_ = table_.parked_waits();
     if (c->closed) return;
-    c->in.erase(0, pos);
-    if (c->in.empty() && c->in.capacity() > 4096) std::string().swap(c->in);
-    arm_partial(c, pos > 0);
+    c->wire.consumed(pos);
+    c->wire.arm_partial(c->wire.in().empty(), pos > 0, opts_.partial_frame_timeout,
+                        [this, self = shared_from_this(), c] {
+                          if (c->closed || c->wire.in().empty()) return;
+                          fail(c, "a frame left half-sent for " +
+                                      std::to_string(opts_.partial_frame_timeout.count()) + " ms");
+                        });
     flush(c);
     read(c);
   }
 
-  // A half-sent frame must be finished within partial_frame_timeout of its first byte (bytes
-  // that trickle in do not extend it; a frame completed does).
-  void arm_partial(const ConnPtr& c, bool progressed) {
-    if (c->in.empty()) {
-      if (c->partial_armed) c->partial.cancel();
-      c->partial_armed = false;
-      return;
-    }
-    if (c->partial_armed && !progressed) return;
-    c->partial_armed = true;
-    c->partial.expires_after(opts_.partial_frame_timeout);
-    c->partial.async_wait([this, self = shared_from_this(), c](const boost::system::error_code& ec) {
-      if (ec || c->closed || c->in.empty()) return;
-      fail(c, "a frame left half-sent for " +
-                  std::to_string(opts_.partial_frame_timeout.count()) + " ms");
-    });
-  }
-
   void flush(const ConnPtr& c) {
-    if (c->closed || c->out.empty()) return;
-    if (c->out.size() + c->sending.size() > opts_.max_unsent_bytes) {
-      return fail(c, "it does not read its replies (" +
-                         std::to_string(c->out.size() + c->sending.size()) + " bytes unsent)");
+    if (c->closed) return;
+    const std::size_t unsent = c->wire.unsent(c->out);
+    switch (c->wire.send(c->out, opts_.max_unsent_bytes,
+                         [this, self = shared_from_this(), c](const boost::system::error_code& ec) {
+                           if (c->closed) return;
+                           if (ec) return drop(c);
+                           flush(c);
+                         })) {
+      case tcpstore::Socket::Send::kOverLimit:
+        return fail(c, "it does not read its replies (" + std::to_string(unsent) +
+                           " bytes unsent)");
+      case tcpstore::Socket::Send::kBroken: return drop(c);
+      case tcpstore::Socket::Send::kSent:
+      case tcpstore::Socket::Send::kWriting: return;
     }
-    if (c->writing) return;
-    // Most replies fit the socket's buffer: written at once, with no handler to queue.
-    boost::system::error_code ec;
-    const std::size_t n = c->sock.write_some(asio::buffer(c->out), ec);
-    if (ec && ec != asio::error::would_block) return drop(c);
-    if (!ec && n == c->out.size()) {
-      c->out.clear();
-      if (c->out.capacity() > (64 << 10)) std::string().swap(c->out);
-      return;
-    }
-    c->out.erase(0, ec ? 0 : n);
-    c->sending.swap(c->out);
-    c->out.clear();
-    c->writing = true;
-    asio::async_write(c->sock, asio::buffer(c->sending),
-                      [this, self = shared_from_this(), c](const boost::system::error_code& ec,
-                                                           std::size_t) {
-                        c->writing = false;
-                        if (c->closed) return;
-                        if (ec) return drop(c);
-                        c->sending.clear();
-                        if (c->sending.capacity() > (64 << 10)) std::string().swap(c->sending);
-                        flush(c);
-                      });
   }
 
   // Closes c for something it did, with the log line the protocol cannot send it.
@@ -250,9 +206,7 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
     table_.unpark(*c);
     n_waits_ = table_.parked_waits();
     c->closed = true;
-    boost::system::error_code ec;
-    c->partial.cancel();
-    c->sock.close(ec);
+    c->wire.close();
     conns_.erase(c);
     n_conns_ = conns_.size();
   }
