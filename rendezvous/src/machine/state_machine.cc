@@ -162,7 +162,7 @@ std::vector<Outgoing> StateMachine::on_join(SessionId session, const v1::Join& j
     if (was_member) {
       restart(run, absl::StrCat("node ", join.node_id(), " joined again; restarting"), "rejoin",
               false, now, out);
-    } else if (static_cast<int>(run.members.size()) < run.max_nodes) {
+    } else if (static_cast<int>(run.members.size()) < run.config.max_nodes) {
       // A newcomer while a round runs: scale up if there is room, else it waits as a spare.
       restart(run, absl::StrCat("node ", join.node_id(), " joined; scaling up"), "node_joined",
               false, now, out);
@@ -179,9 +179,9 @@ std::map<std::string, StateMachine::Run>::iterator StateMachine::create_run(cons
   Run& run = it->second;
   run.id = join.run_id();
   run.phase_since = now;
-  run.min_nodes = join.min_nodes();
-  run.max_nodes = join.max_nodes();
-  run.max_restarts = join.max_restarts();
+  run.config.min_nodes = join.min_nodes();
+  run.config.max_nodes = join.max_nodes();
+  run.config.max_restarts = join.max_restarts();
   run.budget.max_restarts_without_progress =
       std::clamp(join.max_restarts_without_progress(), 0, limits::kMaxRestartsWithoutProgress);
   run.budget.reset_steps = std::max<std::int64_t>(0, join.restart_budget_reset_after_steps());
@@ -192,7 +192,7 @@ std::map<std::string, StateMachine::Run>::iterator StateMachine::create_run(cons
                                            limits::kMaxStragglerCooldown);
   // The first node sets the run's timing, within bounds: one client must not be able to
   // make a run (or its nodes) wait for ever, nor make a deadline wrap.
-  run.timeouts = run_timing(timeouts_, timing_asked(join), TimingSource::kJoin);
+  run.config.timeouts = run_timing(timeouts_, timing_asked(join), TimingSource::kJoin);
   return it;
 }
 
@@ -200,11 +200,11 @@ absl::Status StateMachine::join_fits(const Run& run, const v1::Join& join) const
   if (run.phase == Phase::kFinished) {
     return absl::FailedPreconditionError(absl::StrCat("run '", run.id, "' has already finished"));
   }
-  if (join.min_nodes() != run.min_nodes || join.max_nodes() != run.max_nodes ||
-      join.max_restarts() != run.max_restarts) {
+  if (join.min_nodes() != run.config.min_nodes || join.max_nodes() != run.config.max_nodes ||
+      join.max_restarts() != run.config.max_restarts) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "run '", run.id, "' is configured with nnodes=", run.min_nodes, ":", run.max_nodes,
-        " max_restarts=", run.max_restarts, ", this node asked for ", join.min_nodes(), ":",
+        "run '", run.id, "' is configured with nnodes=", run.config.min_nodes, ":", run.config.max_nodes,
+        " max_restarts=", run.config.max_restarts, ", this node asked for ", join.min_nodes(), ":",
         join.max_nodes(), " max_restarts=", join.max_restarts()));
   }
   return absl::OkStatus();
@@ -255,7 +255,7 @@ void StateMachine::add_waiting(Run& run, SessionId session, const v1::Join& join
   run.waiting.push_back(Node{session, std::move(kept)});
   session_run_[session] = run.id;
   if (!run.keep_alive_check) {
-    run.keep_alive_check = deadline(now, run.timeouts.keep_alive_interval);
+    run.keep_alive_check = deadline(now, run.config.timeouts.keep_alive_interval);
   }
 }
 
@@ -288,8 +288,8 @@ std::vector<Outgoing> StateMachine::on_reattach(SessionId session, const v1::Joi
   Run& run = it->second;
   if (run.phase == Phase::kFinished) {
     // A member that missed the end (the server stopped before it was told): tell it now.
-    auto r = run.last_rank.find(join.node_id());
-    if (run.result && run.round == round && r != run.last_rank.end() && r->second == g) {
+    auto r = run.places.find(join.node_id());
+    if (run.result && run.round == round && r != run.places.end() && r->second.group_rank == g) {
       out.push_back(send(session, *run.result));
       out.push_back(close_with(session, absl::OkStatus()));
       return out;
@@ -327,8 +327,8 @@ std::vector<Outgoing> StateMachine::on_reattach(SessionId session, const v1::Joi
   session_run_[session] = run.id;
   run.nodes.seen(session, now);  // its liveness counts from here
   run.nodes.set_succeeded(session, succeeded);
-  if (!run.keep_alive_check || *run.keep_alive_check > deadline(now, run.timeouts.keep_alive_interval)) {
-    run.keep_alive_check = deadline(now, run.timeouts.keep_alive_interval);
+  if (!run.keep_alive_check || *run.keep_alive_check > deadline(now, run.config.timeouts.keep_alive_interval)) {
+    run.keep_alive_check = deadline(now, run.config.timeouts.keep_alive_interval);
   }
   {
     RunEvent& e = emit(RunEvent::Kind::kNodeReattached, run, now);
@@ -365,9 +365,9 @@ std::vector<std::string> StateMachine::drop_detached(Run& run, TimePoint now,
 void StateMachine::maybe_close_round(Run& run, TimePoint now, std::vector<Outgoing>& out) {
   if (run.phase != Phase::kJoining) return;
   const int n = static_cast<int>(run.waiting.size());
-  if (n < run.min_nodes) {
+  if (n < run.config.min_nodes) {
     run.last_call_deadline.reset();
-    if (!run.join_deadline) run.join_deadline = deadline(now, run.timeouts.join_timeout);
+    if (!run.join_deadline) run.join_deadline = deadline(now, run.config.timeouts.join_timeout);
     return;
   }
   // After a restart the round waits for every survivor still expected (each for a bounded
@@ -384,12 +384,12 @@ void StateMachine::maybe_close_round(Run& run, TimePoint now, std::vector<Outgoi
     return;
   }
   // Full, or every survivor is back: nobody else is worth waiting for.
-  if (n >= run.max_nodes || run.nodes.expected_count() > 0) {
+  if (n >= run.config.max_nodes || run.nodes.expected_count() > 0) {
     close_round(run, now, out);
     return;
   }
   if (!run.last_call_deadline) {
-    run.last_call_deadline = deadline(now, run.timeouts.last_call_timeout);
+    run.last_call_deadline = deadline(now, run.config.timeouts.last_call_timeout);
   }
   if (now >= *run.last_call_deadline) close_round(run, now, out);
 }
@@ -400,10 +400,10 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
   run.stall_sent = false;
   run.next_stall_check.reset();
   run.budget.new_round();
-  const int count = std::min<int>(run.max_nodes, run.waiting.size());
+  const int count = std::min<int>(run.config.max_nodes, run.waiting.size());
   // Who gets in: requested ranks and previous members first, then join order.
   std::stable_partition(run.waiting.begin(), run.waiting.end(), [&](const Node& n) {
-    return n.join.requested_rank() >= 0 || run.last_rank.count(n.join.node_id()) > 0;
+    return n.join.requested_rank() >= 0 || run.places.count(n.join.node_id()) > 0;
   });
   std::vector<Node> members(run.waiting.begin(), run.waiting.begin() + count);
   run.waiting.erase(run.waiting.begin(), run.waiting.begin() + count);
@@ -420,8 +420,8 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
   };
   for (int i = 0; i < count; ++i) claim(i, members[i].join.requested_rank());
   for (int i = 0; i < count; ++i) {
-    auto prev = run.last_rank.find(members[i].join.node_id());
-    if (rank[i] < 0 && prev != run.last_rank.end()) claim(i, prev->second);
+    auto prev = run.places.find(members[i].join.node_id());
+    if (rank[i] < 0 && prev != run.places.end()) claim(i, prev->second.group_rank);
   }
   int next_free = 0;
   for (int i = 0; i < count; ++i) {
@@ -435,7 +435,7 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
   ++run.round;
   run.members = std::move(ordered);
   run.nodes.clear_all_succeeded();
-  run.last_rank.clear();
+  run.places.clear();
   run.phase = Phase::kRunning;
   run.phase_since = now;
   run.nodes.clear_all_expected();
@@ -446,11 +446,9 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
   for (const Node& n : run.members) world_size += n.join.local_world_size();
   const v1::Join& master = run.members.front().join;
   int offset = 0;
-  run.round_ranks.clear();
   for (int r = 0; r < count; ++r) {
     const Node& n = run.members[r];
-    run.last_rank[n.join.node_id()] = r;
-    run.round_ranks[n.join.node_id()] = {offset, n.join.local_world_size()};
+    run.places[n.join.node_id()] = Run::Place{r, offset, n.join.local_world_size()};
     v1::ServerMsg msg;
     v1::Assignment* a = msg.mutable_assignment();
     a->set_round(run.round);
@@ -462,13 +460,13 @@ void StateMachine::close_round(Run& run, TimePoint now, std::vector<Outgoing>& o
     a->set_master_port(master.master_port_candidate());
     a->set_store_prefix(absl::StrCat("/", run.id, "/", run.round, "/"));
     a->set_restart_count(run.restart_count);
-    a->set_hang_timeout_ms(run.timeouts.hang_timeout.count());
-    a->set_wants_progress(run.timeouts.hang_timeout.count() > 0 ||
+    a->set_hang_timeout_ms(run.config.timeouts.hang_timeout.count());
+    a->set_wants_progress(run.config.timeouts.hang_timeout.count() > 0 ||
                           run.budget.max_restarts_without_progress > 0 || run.budget.reset_steps > 0 ||
                           run.stragglers.watch);
     a->set_watch_stragglers(run.stragglers.watch);
     // Only a server that keeps its runs can take a node back whose stream ended.
-    if (recording_) a->set_reattach_timeout_ms(run.timeouts.reattach_timeout.count());
+    if (recording_) a->set_reattach_timeout_ms(run.config.timeouts.reattach_timeout.count());
     out.push_back(send(n.session, std::move(msg)));
     offset += n.join.local_world_size();
   }
@@ -501,15 +499,15 @@ void StateMachine::restart(Run& run, const std::string& reason, std::string_view
   run.nodes.clear_all_expected();
   // The global ranks of the round's members that are gone (in-place recovery's `lost`).
   std::vector<int> lost;
-  for (const auto& [gone_id, ranks] : run.round_ranks) {
+  for (auto& [gone_id, place] : run.places) {
     // A structured binding cannot be captured before C++20 (clang refuses): name a copy.
     const std::string& node_id = gone_id;
     const bool kept = std::any_of(run.members.begin(), run.members.end(),
                                   [&](const Node& n) { return n.join.node_id() == node_id; });
-    for (int k = 0; !kept && k < ranks.second; ++k) lost.push_back(ranks.first + k);
+    for (int k = 0; !kept && k < place.ranks; ++k) lost.push_back(place.first_rank + k);
+    place.ranks = 0;  // named once
   }
   std::sort(lost.begin(), lost.end());
-  run.round_ranks.clear();
   for (const Node& n : run.members) {
     // Each survivor holds the next round for as long as its agent may take to stop its
     // workers, plus a margin: bounded, so a node that never comes back cannot stall the run.
@@ -566,7 +564,7 @@ void StateMachine::finish(Run& run, const v1::ServerMsg& last, TimePoint now,
   run.join_deadline.reset();
   run.last_call_deadline.reset();
   run.keep_alive_check.reset();
-  run.expires_at = deadline(now, run.timeouts.finished_run_grace);
+  run.expires_at = deadline(now, run.config.timeouts.finished_run_grace);
 }
 
 void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailure& f,
@@ -613,10 +611,10 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
     no_progress_stop = run.budget.restarts_without_progress > run.budget.max_restarts_without_progress;
   }
   const int spent = run.restart_count - run.budget.from;
-  if (spent < run.max_restarts && !no_progress_stop) {
+  if (spent < run.config.max_restarts && !no_progress_stop) {
     const std::string reason = absl::StrCat(
         "worker rank ", rc.rank(), " on ", ops::printable_utf8(rc.host(), limits::kMaxIdBytes),
-        " failed; restart ", spent + 1, " of ", run.max_restarts, note);
+        " failed; restart ", spent + 1, " of ", run.config.max_restarts, note);
     run.last_failure->set_reason(reason);
     restart(run, reason, "worker_failure", true, now, out);
     return;
@@ -630,9 +628,9 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
                                   "(max_restarts_without_progress ",
                                   run.budget.max_restarts_without_progress, "); do not requeue"));
   } else {
-    fail->set_reason(run.max_restarts == 0 ? std::string("a worker failed and max_restarts is 0")
+    fail->set_reason(run.config.max_restarts == 0 ? std::string("a worker failed and max_restarts is 0")
                                            : absl::StrCat("a worker failed and all ",
-                                                          run.max_restarts, " restarts are spent"));
+                                                          run.config.max_restarts, " restarts are spent"));
   }
   *fail->mutable_root_cause() = rc;
   run.last_failure->set_reason(fail->reason());

@@ -54,7 +54,7 @@ bool StateMachine::consider_exclusion(Run& run, TimePoint now, std::vector<Outgo
     const int rank = s.rank;
     ExclusionCase c;
     c.nodes = static_cast<int>(run.members.size());
-    c.min_nodes = run.min_nodes;
+    c.min_nodes = run.config.min_nodes;
     c.spare = !run.waiting.empty();
     c.in_place = in_place;
     c.cause = s.cause;

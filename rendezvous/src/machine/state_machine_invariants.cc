@@ -96,11 +96,11 @@ absl::Status check_joining(const std::string& id, const Run& run) {
     }
     pending |= !waits;
   }
-  if (!pending && waiting >= run.min_nodes &&
-      (waiting >= run.max_nodes || run.nodes.expected_count() > 0)) {
+  if (!pending && waiting >= run.config.min_nodes &&
+      (waiting >= run.config.max_nodes || run.nodes.expected_count() > 0)) {
     return broken("run '", id, "' should have closed its round");
   }
-  if (waiting < run.min_nodes && !run.join_deadline) {
+  if (waiting < run.config.min_nodes && !run.join_deadline) {
     return broken("run '", id, "' is below min without a join deadline");
   }
   if (pending && run.last_call_deadline) {
@@ -113,7 +113,7 @@ absl::Status check_joining(const std::string& id, const Run& run) {
 template <typename Run>
 absl::Status check_phase(const std::string& id, const Run& run) {
   using Phase = decltype(run.phase);
-  if (run.restart_count - run.budget.from > run.max_restarts ||
+  if (run.restart_count - run.budget.from > run.config.max_restarts ||
       run.budget.from > run.restart_count) {
     return broken("run '", id, "' over its budget");
   }
@@ -127,10 +127,10 @@ absl::Status check_phase(const std::string& id, const Run& run) {
       }
       break;
     case Phase::kRunning:
-      if (members < run.min_nodes || members > run.max_nodes) {
+      if (members < run.config.min_nodes || members > run.config.max_nodes) {
         return broken("run '", id, "' runs with ", members, " members");
       }
-      if (members < run.max_nodes && waiting > 0) {
+      if (members < run.config.max_nodes && waiting > 0) {
         return broken("run '", id, "' has room but leaves ", waiting, " waiting");
       }
       if (run.nodes.expected_count() > 0 || run.join_deadline || run.last_call_deadline) {

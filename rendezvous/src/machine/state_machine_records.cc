@@ -82,10 +82,10 @@ v1::RunRecord StateMachine::record_of(const Run& run) const {
                                              : v1::RunRecord::FINISHED);
   r.set_round(run.round);
   r.set_restart_count(run.restart_count);
-  r.set_min_nodes(run.min_nodes);
-  r.set_max_nodes(run.max_nodes);
-  r.set_max_restarts(run.max_restarts);
-  const RendezvousTimeouts& t = run.timeouts;
+  r.set_min_nodes(run.config.min_nodes);
+  r.set_max_nodes(run.config.max_nodes);
+  r.set_max_restarts(run.config.max_restarts);
+  const RendezvousTimeouts& t = run.config.timeouts;
   r.set_join_timeout_ms(t.join_timeout.count());
   r.set_last_call_timeout_ms(t.last_call_timeout.count());
   r.set_keep_alive_interval_ms(t.keep_alive_interval.count());
@@ -103,10 +103,10 @@ v1::RunRecord StateMachine::record_of(const Run& run) const {
   if (run.phase == Phase::kRunning) {
     for (const Node& n : run.members) *r.add_members() = n.join;
   }
-  for (const auto& [node, rank] : run.last_rank) {
+  for (const auto& [node, place] : run.places) {
     v1::RankOf* l = r.add_last_rank();
     l->set_node_id(node);
-    l->set_rank(rank);
+    l->set_rank(place.group_rank);
   }
   if (run.phase == Phase::kFinished && run.result) *r.mutable_result() = *run.result;
   return r;
@@ -158,9 +158,9 @@ StateMachine::RestoreResult StateMachine::restore(const std::vector<v1::RunRecor
     }
     Run& run = runs_[rec.run_id()];
     run.id = rec.run_id();
-    run.min_nodes = rec.min_nodes();
-    run.max_nodes = rec.max_nodes();
-    run.max_restarts = rec.max_restarts();
+    run.config.min_nodes = rec.min_nodes();
+    run.config.max_nodes = rec.max_nodes();
+    run.config.max_restarts = rec.max_restarts();
     run.round = rec.round();
     run.restart_count = rec.restart_count();
     run.budget.max_restarts_without_progress =
@@ -177,9 +177,9 @@ StateMachine::RestoreResult StateMachine::restore(const std::vector<v1::RunRecor
     // where those are larger (a record is input too); 0 or less: the server's default.
     TimingRequest asked = timing_asked(rec);
     asked.finished_run_grace_ms = rec.finished_run_grace_ms();
-    run.timeouts = run_timing(timeouts_, asked, TimingSource::kRecord);
-    const RendezvousTimeouts& t = run.timeouts;
-    for (const v1::RankOf& l : rec.last_rank()) run.last_rank[l.node_id()] = l.rank();
+    run.config.timeouts = run_timing(timeouts_, asked, TimingSource::kRecord);
+    const RendezvousTimeouts& t = run.config.timeouts;
+    for (const v1::RankOf& l : rec.last_rank()) run.places[l.node_id()].group_rank = l.rank();
     switch (rec.phase()) {
       case v1::RunRecord::RUNNING:
         run.phase = Phase::kRunning;

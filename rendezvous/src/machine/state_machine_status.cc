@@ -45,9 +45,9 @@ std::vector<v1::RunStatus> StateMachine::status(const std::string& run_id,
                                                : "finished");
     s.set_round(run.round);
     s.set_restart_count(run.restart_count);
-    s.set_max_restarts(run.max_restarts);
-    s.set_min_nodes(run.min_nodes);
-    s.set_max_nodes(run.max_nodes);
+    s.set_max_restarts(run.config.max_restarts);
+    s.set_min_nodes(run.config.min_nodes);
+    s.set_max_nodes(run.config.max_nodes);
     int world = 0;
     for (const Node& n : run.members) {
       s.add_members(n.join.node_id());

@@ -81,10 +81,10 @@ void StateMachine::on_progress(Run& run, SessionId session, const v1::Progress& 
     if (!fresh) it->second.second = std::max(it->second.second, r.step());
   }
   if (run.stragglers.watch && watch_stragglers(run, session, p, now, out)) return;
-  if (run.timeouts.hang_timeout.count() == 0 || run.stall_sent) return;  // nobody asked, or told
+  if (run.config.timeouts.hang_timeout.count() == 0 || run.stall_sent) return;  // nobody asked, or told
   run.nodes.set_progress(session, now, p);
   if (run.next_stall_check && now < *run.next_stall_check) return;
-  run.next_stall_check = after(now, std::clamp(run.timeouts.hang_timeout / 4,
+  run.next_stall_check = after(now, std::clamp(run.config.timeouts.hang_timeout / 4,
                                                std::chrono::milliseconds(50),
                                                std::chrono::milliseconds(1000)));
   // The rule over every node's ranks, each as its node last saw it.
@@ -109,7 +109,7 @@ void StateMachine::on_progress(Run& run, SessionId session, const v1::Progress& 
       holder[r.rank()] = &n;
     }
   }
-  auto stall = find_stall(ranks, now, run.timeouts.hang_timeout);
+  auto stall = find_stall(ranks, now, run.config.timeouts.hang_timeout);
   if (!stall) return;
   run.stall_sent = true;
   const Node& n = *holder[stall->rank.rank];
@@ -123,7 +123,7 @@ void StateMachine::on_progress(Run& run, SessionId session, const v1::Progress& 
 
 void StateMachine::check_keep_alive(Run& run, TimePoint now, std::vector<Outgoing>& out) {
   const milliseconds limit =
-      times(run.timeouts.keep_alive_interval, run.timeouts.keep_alive_max_attempt);
+      times(run.config.timeouts.keep_alive_interval, run.config.timeouts.keep_alive_max_attempt);
   std::vector<SessionId> silent;
   for (const auto& [session, node] : run.nodes.all()) {
     if (node.last_seen && after(*node.last_seen, limit) <= now) silent.push_back(session);
@@ -146,7 +146,7 @@ void StateMachine::check_keep_alive(Run& run, TimePoint now, std::vector<Outgoin
     const TimePoint due = after(*node.last_seen, limit);
     if (!next || due < *next) next = due;
   }
-  run.keep_alive_check = next ? next : deadline(now, run.timeouts.keep_alive_interval);
+  run.keep_alive_check = next ? next : deadline(now, run.config.timeouts.keep_alive_interval);
 }
 
 void StateMachine::tick_run(const std::string& run_id, TimePoint now,
@@ -193,7 +193,7 @@ void StateMachine::tick_run(const std::string& run_id, TimePoint now,
   }
   maybe_close_round(run, now, out);  // the last call, or survivors given up on
   if (run.phase != Phase::kJoining || !run.join_deadline || now < *run.join_deadline) return;
-  if (static_cast<int>(run.waiting.size()) >= run.min_nodes) {
+  if (static_cast<int>(run.waiting.size()) >= run.config.min_nodes) {
     run.join_deadline.reset();  // min was reached: the join timeout no longer applies
     return;
   }
@@ -204,7 +204,7 @@ void StateMachine::tick_run(const std::string& run_id, TimePoint now,
   }
   absl::Status st = absl::DeadlineExceededError(
       absl::StrCat("rendezvous for run '", run.id, "' timed out: ", run.waiting.size(),
-                   " of at least ", run.min_nodes, " nodes joined within the join timeout"));
+                   " of at least ", run.config.min_nodes, " nodes joined within the join timeout"));
   {
     RunEvent& e = emit(RunEvent::Kind::kFailed, run, now);
     e.cause = "join_timeout";

@@ -290,20 +290,30 @@ class StateMachine {
   };
   struct Run {
     std::string id;
-    RendezvousTimeouts timeouts;  // the server's defaults, overridden by the first Join
-    int min_nodes = 1;
-    int max_nodes = 1;
-    int max_restarts = 0;
+    // What the first Join (or a restored record) set, and every later Join must match (the
+    // restart budget's and the straggler watch's own settings are in their records below).
+    struct Config {
+      RendezvousTimeouts timeouts;  // the server's defaults, overridden by the first Join
+      int min_nodes = 1;
+      int max_nodes = 1;
+      int max_restarts = 0;
+    } config;
     Phase phase = Phase::kJoining;
     int round = 0;  // number of the last round that closed; 0 before the first
     int restart_count = 0;
     std::vector<Node> waiting;  // joined for the next round, in join order (spares included)
     std::vector<Node> members;  // the running round, by group rank
-    std::map<std::string, int> last_rank;  // node_id -> group rank in the previous round
-    // The running round's global ranks by node: node_id -> (first rank, how many), for the
-    // lost ranks a Restart names (in-place recovery, docs/in_place.md). Not durable: a
-    // restored run's first Restart names none.
-    std::map<std::string, std::pair<int, int>> round_ranks;
+    // Where each node of the last round that closed was, by node id: its group rank (kept
+    // for the next round: ranks stay stable; durable), and its global ranks (first, how
+    // many), for the lost ranks a Restart names (in-place recovery, docs/in_place.md). Those
+    // are named once (a Restart sets `ranks` to 0) and are not durable: a restored run's
+    // first Restart names none.
+    struct Place {
+      int group_rank = 0;
+      int first_rank = 0;
+      int ranks = 0;
+    };
+    std::map<std::string, Place> places;
     NodeTable nodes;  // every node of the run that is connected, and detached members
     std::optional<TimePoint> keep_alive_check;
     std::optional<TimePoint> join_deadline;
