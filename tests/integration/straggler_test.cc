@@ -155,7 +155,9 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("stragglers: ranks paused 300 ms at random name nobody", "[stragglers][torch]") {
+// [alone]: ctest runs it with no other test beside it (RUN_SERIAL, tests/CMakeLists.txt): its
+// three ranks share two cores, and another test's processes on them slow one rank for real.
+TEST_CASE("stragglers: ranks paused 300 ms at random name nobody", "[stragglers][torch][alone]") {
   if (!torch_importable())
     MUSTER_SKIP(kPython + " cannot import torch (install python3-torch)");
   RdzvdProc server({"--event_log", "-"});
