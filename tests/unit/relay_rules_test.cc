@@ -1,13 +1,20 @@
 // The store relay's per-world rules apart from its sockets and stream
 // (rendezvous/src/client/relay_rules.h): the node's read cache, combined ADDs and their answers,
-// write-behind on a fake clock, and WAIT groups.
+// write-behind on a fake clock, WAIT groups, and the owner check (with PeerUid's
+// /proc/net/tcp rule on a table of fake peers).
 #include "client/relay_rules.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <sstream>
+
+#include "client/peer_uid.h"
 
 using muster::rendezvous::relay::combined_answers;
 using muster::rendezvous::relay::WorldCache;
@@ -370,4 +377,44 @@ TEST_CASE("relay combined ADD: a lost stream loses every flying ADD's members, k
   REQUIRE(sum.has_value());
   CHECK(*sum == 1);
   CHECK(a.flying_members("x") == 1);
+}
+
+TEST_CASE("relay owner check: only an IPv4 connection the kernel says is the relay's own user's "
+          "is let in, one whose owner is not known is refused",
+          "[relay_rules]") {
+  using muster::rendezvous::relay::Owner;
+  using muster::rendezvous::relay::owner_check;
+  CHECK(owner_check(true, absl::StatusOr<uid_t>(1000), 1000) == Owner::kMine);
+  CHECK(owner_check(true, absl::StatusOr<uid_t>(0), 1000) == Owner::kOtherUser);
+  CHECK(owner_check(true, absl::StatusOr<uid_t>(absl::NotFoundError("gone")), 1000) ==
+        Owner::kUnknown);
+  CHECK(owner_check(false, absl::StatusOr<uid_t>(1000), 1000) == Owner::kNotIpv4);
+}
+
+TEST_CASE("relay owner check: /proc/net/tcp's line for the connection's two ends names its owner",
+          "[relay_rules]") {
+  using muster::rendezvous::PeerUid;
+  auto addr = [](std::uint32_t host_order_ip, std::uint16_t port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(host_order_ip);
+    a.sin_port = htons(port);
+    return a;
+  };
+  const sockaddr_in worker = addr(0x7F000001, 40000), relay = addr(0x7F000001, 29500);
+  // As the kernel prints it: addresses in network order as hex, ports in host order as hex.
+  // 40000 = 0x9C40, 29500 = 0x733C; 127.0.0.1 reads 0100007F.
+  const std::string table =
+      "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+      "   0: 0100007F:733C 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1\n"
+      "   1: 0100007F:733C 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 2 1\n"
+      "   2: 0100007F:9C40 0100007F:733C 01 00000000:00000000 00:00000000 00000000  1000        0 3 1\n";
+  std::istringstream in(table);
+  auto uid = PeerUid::owner_in_table(in, worker, relay);
+  REQUIRE(uid.ok());
+  CHECK(*uid == 1000);  // the worker's end, not the relay's (line 1, uid 0)
+  std::istringstream again(table);
+  CHECK(absl::IsNotFound(PeerUid::owner_in_table(again, addr(0x7F000001, 40001), relay).status()));
+  std::istringstream empty("");
+  CHECK_FALSE(PeerUid::owner_in_table(empty, worker, relay).ok());
 }

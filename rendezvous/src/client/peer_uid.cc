@@ -20,15 +20,21 @@ PeerUid::~PeerUid() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-// The same answer from /proc/net/tcp (a kernel whose sock_diag is not there): the line whose
-// local address is `peer` and remote address `local` (hex, as the kernel prints them).
+// The same answer from /proc/net/tcp (a kernel whose sock_diag is not there).
 absl::StatusOr<uid_t> PeerUid::owner_in_proc(const sockaddr_in& peer, const sockaddr_in& local) {
+  std::ifstream in("/proc/net/tcp");
+  return owner_in_table(in, peer, local);
+}
+
+// The line whose local address is `peer` and remote address `local` (hex, as the kernel
+// prints them).
+absl::StatusOr<uid_t> PeerUid::owner_in_table(std::istream& in, const sockaddr_in& peer,
+                                              const sockaddr_in& local) {
   char want_local[32], want_remote[32];
   std::snprintf(want_local, sizeof want_local, "%08X:%04X", peer.sin_addr.s_addr,
                 ntohs(peer.sin_port));
   std::snprintf(want_remote, sizeof want_remote, "%08X:%04X", local.sin_addr.s_addr,
                 ntohs(local.sin_port));
-  std::ifstream in("/proc/net/tcp");
   std::string line;
   std::getline(in, line);  // the header
   while (std::getline(in, line)) {

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <sys/types.h>
 
+#include <istream>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,11 @@ class PeerUid {
       const std::vector<std::pair<sockaddr_in, sockaddr_in>>& conns);
   // The same from /proc/net/tcp (what owner() falls back to without sock_diag).
   static absl::StatusOr<uid_t> owner_in_proc(const sockaddr_in& peer, const sockaddr_in& local);
+  // The rule of that lookup, apart from the file: the uid on the line of `table` (as
+  // /proc/net/tcp prints it, header first) whose local address is `peer` and remote address
+  // `local`; NotFound when no line is.
+  static absl::StatusOr<uid_t> owner_in_table(std::istream& table, const sockaddr_in& peer,
+                                              const sockaddr_in& local);
 
  private:
   bool open();  // false: no sock_diag (no_diag_)

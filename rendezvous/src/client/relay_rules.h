@@ -1,9 +1,11 @@
 // The store relay's per-world rules that need no socket (store_relay.h; docs/store.md): what a
 // node's own writes let it answer here, how its ADDs of one key combine and what each gets
-// back, when the writes held back go up, and whose WAIT rides on whose. Pure: no sockets, no
-// stream, no clock (the caller says when). Private to client/store_relay*.cc; unit-tested in
-// tests/unit/relay_rules_test.cc.
+// back, when the writes held back go up, whose WAIT rides on whose, and whose connection is
+// let in. Pure: no sockets, no stream, no clock (the caller says when). Private to
+// client/store_relay*.cc; unit-tested in tests/unit/relay_rules_test.cc.
 #pragma once
+
+#include <sys/types.h>
 
 #include <chrono>
 #include <cstddef>
@@ -15,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "common/tcpstore_protocol.h"
 
 namespace muster::rendezvous::relay {
@@ -53,6 +56,15 @@ class WorldCache {
 // `deltas` summed; each member gets what it would have had with the ADDs applied one after
 // another in their order (wrapping as the server's 64-bit sum does).
 std::vector<std::int64_t> combined_answers(std::int64_t total, const std::vector<std::int64_t>& deltas);
+
+// The owner check (StoreRelayOptions::same_user_only): a worker's connection is let in only
+// when it is IPv4 and the kernel named its owner (PeerUid, peer_uid.h), the relay's own user.
+enum class Owner { kMine, kNotIpv4, kUnknown, kOtherUser };
+inline Owner owner_check(bool ipv4, const absl::StatusOr<uid_t>& owner, uid_t self) {
+  if (!ipv4) return Owner::kNotIpv4;
+  if (!owner.ok()) return Owner::kUnknown;
+  return *owner == self ? Owner::kMine : Owner::kOtherUser;
+}
 
 // Write-behind: a write nobody waits on (a SET) is held back and goes up with the next query
 // that waits, or when due: `quiet` after the first held write if the node's workers sent
