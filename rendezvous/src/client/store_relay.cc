@@ -250,7 +250,8 @@ void StoreRelay::Impl::take(World* w, std::vector<Accepted>& burst) {
     for (const Accepted& a : burst) ask.emplace_back(a.from, local);
     const std::vector<absl::StatusOr<uid_t>> uids = peer_uid_.owners(ask);
     for (std::size_t i = 0; i < burst.size(); ++i) {
-      const relay::Owner o = relay::owner_check(burst[i].from.sin_family == AF_INET, uids[i], euid_);
+      const relay::Owner o =
+          relay::owner_check(burst[i].from.sin_family == AF_INET, uids[i], euid_);
       if (o == relay::Owner::kUnknown) {
         spdlog::warn("store relay: cannot tell who owns a connection ({}): refused",
                      std::string(uids[i].status().message()));

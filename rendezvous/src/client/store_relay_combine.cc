@@ -35,7 +35,7 @@ void StoreRelay::Impl::queue_launch(World& w, const std::string& key) {
 }
 
 void StoreRelay::Impl::launch(World& w, const std::string& key) {
-  // Without a stream the new one sends it (start_stream).
+  // Without a stream the new one sends it (ensure_stream).
   const std::optional<std::int64_t> sum = w.adds.launch(key, up_ != nullptr);
   if (!sum) return;
   log_write(w, add_of(key, *sum));

@@ -207,8 +207,7 @@ void StoreRelay::Impl::arm_partial(const LocalPtr& c, bool progressed) {
   c->wire.arm_partial(c->wire.in().empty() || c->held, progressed, opts_.partial_frame_timeout,
                       [this, self = shared_from_this(), c] {
                         if (c->closed || c->wire.in().empty()) return;
-                        fail(c, "a frame left half-sent for " +
-                                    std::to_string(opts_.partial_frame_timeout.count()) + " ms");
+                        fail(c, tcpstore::Socket::half_sent(opts_.partial_frame_timeout));
                       });
 }
 
@@ -222,8 +221,7 @@ void StoreRelay::Impl::flush(const LocalPtr& c) {
                          flush(c);
                        })) {
     case tcpstore::Socket::Send::kOverLimit:
-      return fail(c, "it does not read its replies (" + std::to_string(unsent) +
-                         " bytes unsent)");
+      return fail(c, tcpstore::Socket::unread(unsent));
     case tcpstore::Socket::Send::kBroken: return drop(c, true);
     case tcpstore::Socket::Send::kSent:
     case tcpstore::Socket::Send::kWriting: return;

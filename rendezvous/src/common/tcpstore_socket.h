@@ -125,6 +125,15 @@ class Socket {
   // The bytes a client has not read: its replies waiting (`out`) and those being written.
   std::size_t unsent(const std::string& out) const { return out.size() + sending_.size(); }
 
+  // Why a front closes a client, in its one log line: a frame left half-sent past `timeout`
+  // (arm_partial's expired()), or `unsent` bytes of replies it does not read (kOverLimit).
+  static std::string half_sent(std::chrono::milliseconds timeout) {
+    return "a frame left half-sent for " + std::to_string(timeout.count()) + " ms";
+  }
+  static std::string unread(std::size_t unsent) {
+    return "it does not read its replies (" + std::to_string(unsent) + " bytes unsent)";
+  }
+
   // Closes the socket and cancels the deadline (queued handlers run with an error).
   void close() {
     error_code ec;

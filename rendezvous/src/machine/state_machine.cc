@@ -203,8 +203,9 @@ absl::Status StateMachine::join_fits(const Run& run, const v1::Join& join) const
   if (join.min_nodes() != run.config.min_nodes || join.max_nodes() != run.config.max_nodes ||
       join.max_restarts() != run.config.max_restarts) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "run '", run.id, "' is configured with nnodes=", run.config.min_nodes, ":", run.config.max_nodes,
-        " max_restarts=", run.config.max_restarts, ", this node asked for ", join.min_nodes(), ":",
+        "run '", run.id, "' is configured with nnodes=", run.config.min_nodes, ":",
+        run.config.max_nodes, " max_restarts=", run.config.max_restarts, ", this node asked for ",
+        join.min_nodes(), ":",
         join.max_nodes(), " max_restarts=", join.max_restarts()));
   }
   return absl::OkStatus();
@@ -327,9 +328,8 @@ std::vector<Outgoing> StateMachine::on_reattach(SessionId session, const v1::Joi
   session_run_[session] = run.id;
   run.nodes.seen(session, now);  // its liveness counts from here
   run.nodes.set_succeeded(session, succeeded);
-  if (!run.keep_alive_check || *run.keep_alive_check > deadline(now, run.config.timeouts.keep_alive_interval)) {
-    run.keep_alive_check = deadline(now, run.config.timeouts.keep_alive_interval);
-  }
+  const TimePoint keep_alive = deadline(now, run.config.timeouts.keep_alive_interval);
+  if (!run.keep_alive_check || *run.keep_alive_check > keep_alive) run.keep_alive_check = keep_alive;
   {
     RunEvent& e = emit(RunEvent::Kind::kNodeReattached, run, now);
     e.node_id = member.join.node_id();
@@ -628,9 +628,10 @@ void StateMachine::on_failure(Run& run, SessionId session, const v1::ReportFailu
                                   "(max_restarts_without_progress ",
                                   run.budget.max_restarts_without_progress, "); do not requeue"));
   } else {
-    fail->set_reason(run.config.max_restarts == 0 ? std::string("a worker failed and max_restarts is 0")
-                                           : absl::StrCat("a worker failed and all ",
-                                                          run.config.max_restarts, " restarts are spent"));
+    const int max_restarts = run.config.max_restarts;
+    fail->set_reason(max_restarts == 0 ? std::string("a worker failed and max_restarts is 0")
+                                       : absl::StrCat("a worker failed and all ", max_restarts,
+                                                      " restarts are spent"));
   }
   *fail->mutable_root_cause() = rc;
   run.last_failure->set_reason(fail->reason());

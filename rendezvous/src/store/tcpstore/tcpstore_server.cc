@@ -138,7 +138,8 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
 
   void read(const ConnPtr& c) {
     if (c->closed) return;
-    c->wire.await_readable([this, self = shared_from_this(), c](const boost::system::error_code& ec) {
+    c->wire.await_readable([this, self = shared_from_this(),
+                            c](const boost::system::error_code& ec) {
       if (c->closed) return;
       if (ec) return drop(c);
       on_readable(c);
@@ -168,8 +169,7 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
     c->wire.arm_partial(c->wire.in().empty(), pos > 0, opts_.partial_frame_timeout,
                         [this, self = shared_from_this(), c] {
                           if (c->closed || c->wire.in().empty()) return;
-                          fail(c, "a frame left half-sent for " +
-                                      std::to_string(opts_.partial_frame_timeout.count()) + " ms");
+                          fail(c, tcpstore::Socket::half_sent(opts_.partial_frame_timeout));
                         });
     flush(c);
     read(c);
@@ -185,8 +185,7 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
                            flush(c);
                          })) {
       case tcpstore::Socket::Send::kOverLimit:
-        return fail(c, "it does not read its replies (" + std::to_string(unsent) +
-                           " bytes unsent)");
+        return fail(c, tcpstore::Socket::unread(unsent));
       case tcpstore::Socket::Send::kBroken: return drop(c);
       case tcpstore::Socket::Send::kSent:
       case tcpstore::Socket::Send::kWriting: return;
